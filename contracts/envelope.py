@@ -1,0 +1,125 @@
+"""The CloudEvent envelope around a contract, independent of any transport.
+
+Ids of derived events are deterministic: ``uuid5(EVENT_ID_NAMESPACE, "<causation
+id>:<step>")``, so a redelivered input yields the same output id and consumers can
+de-duplicate on it. Nothing here reads a clock: `time` is always passed in.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Final
+
+from contracts.events import EventData
+
+EVENT_ID_NAMESPACE: Final = uuid.UUID("6f1f5d3e-2c9a-5b7e-9d41-7a0c3e8b1f25")
+"""Fixed namespace of derived event ids; changing it changes every derived id."""
+
+CORE_ATTRIBUTES: Final[frozenset[str]] = frozenset(
+    {"id", "source", "type", "specversion", "subject", "time", "datacontenttype",
+     "dataschema", "data", "data_base64", "correlationid", "causationid", "partitionkey"}
+)
+"""Names an extension must not take: CloudEvent attributes and the required extensions."""
+
+_EXTENSION_NAME = re.compile(r"^[a-z0-9]+$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Envelope:
+    """One CloudEvent: attributes, the required toolexec extensions and typed data.
+
+    `extensions` holds the optional extensions (``captoken``, ``traceparent``...);
+    ``correlationid``, ``causationid`` and ``partitionkey`` are fields of their own.
+    """
+
+    id: str
+    type: str
+    source: str
+    subject: str | None = None
+    time: datetime
+    data: EventData
+    correlationid: str
+    causationid: str | None = None
+    partitionkey: str
+    extensions: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = envelope_problems(self)
+        if problems:
+            raise ValueError("invalid envelope: " + "; ".join(problems))
+
+
+def envelope_problems(env: Envelope) -> list[str]:
+    """Every reason `env` is not a valid toolexec CloudEvent (empty when it is)."""
+    problems = [
+        f"{name} must be a non-empty string"
+        for name in ("id", "type", "source", "correlationid", "partitionkey")
+        if not isinstance(getattr(env, name), str) or not getattr(env, name)
+    ]
+    for name in ("causationid", "subject"):
+        value = getattr(env, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            problems.append(f"{name} must be None or a non-empty string")
+    if not isinstance(env.time, datetime) or env.time.utcoffset() is None:
+        problems.append("time must be a timezone-aware datetime")
+    if not isinstance(env.data, EventData):
+        problems.append("data must be a contracts.events model")
+    elif env.type != env.data.EVENT_TYPE:
+        problems.append(f"type {env.type!r} does not match data {env.data.EVENT_TYPE!r}")
+    if not isinstance(env.extensions, dict):
+        return [*problems, "extensions must be a dict of strings"]
+    for name, value in env.extensions.items():
+        if not isinstance(name, str) or not _EXTENSION_NAME.match(name) or name in CORE_ATTRIBUTES:
+            problems.append(f"extension name {name!r} is not allowed")
+        elif not isinstance(value, str):
+            problems.append(f"extension {name!r} must be a string")
+    return problems
+
+
+def derived_event_id(causation_id: str, step: str) -> str:
+    """Deterministic id of the event that `step` derives from event `causation_id`.
+
+    Use a distinct step per output (e.g. ``"execute.started.2"`` per attempt): two
+    outputs of one input with the same step would share an id and one would be
+    dropped as a duplicate.
+    """
+    return str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{causation_id}:{step}"))
+
+
+def new_envelope(
+    data: EventData,
+    *,
+    source: str,
+    partitionkey: str,
+    correlationid: str,
+    time: datetime,
+    causationid: str | None = None,
+    id: str | None = None,
+    extensions: Mapping[str, str] | None = None,
+    subject: str | None = None,
+) -> Envelope:
+    """Wrap `data` in an envelope; the type comes from the model.
+
+    Without `id`, the id is ``derived_event_id(causationid, data.EVENT_TYPE)``; an
+    event with no cause (a new request, a publication) must be given its id.
+    """
+    if id is None:
+        if causationid is None:
+            raise ValueError("id is required for an event without causationid")
+        id = derived_event_id(causationid, data.EVENT_TYPE)
+    return Envelope(
+        id=id,
+        type=data.EVENT_TYPE,
+        source=source,
+        time=time,
+        data=data,
+        correlationid=correlationid,
+        partitionkey=partitionkey,
+        causationid=causationid,
+        subject=subject,
+        extensions=dict(extensions or {}),
+    )

@@ -1,0 +1,341 @@
+"""Wire contracts: one frozen pydantic model per CloudEvent type (DESIGN.md catalog).
+
+Each model is the `data` of a CloudEvent whose `type` is the model's `EVENT_TYPE`.
+Contracts are versioned: a model's shape is fixed once released. A compatible
+addition (a new optional field) keeps the type and bumps nothing; any other change
+(renaming, removing, retyping or making a field required) is a new version — either
+a new type name (``tool.published.v2``) or a new `SCHEMA_VERSION`, which changes the
+CloudEvent ``dataschema`` (``urn:toolexec:schema:<type>:v<version>``) and the exported
+JSON Schema's ``$id``. Exported schemas in ``contracts/schemas/`` must match these
+models (a test fails on drift; regenerate with ``python -m contracts.export``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Final, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+
+from contracts.errors import ErrorInfo
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Integrity = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+JsonObject = dict[str, JsonValue]
+
+ToolType = Literal[
+    "primitive", "runtime", "script", "api", "mcp_server", "mcp_tool", "knowledge", "directive"
+]
+Lifecycle = Literal["active", "deprecated", "sunset", "removed"]
+CircuitState = Literal["closed", "open", "half_open"]
+
+
+def dataschema_uri(event_type: str, version: str) -> str:
+    """The CloudEvent ``dataschema`` / JSON Schema ``$id`` of one contract version."""
+    return f"urn:toolexec:schema:{event_type}:v{version}"
+
+
+class EventData(BaseModel):
+    """Base of every contract: frozen, unknown fields rejected, type name attached."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    EVENT_TYPE: ClassVar[str]
+    SCHEMA_VERSION: ClassVar[str] = "1"
+
+
+# --- toolexec.registry ---------------------------------------------------------------
+
+
+class PublishedFile(BaseModel):
+    """One file of a published tool, content included (gzip, then base64)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: NonEmpty = Field(description="Relative POSIX path inside the tool.")
+    sha256: Sha256Hex = Field(description="Lower-case hex sha256 of the uncompressed bytes.")
+    is_executable: bool = Field(description="Whether the file carries the executable bit.")
+    size: int = Field(ge=0, description="Size in bytes of the uncompressed content.")
+    content_b64gz: str = Field(description="Standard base64 of the gzip-compressed bytes.")
+
+
+class ToolPublished(EventData):
+    """A tool version entered the registry; the log alone can rebuild it and its files."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.published"
+
+    tool_id: NonEmpty = Field(description="Registry id of the tool.")
+    version: NonEmpty = Field(description="Semantic version of this publication.")
+    tool_type: ToolType = Field(description="Tool type (manifest-driven validation seed).")
+    executor: str | None = Field(description="tool_id of the parent executor; None for primitives.")
+    manifest: JsonObject = Field(description="The normalised manifest as published.")
+    files: list[PublishedFile] = Field(description="Every file of the tool, sorted by path.")
+    integrity: Integrity = Field(
+        description="sha256 over RFC 8785 JSON of {tool_id, version, manifest, files}."
+    )
+    published_by: str | None = Field(default=None, description="Who published (subject).")
+    source: str | None = Field(default=None, description="Where it came from (path, URL).")
+
+
+class ValidationIssue(BaseModel):
+    """One validation finding: JSON path into the manifest or file tree, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(description="JSON path of the offending element, e.g. '$.parameters'.")
+    message: str = Field(description="What is wrong.")
+    severity: Literal["error", "warning"] = Field(default="error", description="Finding level.")
+
+
+class ToolPublishRejected(EventData):
+    """A publication attempt failed validation (E3105) or sealing."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.publish.rejected"
+
+    tool_id: str | None = Field(description="tool_id from the manifest, if it had one.")
+    version: str | None = Field(description="version from the manifest, if it had one.")
+    origin: str = Field(description="Where the rejected source came from (path, URL).")
+    issues: list[ValidationIssue] = Field(description="Every finding that blocked publishing.")
+    error: ErrorInfo = Field(description="The failure, usually E3105.")
+
+
+class ToolLifecycleChanged(EventData):
+    """A tool (one version or all) moved to another lifecycle state."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.lifecycle.changed"
+
+    tool_id: NonEmpty = Field(description="Registry id of the tool.")
+    version: str | None = Field(default=None, description="Version affected; None = all.")
+    lifecycle: Lifecycle = Field(description="The new lifecycle state.")
+    reason: str | None = Field(default=None, description="Why it changed.")
+    replacement_tool_id: str | None = Field(default=None, description="Tool to use instead.")
+
+
+# --- toolexec.invocations ------------------------------------------------------------
+
+
+class InvokeRequested(EventData):
+    """A producer asks for a tool to run. The capability token, when any, travels as
+    the CloudEvent extension ``captoken``, never in the data."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.invoke.requested"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation; the partition key.")
+    tool_id: NonEmpty = Field(description="Tool to run.")
+    version_range: str = Field(default="*", description="Semver range; ignored with a lockfile.")
+    parameters: JsonObject = Field(default_factory=dict, description="Tool parameters.")
+    lockfile: JsonObject | None = Field(default=None, description="Pinned chain to use, if any.")
+    requested_by: str | None = Field(default=None, description="Producer identity, if known.")
+    deadline: AwareDatetime | None = Field(default=None, description="Give up after this time.")
+    registry_offset: int | None = Field(
+        default=None, ge=0,
+        description="End offset of the registry topic seen by the producer (read-your-writes).",
+    )
+    execution_mode: Literal["sync", "async"] = Field(
+        default="sync", description="Whether the producer waits for the terminal event."
+    )
+    idempotency_key: str | None = Field(default=None, description="Producer's dedupe key.")
+
+
+class ChainLink(BaseModel):
+    """One tool of a resolved chain, pinned by version and integrity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tool_id: NonEmpty = Field(description="Registry id of the tool.")
+    version: NonEmpty = Field(description="Exact version pinned.")
+    integrity: Integrity = Field(description="Integrity recomputed at resolution.")
+    tool_type: ToolType = Field(description="Tool type.")
+    executor: str | None = Field(description="Next link's tool_id; None for the primitive.")
+
+
+class ChainResolved(EventData):
+    """The request's tool resolved to a verified chain [leaf .. primitive]."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.chain.resolved"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    tool_id: NonEmpty = Field(description="The leaf tool.")
+    version: NonEmpty = Field(description="The leaf's resolved version.")
+    chain: list[ChainLink] = Field(min_length=1, description="Links from leaf to primitive.")
+    warnings: list[str] = Field(default_factory=list, description="Non-fatal findings.")
+    parameters: JsonObject = Field(default_factory=dict, description="Carried from the request.")
+    lockfile_used: bool = Field(default=False, description="Pinned by a lockfile, not a range.")
+    deadline: AwareDatetime | None = Field(default=None, description="Carried from the request.")
+
+
+class PermissionDecided(EventData):
+    """Authorization outcome; on allow it carries everything the execute step needs."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.permission.decided"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    tool_id: NonEmpty = Field(description="The leaf tool.")
+    version: NonEmpty = Field(description="The leaf's resolved version.")
+    decision: Literal["allow", "deny"] = Field(description="The decision.")
+    reason: str = Field(description="Why, in words.")
+    subject: str | None = Field(default=None, description="Token subject (the caller).")
+    token_jti: str | None = Field(default=None, description="Token id; the token itself is never kept.")
+    policy_version: str | None = Field(default=None, description="Policy set version applied.")
+    enforced: bool = Field(description="Whether authorization was required at all.")
+    error: ErrorInfo | None = Field(default=None, description="E320x on deny.")
+    chain: list[ChainLink] = Field(min_length=1, description="Carried from tool.chain.resolved.")
+    parameters: JsonObject = Field(default_factory=dict, description="Carried from the request.")
+    deadline: AwareDatetime | None = Field(default=None, description="Carried from the request.")
+
+
+class ExecutionStarted(EventData):
+    """One attempt of running the chain's primitive began."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.execution.started"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    attempt: int = Field(ge=1, description="Attempt number, from 1.")
+    tool_id: NonEmpty = Field(description="The leaf tool.")
+    version: NonEmpty = Field(description="The leaf's version.")
+    primitive: Literal["subprocess", "http_client"] = Field(description="Primitive that runs it.")
+    sandbox: str = Field(description="Isolation used (e.g. 'bwrap', 'rlimits', 'none').")
+    plan_summary: JsonObject = Field(
+        description="argv, or method and URL template; never secret values."
+    )
+
+
+class ExecutionCheckpointed(EventData):
+    """A running attempt saved resumable state."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.execution.checkpointed"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    attempt: int = Field(ge=1, description="Attempt number, from 1.")
+    sequence: int = Field(ge=0, description="Checkpoint number within the attempt.")
+    state: JsonObject = Field(description="The tool's resumable state.")
+
+
+class ExecutionFinished(EventData):
+    """One attempt ended; `final` says whether more attempts follow."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.execution.finished"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    attempt: int = Field(ge=1, description="Attempt number, from 1.")
+    tool_id: NonEmpty = Field(description="The leaf tool.")
+    version: NonEmpty = Field(description="The leaf's version.")
+    outcome: Literal["success", "failure", "unknown"] = Field(description="How it ended.")
+    exit_code: int | None = Field(default=None, description="Process exit code (subprocess).")
+    status_code: int | None = Field(default=None, description="HTTP status (http_client).")
+    duration_ms: float = Field(ge=0, description="Wall time of the attempt.")
+    stdout: str = Field(default="", description="Standard output (text, capped, secrets scrubbed).")
+    stdout_truncated: bool = Field(default=False, description="stdout exceeded the cap.")
+    stderr_tail: str = Field(default="", description="Last part of standard error.")
+    stderr_truncated: bool = Field(default=False, description="stderr_tail is not all of it.")
+    result: JsonValue = Field(default=None, description="Parsed result, if already parsed.")
+    error: ErrorInfo | None = Field(default=None, description="E34xx/E35xx on failure.")
+    external_service: str | None = Field(default=None, description="Circuit-breaker service id.")
+    result_schema: JsonObject | None = Field(default=None, description="Carried from the manifest.")
+    final: bool = Field(default=True, description="False when a retry follows this attempt.")
+
+
+class InvokeCompleted(EventData):
+    """Terminal success: the validated, redacted result."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.invoke.completed"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    tool_id: NonEmpty = Field(description="The leaf tool.")
+    version: NonEmpty = Field(description="The leaf's version.")
+    result: JsonValue = Field(description="The result, validated against result_schema.")
+    duration_ms: float = Field(ge=0, description="Wall time of the final attempt.")
+    attempts: int = Field(ge=1, description="Attempts made.")
+    coerced: bool = Field(default=False, description="The result needed type coercion.")
+    redactions: int = Field(default=0, ge=0, description="Secret/PII values redacted.")
+
+
+InvocationStage = Literal["resolve", "authorize", "execute", "finalize", "request"]
+
+
+class InvokeFailed(EventData):
+    """Terminal failure, from whichever stage failed."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.invoke.failed"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    tool_id: str | None = Field(default=None, description="The tool, when known.")
+    version: str | None = Field(default=None, description="The resolved version, when known.")
+    error: ErrorInfo = Field(description="Why it failed.")
+    stage: InvocationStage = Field(description="Pipeline stage that failed.")
+
+
+class InvokeCancelRequested(EventData):
+    """Someone asked for an invocation to be cancelled (ends as E3703 if it applies)."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.invoke.cancel.requested"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    reason: str | None = Field(default=None, description="Why.")
+    requested_by: str | None = Field(default=None, description="Who asked, if known.")
+
+
+# --- toolexec.circuits / toolexec.policies / toolexec.deadletter ---------------------
+
+
+class CircuitStateChanged(EventData):
+    """A circuit breaker for an external service changed state."""
+
+    EVENT_TYPE: ClassVar[str] = "circuit.state.changed"
+
+    service_id: NonEmpty = Field(description="External service id; the partition key.")
+    from_state: CircuitState = Field(description="State before.")
+    to_state: CircuitState = Field(description="State after.")
+    failure_count: int = Field(ge=0, description="Consecutive failures counted.")
+    success_count: int = Field(ge=0, description="Consecutive successes counted.")
+    since: AwareDatetime = Field(description="When the new state began.")
+    reason: str | None = Field(default=None, description="Why it changed.")
+
+
+class PolicyUpdated(EventData):
+    """A new version of an authorization policy set."""
+
+    EVENT_TYPE: ClassVar[str] = "policy.updated"
+
+    policy_set_id: NonEmpty = Field(description="Policy set id; the partition key.")
+    version: NonEmpty = Field(description="Version of the policy set.")
+    policies: str | list[JsonObject] = Field(
+        description="Cedar policy text, or a list of policy documents (JSON objects)."
+    )
+    engine: Literal["cedar", "external"] = Field(default="cedar", description="Evaluator.")
+
+
+class DeadLetterRecord(EventData):
+    """A record a consumer could not decode or kept failing on, kept with the error."""
+
+    EVENT_TYPE: ClassVar[str] = "deadletter.recorded"
+
+    topic: str = Field(description="Topic of the original record.")
+    partition: int = Field(ge=0, description="Partition of the original record.")
+    offset: int = Field(ge=0, description="Offset of the original record.")
+    key: str | None = Field(default=None, description="Original key as UTF-8 text, if any.")
+    key_b64: str | None = Field(default=None, description="Original key bytes, base64 (exact).")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Original headers that decode as UTF-8."
+    )
+    value_b64: str = Field(description="Original value bytes, base64.")
+    error: ErrorInfo = Field(description="Why it was dead-lettered.")
+    consumer: str = Field(description="Consumer group (or component) that gave up.")
+    failed_at: AwareDatetime = Field(description="When it gave up.")
+    attempts: int = Field(ge=1, description="Attempts made before giving up.")
+
+
+EVENT_MODELS: Final[dict[str, type[EventData]]] = {
+    model.EVENT_TYPE: model
+    for model in (
+        ToolPublished, ToolPublishRejected, ToolLifecycleChanged,
+        InvokeRequested, ChainResolved, PermissionDecided,
+        ExecutionStarted, ExecutionCheckpointed, ExecutionFinished,
+        InvokeCompleted, InvokeFailed, InvokeCancelRequested,
+        CircuitStateChanged, PolicyUpdated, DeadLetterRecord,
+    )
+}
+"""Event type name -> its data model (the dead-letter record included)."""
+
+SCHEMA_VERSION: Final[dict[str, str]] = {t: m.SCHEMA_VERSION for t, m in EVENT_MODELS.items()}
+"""Event type name -> contract version; see the module docstring for when it changes."""

@@ -1,0 +1,61 @@
+"""Export the JSON Schema of every event contract to ``contracts/schemas/``.
+
+Run ``python -m contracts.export [DIRECTORY]`` after changing a model; a test fails
+while the files on disk differ from the models.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from contracts.events import EVENT_MODELS, dataschema_uri
+
+SCHEMA_DIRECTORY: Final = Path(__file__).parent / "schemas"
+JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
+
+
+def schema_for(event_type: str) -> dict[str, Any]:
+    """The JSON Schema of one event type's data, with ``$id``, ``$schema`` and title."""
+    model = EVENT_MODELS[event_type]
+    schema = model.model_json_schema()
+    schema["$id"] = dataschema_uri(event_type, model.SCHEMA_VERSION)
+    schema["$schema"] = JSON_SCHEMA_DIALECT
+    schema["title"] = event_type
+    return schema
+
+
+def render(event_type: str) -> str:
+    """The exact text written for `event_type` (sorted keys, indent 2, final newline)."""
+    return json.dumps(schema_for(event_type), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def schema_filename(event_type: str) -> str:
+    """File name of an event type's schema, e.g. ``tool.published.schema.json``."""
+    return f"{event_type}.schema.json"
+
+
+def export_schemas(directory: Path | str = SCHEMA_DIRECTORY) -> list[Path]:
+    """Write one ``<type>.schema.json`` per event type into `directory`; return the paths."""
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for event_type in sorted(EVENT_MODELS):
+        path = target / schema_filename(event_type)
+        path.write_text(render(event_type), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: export into the given directory or ``contracts/schemas/``."""
+    args = sys.argv[1:] if argv is None else argv
+    for path in export_schemas(Path(args[0]) if args else SCHEMA_DIRECTORY):
+        sys.stdout.write(f"{path}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""Kafka topic names and which topic carries each event type.
+
+Topics are per aggregate and keyed by the aggregate id (see DESIGN.md, "Topics and
+events"), so every event of one invocation, tool, circuit or policy set lands in one
+partition, in order.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+REGISTRY: Final = "toolexec.registry"
+"""Tool publications and lifecycle changes; key = tool_id."""
+INVOCATIONS: Final = "toolexec.invocations"
+"""The invocation pipeline; key = invocation_id."""
+CIRCUITS: Final = "toolexec.circuits"
+"""Circuit-breaker transitions; key = service_id."""
+POLICIES: Final = "toolexec.policies"
+"""Authorization policy sets; key = policy_set_id."""
+DEADLETTER: Final = "toolexec.deadletter"
+"""Undecodable or poison records with their error; key = the original record's key."""
+
+ALL_TOPICS: Final[tuple[str, ...]] = (REGISTRY, INVOCATIONS, CIRCUITS, POLICIES, DEADLETTER)
+
+TOPIC_OF_TYPE: Final[dict[str, str]] = {
+    "tool.published": REGISTRY,
+    "tool.publish.rejected": REGISTRY,
+    "tool.lifecycle.changed": REGISTRY,
+    "tool.invoke.requested": INVOCATIONS,
+    "tool.chain.resolved": INVOCATIONS,
+    "tool.permission.decided": INVOCATIONS,
+    "tool.execution.started": INVOCATIONS,
+    "tool.execution.checkpointed": INVOCATIONS,
+    "tool.execution.finished": INVOCATIONS,
+    "tool.invoke.completed": INVOCATIONS,
+    "tool.invoke.failed": INVOCATIONS,
+    "tool.invoke.cancel.requested": INVOCATIONS,
+    "circuit.state.changed": CIRCUITS,
+    "policy.updated": POLICIES,
+    "deadletter.recorded": DEADLETTER,
+}
+"""Event type -> the topic it is published on (the one place that decides it)."""
