@@ -1,0 +1,53 @@
+"""Step 4 — finalize: tool.execution.finished -> tool.invoke.completed | tool.invoke.failed.
+
+Only the final attempt's outcome is finalised; the result is validated against the
+manifest's result_schema with coercion (E3303) and redacted of secrets and PII.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from consumers.events import derive, failed
+from consumers.ports import Clock, Publish
+from contracts.envelope import Envelope
+from contracts.errors import ErrorInfo
+from contracts.events import ExecutionFinished, InvokeCompleted
+from domain.errors import ValidationFailed
+from domain.result import finalise
+
+
+@dataclass(frozen=True)
+class FinalizeDeps:
+    publish: Publish
+    clock: Clock
+
+
+async def on_execution_finished(event: Envelope, deps: FinalizeDeps) -> None:
+    finished: ExecutionFinished = event.data
+    if not finished.final:
+        return
+    now = deps.clock()
+    common = dict(invocation_id=finished.invocation_id, tool_id=finished.tool_id,
+                  version=finished.version, now=now)
+    if finished.outcome != "success" or finished.error is not None:
+        error = finished.error or ErrorInfo(
+            code="E3404" if finished.outcome == "unknown" else "E3401",
+            message=f"tool execution ended with outcome {finished.outcome}",
+        )
+        await deps.publish(failed(event, error, stage="execute", **common))
+        return
+    try:
+        if finished.stdout_truncated:
+            raise ValidationFailed("tool output exceeded the output cap", code="E3303",
+                                   details={"truncated": True})
+        result = finalise(finished.stdout, finished.result_schema)
+    except ValidationFailed as error:
+        await deps.publish(failed(event, error, stage="finalize", **common))
+        return
+    completed = InvokeCompleted(
+        invocation_id=finished.invocation_id, tool_id=finished.tool_id, version=finished.version,
+        result=result.value, duration_ms=finished.duration_ms, attempts=finished.attempt,
+        coerced=result.coerced, redactions=result.redactions,
+    )
+    await deps.publish(derive(event, completed, step="finalize", now=now))

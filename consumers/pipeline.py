@@ -1,0 +1,152 @@
+"""FastStream wiring of the pipeline steps: one consumer group per step.
+
+Each subscriber reads raw records (no FastStream body decoding), skips event types
+it does not handle by looking at the `ce_type` header alone, decodes the CloudEvent
+through the contracts, and calls its step. Bad input never crashes a consumer:
+undecodable records are dead-lettered (once, by the entry step's group), a handler
+that keeps failing on a record is retried a bounded number of times, then the
+record is dead-lettered with the traceback and the invocation gets its terminal
+failure event.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import structlog
+from faststream import AckPolicy
+from faststream.kafka import KafkaBroker
+
+from consumers import authorize, execute, finalize, resolve
+from consumers.deadletter import DeadLetters
+from consumers.events import failed
+from contracts import topics
+from contracts.envelope import Envelope
+from contracts.kafka_binding import UndecodableRecord, decode
+from domain.errors import ToolexecError
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[Envelope], Awaitable[None]]
+POISON_ATTEMPTS = 3
+
+
+async def passthrough_decoder(message: Any) -> Any:
+    """FastStream decoder that hands the handler the raw StreamMessage."""
+    return message
+
+
+def header_type(headers: Any) -> str | None:
+    for name, value in headers or ():
+        if name == "ce_type":
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return None
+
+
+@dataclass
+class Step:
+    """One pipeline step: its consumer group and the event types it reacts to."""
+
+    group: str
+    handlers: Mapping[str, Handler]
+    dead_letter_undecodable: bool = False
+    max_workers: int = 1
+    consumer_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineDeps:
+    resolve: resolve.ResolveDeps
+    authorize: authorize.AuthorizeDeps
+    execute: execute.ExecuteDeps
+    finalize: finalize.FinalizeDeps
+    dead_letters: DeadLetters
+    clock: Callable[[], datetime]
+
+
+def pipeline_steps(deps: PipelineDeps, *, group_prefix: str, execute_workers: int) -> list[Step]:
+    """The four steps of DESIGN.md's pipeline, bound to their ports."""
+    # Authorize comes first: it must see each request (to keep its token) before the
+    # chain.resolved that follows; on Kafka the partition order guarantees that, and
+    # listing it first keeps in-process brokers (tests) faithful to it.
+    return [
+        Step(f"{group_prefix}.authorize",
+             {"tool.invoke.requested": lambda e: authorize.on_invoke_requested(e, deps.authorize),
+              "tool.chain.resolved": lambda e: authorize.on_chain_resolved(e, deps.authorize)}),
+        Step(f"{group_prefix}.resolve",
+             {"tool.invoke.requested": lambda e: resolve.on_invoke_requested(e, deps.resolve)},
+             dead_letter_undecodable=True),
+        Step(f"{group_prefix}.execute",
+             {"tool.permission.decided":
+              lambda e: execute.on_permission_decided(e, deps.execute)},
+             max_workers=execute_workers),
+        Step(f"{group_prefix}.finalize",
+             {"tool.execution.finished":
+              lambda e: finalize.on_execution_finished(e, deps.finalize)}),
+    ]
+
+
+def attach_step(broker: KafkaBroker, step: Step, deps: PipelineDeps, *,
+                consumer_options: Mapping[str, Any]) -> None:
+    """Subscribe `step` to the invocations topic on `broker`."""
+    options: dict[str, Any] = dict(consumer_options)
+    if step.max_workers > 1:
+        options["max_workers"] = step.max_workers
+
+    @broker.subscriber(topics.INVOCATIONS, group_id=step.group, auto_offset_reset="earliest",
+                       ack_policy=AckPolicy.ACK, **options)
+    async def handle(message: Any) -> None:
+        await process_record(message.raw_message, step, deps)
+
+
+async def process_record(record: Any, step: Step, deps: PipelineDeps) -> None:
+    """Decode one record and run the step's handler for it; never raises."""
+    ce_type = header_type(record.headers)
+    if ce_type is not None and ce_type not in step.handlers:
+        return
+    try:
+        envelope = decode(record.key, record.value, record.headers)
+    except UndecodableRecord as bad:
+        if step.dead_letter_undecodable:
+            await deps.dead_letters.record(record, bad.error, consumer=step.group, attempts=1)
+        return
+    handler = step.handlers.get(envelope.type)
+    if handler is None:
+        return
+    await _run_guarded(handler, envelope, record, step, deps)
+
+
+async def _run_guarded(handler: Handler, envelope: Envelope, record: Any, step: Step,
+                       deps: PipelineDeps) -> None:
+    last: BaseException | None = None
+    for attempt in range(1, POISON_ATTEMPTS + 1):
+        try:
+            await handler(envelope)
+            return
+        except Exception as exc:  # boundary: becomes a dead-letter record below
+            last = exc
+            log.warning("handler.failed", group=step.group, event_id=envelope.id,
+                        event_type=envelope.type, attempt=attempt, error=repr(exc))
+    error = ToolexecError(
+        f"handler {step.group} failed {POISON_ATTEMPTS} times on {envelope.type}: {last!r}",
+        code="E3000",
+        details={"traceback": "".join(traceback.format_exception(last))[-4000:]},
+    )
+    await deps.dead_letters.record(record, error.to_dict(), consumer=step.group,
+                                   attempts=POISON_ATTEMPTS)
+    data = envelope.data
+    invocation_id = getattr(data, "invocation_id", None)
+    if invocation_id:
+        await deps.resolve.publish(failed(
+            envelope, error, stage=_stage_of(step.group), invocation_id=invocation_id,
+            tool_id=getattr(data, "tool_id", None), version=getattr(data, "version", None),
+            now=deps.clock()))
+
+
+def _stage_of(group: str) -> str:
+    stage = group.rsplit(".", 1)[-1]
+    return stage if stage in ("resolve", "authorize", "execute", "finalize") else "request"

@@ -1,0 +1,66 @@
+"""Ports: the small interfaces through which handlers reach the outside world.
+
+Handlers receive implementations as parameters; `toolexec/` wires real adapters
+(Kafka publisher, registry projection, primitives) and tests wire fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from contracts.envelope import Envelope
+from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
+
+
+class Publish(Protocol):
+    """Publishes one event to the topic of its type, keyed by its partitionkey."""
+
+    async def __call__(self, envelope: Envelope) -> None: ...
+
+
+class Clock(Protocol):
+    def __call__(self) -> datetime: ...
+
+
+class RegistryReader(Protocol):
+    """The registry view a resolver reads (a projection of `toolexec.registry`)."""
+
+    def get(self, tool_id: str, version: str) -> ToolVersion | None: ...
+
+    def versions(self, tool_id: str) -> Sequence[ToolVersion]: ...
+
+    def tool_ids(self) -> Sequence[str]: ...
+
+    async def catch_up(self, timeout: float) -> bool:
+        """Wait (bounded) until the view has applied the registry topic up to the end
+        offsets that exist now. True when caught up, False on timeout."""
+        ...
+
+
+class PrimitiveRunner(Protocol):
+    """Runs a primitive plan: the only place where processes start or requests leave."""
+
+    async def run(
+        self,
+        plan: SubprocessPlan | HttpPlan,
+        params: Mapping[str, Any],
+        *,
+        secrets: Callable[[str], str | None],
+    ) -> PrimitiveOutcome: ...
+
+    @property
+    def sandbox(self) -> str: ...
+
+
+class ClaimStore(Protocol):
+    """Idempotency claims: True exactly once per key across replicas."""
+
+    async def claim(self, key: str) -> bool: ...
+
+
+class Secrets(Protocol):
+    """Resolves `${NAME}` references at execution time."""
+
+    def __call__(self, name: str) -> str | None: ...

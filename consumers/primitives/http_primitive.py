@@ -1,0 +1,274 @@
+"""The http_client primitive: one request per plan on one shared, pooled client.
+
+Request building:
+- `{name}` placeholders of `url_template` are filled from the parameters: before the
+  `?` as a path segment (percent-encoded, `/` included), after it as a query value
+  (form-encoded, space as `+`). Values: strings as-is, booleans `true`/`false`,
+  numbers via str, anything else as compact JSON. A missing parameter is E3301.
+- `plan.query` values may hold placeholders too; they are appended to the query.
+- Parameters not used by a placeholder: for GET, HEAD, DELETE and OPTIONS they are
+  added to the query string (lists repeat the key); for other methods they form the
+  JSON body when `body_from_params` is set, and are not sent otherwise.
+- Header values' `${NAME}` references are resolved through `secrets` at call time
+  (missing -> E3602). Resolved values never appear in the outcome: error messages and
+  response headers are scrubbed of them. The body is returned as received (the
+  execute step scrubs it with the other outputs).
+
+Network policy, checked on the final URL exactly as httpx will connect to it, before
+any connection: scheme http/https; `deny_all_egress` refuses everything; a non-empty
+`allowed_domains` must match the host (exact, or `*.example.com` for any subdomain
+of example.com but not example.com itself; case-insensitive); the port (explicit or
+the scheme's default) must be in `allowed_ports` (an empty tuple means any port).
+Redirects are not followed, so a 3xx cannot lead around the policy; cookies are
+never stored, so nothing leaks from one tool's call to another's.
+
+Outcomes: timeout E3503, connection/DNS/protocol failure E3502, status >= 400 is
+`ok=False` with E3401 (4xx) or E3502 (5xx) and the status code and body kept (capped
+at 1 MiB) so retries can be decided; success has the body in `stdout`, the status
+code, and lower-cased response headers without set-cookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any
+from urllib.parse import quote, quote_plus, urlencode
+
+import httpx
+
+from domain.errors import NetworkPolicyViolation, ToolexecError, ValidationFailed
+from domain.model import HttpPlan, NetworkPolicy, PrimitiveOutcome
+
+MAX_BODY_BYTES = 1024 * 1024
+QUERY_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_DROPPED_HEADERS = frozenset({"set-cookie", "set-cookie2"})
+_REDACTED = "[REDACTED]"
+
+SecretLookup = Callable[[str], str | None]
+
+
+class HttpPrimitive:
+    """Sends HTTP plans on one shared httpx.AsyncClient (pooled, sized for ~100
+    concurrent requests, no environment proxies, no redirects, no cookie jar)."""
+
+    def __init__(self, *, max_connections: int = 100) -> None:
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=max_connections),
+            trust_env=False, follow_redirects=False,
+            cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+            headers={"user-agent": "toolexec-http-client"},
+        )
+
+    async def run(self, plan: HttpPlan, params: Mapping[str, Any], *,
+                  secrets: SecretLookup) -> PrimitiveOutcome:
+        """Send the request `plan` describes with `params`; never raises for request,
+        policy or remote failures: they come back as an outcome with `error`."""
+        started = time.perf_counter()
+        revealed: list[str] = []
+        try:
+            request = self._build(plan, params, secrets, revealed)
+            _enforce(plan.network, request.url)
+            outcome = await self._send(request, plan, started)
+        except ToolexecError as error:
+            outcome = PrimitiveOutcome(ok=False, error=error.to_dict(),
+                                       duration_ms=_elapsed_ms(started))
+        if not revealed:
+            return outcome
+        return dataclasses.replace(outcome, headers=_scrub(outcome.headers, revealed),
+                                   error=_scrub(outcome.error, revealed))
+
+    async def aclose(self) -> None:
+        """Close the pooled connections."""
+        await self._client.aclose()
+
+    def _build(self, plan: HttpPlan, params: Mapping[str, Any], secrets: SecretLookup,
+               revealed: list[str]) -> httpx.Request:
+        method = plan.method.upper()
+        url, used = _fill_url(plan.url_template, params)
+        query: list[tuple[str, str]] = [(k, _fill_plain(v, params, used))
+                                        for k, v in plan.query.items()]
+        unused = {k: v for k, v in params.items() if k not in used}
+        body: dict[str, Any] | None = None
+        if method in QUERY_METHODS:
+            query.extend(_query_pairs(unused))
+        elif plan.body_from_params:
+            body = unused
+        headers = {name: _resolve_secrets(value, secrets, revealed)
+                   for name, value in plan.headers.items()}
+        if query:
+            url += ("&" if "?" in url else "?") + urlencode(query, quote_via=quote_plus)
+        try:
+            return self._client.build_request(method, url, headers=headers, json=body,
+                                              timeout=plan.timeout_seconds)
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError, TypeError) as error:
+            raise ToolexecError(f"the request cannot be built: {type(error).__name__}",
+                                code="E3401",
+                                details={"url_template": plan.url_template}) from None
+
+    async def _send(self, request: httpx.Request, plan: HttpPlan,
+                    started: float) -> PrimitiveOutcome:
+        try:
+            async with asyncio.timeout(plan.timeout_seconds):
+                response = await self._client.send(request, stream=True)
+                try:
+                    body, truncated = await _read_capped(response)
+                finally:
+                    await response.aclose()
+        except (TimeoutError, httpx.TimeoutException):
+            raise ToolexecError(f"{request.url.host} did not answer within "
+                                f"{plan.timeout_seconds:g}s", code="E3503",
+                                details=_where(request.url)) from None
+        except httpx.HTTPError as error:
+            raise ToolexecError(f"request to {request.url.host} failed: "
+                                f"{type(error).__name__}", code="E3502",
+                                details=_where(request.url)) from None
+        return _outcome(response, body, truncated, started)
+
+
+def _fill_url(template: str, params: Mapping[str, Any]) -> tuple[str, set[str]]:
+    """Fill placeholders, path-encoding before the `?` and query-encoding after it."""
+    used: set[str] = set()
+    split = template.find("?")
+    head, tail = (template, "") if split < 0 else (template[:split], template[split:])
+
+    def fill(part: str, encode: Callable[[str], str]) -> str:
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in params:
+                raise ValidationFailed(f"parameter {name!r} is required by the URL template",
+                                       code="E3301", details={"parameter": name})
+            used.add(name)
+            return encode(_as_text(params[name]))
+        return _PLACEHOLDER.sub(substitute, part)
+
+    return (fill(head, lambda v: quote(v, safe=""))
+            + fill(tail, lambda v: quote_plus(v, safe=""))), used
+
+
+def _fill_plain(template: str, params: Mapping[str, Any], used: set[str]) -> str:
+    """Fill placeholders of a query value (httpx encodes it)."""
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in params:
+            raise ValidationFailed(f"parameter {name!r} is required by the query",
+                                   code="E3301", details={"parameter": name})
+        used.add(name)
+        return _as_text(params[name])
+    return _PLACEHOLDER.sub(substitute, template)
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _query_pairs(params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for key, value in params.items():
+        values = value if isinstance(value, list) else [value]
+        pairs.extend((key, _as_text(item)) for item in values if item is not None)
+    return pairs
+
+
+def _resolve_secrets(value: str, secrets: SecretLookup, revealed: list[str]) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        secret = secrets(name)
+        if secret is None:
+            raise ToolexecError(f"secret {name!r} referenced by a header is not available",
+                                code="E3602", details={"secret": name})
+        revealed.append(secret)
+        return secret
+    return _SECRET_REF.sub(substitute, value)
+
+
+def _enforce(policy: NetworkPolicy, url: httpx.URL) -> None:
+    """Refuse (E3406) a URL the policy does not allow; nothing has been sent yet."""
+    scheme, host = url.scheme.lower(), url.host.lower().rstrip(".")
+    port = url.port or _DEFAULT_PORTS.get(scheme)
+    details = {"scheme": scheme, "host": host, "port": port}
+    if policy.deny_all_egress:
+        raise NetworkPolicyViolation("the tool's network policy denies all egress",
+                                     details=details)
+    if scheme not in _DEFAULT_PORTS:
+        raise NetworkPolicyViolation(f"scheme {scheme!r} is not allowed", details=details)
+    if policy.allowed_domains and not any(_host_matches(host, pattern)
+                                          for pattern in policy.allowed_domains):
+        raise NetworkPolicyViolation(f"host {host!r} is not in the allowed domains",
+                                     details={**details,
+                                              "allowed_domains": list(policy.allowed_domains)})
+    if policy.allowed_ports and port not in policy.allowed_ports:
+        raise NetworkPolicyViolation(f"port {port} is not allowed",
+                                     details={**details,
+                                              "allowed_ports": list(policy.allowed_ports)})
+
+
+def _host_matches(host: str, pattern: str) -> bool:
+    pattern = pattern.lower().rstrip(".")
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
+    return host == pattern
+
+
+async def _read_capped(response: httpx.Response) -> tuple[bytes, bool]:
+    """At most MAX_BODY_BYTES of the (decoded) body; True when more was sent."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            break
+    body = b"".join(chunks)
+    return body[:MAX_BODY_BYTES], size > MAX_BODY_BYTES
+
+
+def _outcome(response: httpx.Response, body: bytes, truncated: bool,
+             started: float) -> PrimitiveOutcome:
+    status = response.status_code
+    error = None
+    if status >= 400:
+        code = "E3401" if status < 500 else "E3502"
+        error = {"code": code, "message": f"{response.request.url.host} answered {status}",
+                 "details": {**_where(response.request.url), "status_code": status}}
+    headers = {name: value for name, value in response.headers.items()
+               if name not in _DROPPED_HEADERS}
+    return PrimitiveOutcome(ok=error is None, stdout=body, status_code=status,
+                            headers=headers, stdout_truncated=truncated,
+                            duration_ms=_elapsed_ms(started), error=error, sandbox="none")
+
+
+def _where(url: httpx.URL) -> dict[str, Any]:
+    return {"host": url.host, "port": url.port or _DEFAULT_PORTS.get(url.scheme)}
+
+
+def _scrub(value: Any, revealed: list[str]) -> Any:
+    if isinstance(value, str):
+        for secret in revealed:
+            if secret:
+                value = value.replace(secret, _REDACTED)
+        return value
+    if isinstance(value, Mapping):
+        return {key: _scrub(item, revealed) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(item, revealed) for item in value]
+    return value
+
+
+def _elapsed_ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

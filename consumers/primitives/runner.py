@@ -1,0 +1,36 @@
+"""The PrimitiveRunner adapter: dispatches a plan to the one primitive that runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from consumers.primitives.file_store import ContentStore
+from consumers.primitives.http_primitive import HttpPrimitive
+from consumers.primitives.subprocess_primitive import run_subprocess
+from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan
+
+
+class Primitives:
+    """Runs subprocess plans in fresh work dirs and HTTP plans on one pooled client."""
+
+    def __init__(self, store: ContentStore, work_root: Path, *, sandbox: str = "rlimits") -> None:
+        self._store = store
+        self._work_root = work_root
+        self._sandbox = sandbox
+        self._http = HttpPrimitive()
+
+    @property
+    def sandbox(self) -> str:
+        return self._sandbox
+
+    async def run(self, plan: SubprocessPlan | HttpPlan, params: Mapping[str, Any], *,
+                  secrets: Callable[[str], str | None]) -> PrimitiveOutcome:
+        if isinstance(plan, SubprocessPlan):
+            return await run_subprocess(plan, params, store=self._store,
+                                        work_root=self._work_root, sandbox=self._sandbox)
+        return await self._http.run(plan, params, secrets=secrets)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

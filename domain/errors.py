@@ -1,0 +1,92 @@
+"""Domain errors: each carries an E3xxx code from the spec's error registry (11.5).
+
+Inside a process these are exceptions; at a boundary they become failure events
+(`{code, message, details}`) on the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ToolexecError(Exception):
+    """Base of every domain error. `code` is the E3xxx code, `details` is JSON-safe."""
+
+    code: str = "E3000"
+
+    def __init__(self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details: dict[str, Any] = details or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class RequestError(ToolexecError):
+    """E3000-E3099: general / request errors."""
+
+    code = "E3004"
+
+
+class RegistryError(ToolexecError):
+    """E3100-E3149: tool not found (E3101), version not found (E3102), conflict
+    (E3103), deprecated (E3104), manifest or chain invalid (E3105)."""
+
+    code = "E3105"
+
+
+class ToolNotFound(RegistryError):
+    code = "E3101"
+
+
+class VersionNotFound(RegistryError):
+    code = "E3102"
+
+
+class IntegrityMismatch(RegistryError):
+    """A chain link's recomputed integrity differs from the recorded one."""
+
+    code = "E3105"
+
+
+class ChainInvalid(RegistryError):
+    """Cycle, depth > 16, bad executor link, or a parent rejecting its child."""
+
+    code = "E3105"
+
+
+class LockfileError(RegistryError):
+    code = "E3105"
+
+
+class AuthorizationError(ToolexecError):
+    """E3200-E3249: capability token and policy failures."""
+
+    code = "E3206"
+
+
+class ValidationFailed(ToolexecError):
+    """E3300-E3349: parameters (E3301), coercion (E3302), result (E3303)."""
+
+    code = "E3301"
+
+
+class ExecutionError(ToolexecError):
+    """E3400-E3449: failed (E3401), timeout (E3402), OOM (E3403), crashed (E3404),
+    sandbox (E3405), network policy (E3406), resource limit (E3407)."""
+
+    code = "E3401"
+
+
+class NetworkPolicyViolation(ExecutionError):
+    code = "E3406"
+
+
+class CircuitOpen(ToolexecError):
+    code = "E3501"

@@ -1,0 +1,294 @@
+"""From a resolved chain to the primitive's plan (seed 000, "Merge configs").
+
+Configs merge down the chain, primitive first: a child overrides its parent, mappings
+merge key by key, and `args` concatenate parent-first. A link's own contribution to
+`args` is `base_args + [entrypoint] + args`, so python_runtime's `base_args: ["-u"]`
+and a script's `entrypoint: process_data.py` give `["-u", "process_data.py"]`.
+
+The execution sections of Appendix C (`resource_limits`, `network_policy`,
+`retry_policy`) merge the same way, read from the manifest top level or from `config`.
+Values such as `${API_KEY}` are kept verbatim: the primitive resolves them at execution
+time, so secrets never reach a plan or an event.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from domain.errors import ChainInvalid
+from domain.model import (
+    HttpPlan,
+    NetworkPolicy,
+    ResolvedChain,
+    ResourceLimits,
+    SubprocessPlan,
+    ToolFile,
+    ToolVersion,
+)
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+EXECUTION_SECTIONS: tuple[str, ...] = ("resource_limits", "network_policy", "retry_policy")
+_NO_BODY_METHODS = frozenset({"GET", "HEAD"})
+_SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_SIZE_UNITS: dict[str, int] = {
+    "": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
+    "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4,
+}
+_CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
+_ENV_NAME = re.compile(r"^[^=\x00]+$")
+
+
+def merged_config(chain: ResolvedChain) -> dict[str, Any]:
+    """The chain's config merged primitive-first, each child overriding its parent."""
+    merged: dict[str, Any] = {}
+    for tv in reversed(chain.links):
+        merged = _merge(merged, _contribution(tv), top=True)
+    return merged
+
+
+def merged_section(chain: ResolvedChain, name: str) -> dict[str, Any]:
+    """An execution section (e.g. `resource_limits`) merged down the chain; each link's
+    top-level value is overridden by the same section inside its `config`."""
+    merged: dict[str, Any] = {}
+    for tv in reversed(chain.links):
+        config = _mapping(tv.manifest.get("config"))
+        part = _merge(_mapping(tv.manifest.get(name)), _mapping(config.get(name)))
+        merged = _merge(merged, part)
+    return merged
+
+
+def build_plan(chain: ResolvedChain, *,
+               base_env: Mapping[str, str] | None = None) -> SubprocessPlan | HttpPlan:
+    """The plan of the chain's primitive: a SubprocessPlan for `subprocess`, an HttpPlan
+    for `http_client`. Raises ChainInvalid (E3105) on config the primitive cannot run."""
+    primitive = chain.primitive.tool_id
+    config = merged_config(chain)
+    if primitive == "subprocess":
+        return _subprocess_plan(chain, config, base_env or {})
+    if primitive == "http_client":
+        return _http_plan(chain, config)
+    raise ChainInvalid(f"no plan for primitive {primitive!r}", details={"tool_id": primitive})
+
+
+def timeout_seconds(chain: ResolvedChain) -> float:
+    """The nearest-to-leaf `config.timeout` or `timeout_default`, else 30 seconds."""
+    for tv in chain.links:
+        config = _mapping(tv.manifest.get("config"))
+        for where, value in (("config.timeout", config.get("timeout")),
+                             ("timeout_default", tv.manifest.get("timeout_default"))):
+            if value is not None:
+                return _positive_number(value, f"{tv.tool_id}: {where}")
+    return DEFAULT_TIMEOUT_SECONDS
+
+
+def parse_size(text: Any, what: str = "size") -> int:
+    """Bytes of a Kubernetes-style quantity: `512Mi`, `2Gi`, `100M`, or an integer."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise _invalid(f"{what} {text!r} is not a size such as '512Mi' or '2Gi'")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2) or ""]
+
+
+def parse_cpu(text: Any, what: str = "cpu") -> float:
+    """Cores of a Kubernetes-style CPU quantity: `500m` -> 0.5, `2` -> 2.0."""
+    if isinstance(text, int | float) and not isinstance(text, bool) and text > 0:
+        return float(text)
+    match = _CPU.match(text) if isinstance(text, str) else None
+    if match is None or float(match.group(1)) <= 0:
+        raise _invalid(f"{what} {text!r} is not a CPU quantity such as '500m' or '2'")
+    value = float(match.group(1))
+    return value / 1000 if match.group(2) else value
+
+
+# ------------------------------------------------------------------------ subprocess
+
+
+def _subprocess_plan(chain: ResolvedChain, config: Mapping[str, Any],
+                     base_env: Mapping[str, str]) -> SubprocessPlan:
+    command = config.get("command")
+    if not isinstance(command, str) or not command:
+        raise _invalid(f"chain of {chain.leaf.tool_id} declares no config.command for subprocess")
+    args = config.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise _invalid("config.args must be a list of strings")
+    timeout = timeout_seconds(chain)
+    return SubprocessPlan(
+        argv=(command, *args),
+        env={**base_env, **_string_map(config.get("env"), "config.env", env=True)},
+        cwd=_relative_path(config.get("cwd", "."), "config.cwd"),
+        timeout_seconds=timeout,
+        limits=_limits(merged_section(chain, "resource_limits"), timeout),
+        files=_files(chain.links[:-1]),
+        network=_network(merged_section(chain, "network_policy")),
+    )
+
+
+def _limits(section: Mapping[str, Any], timeout: float) -> ResourceLimits:
+    defaults = ResourceLimits()
+    cpu = section.get("cpu")
+    return ResourceLimits(
+        memory_bytes=(parse_size(section["memory"], "resource_limits.memory")
+                      if "memory" in section else defaults.memory_bytes),
+        cpu_seconds=(math.ceil(timeout * parse_cpu(cpu, "resource_limits.cpu"))
+                     if cpu is not None else defaults.cpu_seconds),
+        max_file_bytes=(parse_size(section["ephemeral_storage"], "resource_limits.ephemeral_storage")
+                        if "ephemeral_storage" in section else defaults.max_file_bytes),
+        max_open_files=_count(section, "max_open_files", defaults.max_open_files),
+        max_processes=_count(section, "max_processes", defaults.max_processes),
+        stdout_max_bytes=_count(section, "stdout_max_bytes", defaults.stdout_max_bytes) or 0,
+        stderr_max_bytes=_count(section, "stderr_max_bytes", defaults.stderr_max_bytes) or 0,
+    )
+
+
+def _files(links: Sequence[ToolVersion]) -> tuple[ToolFile, ...]:
+    """Files of every non-primitive link; a child's file shadows a parent's same path."""
+    by_path: dict[str, ToolFile] = {}
+    for tv in reversed(links):
+        for file in tv.files:
+            by_path[file.path] = file
+    return tuple(by_path[path] for path in sorted(by_path))
+
+
+# ------------------------------------------------------------------------------ http
+
+
+def _http_plan(chain: ResolvedChain, config: Mapping[str, Any]) -> HttpPlan:
+    method = str(config.get("method", "GET")).upper()
+    url = config.get("url_template") or config.get("url")
+    if not isinstance(url, str) or not url:
+        raise _invalid(f"chain of {chain.leaf.tool_id} declares no config.url_template or "
+                       "config.url for http_client")
+    body = config.get("body_from_params", method not in _NO_BODY_METHODS)
+    codes = merged_section(chain, "retry_policy").get("retry_on_status_codes")
+    retry = {} if codes is None else {"retry_on_status_codes": _status_codes(codes)}
+    return HttpPlan(
+        method=method,
+        url_template=url,
+        headers=_string_map(config.get("headers"), "config.headers"),
+        query=_string_map(config.get("query"), "config.query"),
+        body_from_params=bool(body),
+        timeout_seconds=timeout_seconds(chain),
+        network=_network(merged_section(chain, "network_policy")),
+        **retry,
+    )
+
+
+def _status_codes(codes: Any) -> tuple[int, ...]:
+    if not isinstance(codes, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 100 <= c <= 599 for c in codes):
+        raise _invalid("retry_policy.retry_on_status_codes must be a list of HTTP status codes")
+    return tuple(codes)
+
+
+# ------------------------------------------------------------------------- sections
+
+
+def _network(section: Mapping[str, Any]) -> NetworkPolicy:
+    defaults = NetworkPolicy()
+    domains = section.get("allowed_domains", list(defaults.allowed_domains))
+    ports = section.get("allowed_ports", list(defaults.allowed_ports))
+    deny = section.get("deny_all_egress", defaults.deny_all_egress)
+    if not isinstance(domains, list) or not all(isinstance(d, str) and d for d in domains):
+        raise _invalid("network_policy.allowed_domains must be a list of host names")
+    if not isinstance(ports, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports):
+        raise _invalid("network_policy.allowed_ports must be a list of ports (1-65535)")
+    if not isinstance(deny, bool):
+        raise _invalid("network_policy.deny_all_egress must be true or false")
+    return NetworkPolicy(allowed_domains=tuple(domains), allowed_ports=tuple(ports),
+                         deny_all_egress=deny)
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def _contribution(tv: ToolVersion) -> dict[str, Any]:
+    """A link's config with `base_args`, entrypoint and `args` folded into `args`."""
+    config = dict(_mapping(tv.manifest.get("config")))
+    entrypoint = config.get("entrypoint") or _mapping(tv.manifest.get("manifest")).get("entrypoint")
+    args: list[Any] = [*_list(config.pop("base_args", []), tv, "config.base_args")]
+    if entrypoint is not None:
+        args.append(_relative_path(entrypoint, f"{tv.tool_id}: entrypoint"))
+        config["entrypoint"] = entrypoint
+    args.extend(_list(config.get("args", []), tv, "config.args"))
+    if args:
+        config["args"] = args
+    return config
+
+
+def _merge(parent: Mapping[str, Any], child: Mapping[str, Any], *,
+           top: bool = False) -> dict[str, Any]:
+    merged = dict(parent)
+    for key, value in child.items():
+        old = merged.get(key)
+        if top and key == "args" and isinstance(old, list) and isinstance(value, list):
+            merged[key] = [*old, *value]
+        elif isinstance(old, Mapping) and isinstance(value, Mapping):
+            merged[key] = _merge(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any, tv: ToolVersion, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _invalid(f"{tv.tool_id}@{tv.version}: {where} must be a list")
+    return value
+
+
+def _string_map(value: Any, where: str, *, env: bool = False) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _invalid(f"{where} must be a mapping of names to values")
+    result: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or (env and not _ENV_NAME.match(key)):
+            raise _invalid(f"{where} has an invalid name {key!r}")
+        result[key] = _scalar_text(item, f"{where}.{key}")
+    return result
+
+
+def _scalar_text(value: Any, where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise _invalid(f"{where} must be a string, number or boolean")
+
+
+def _relative_path(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise _invalid(f"{where} must be a non-empty path")
+    parts = value.replace("\\", "/").split("/")
+    if value.startswith(("/", "\\")) or ".." in parts or re.match(r"^[A-Za-z]:", value):
+        raise _invalid(f"{where} {value!r} must be relative to the tool root and stay inside it")
+    return value
+
+
+def _count(section: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    value = section.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _invalid(f"resource_limits.{key} must be a non-negative integer")
+    return value
+
+
+def _positive_number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise _invalid(f"{where} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _invalid(message: str) -> ChainInvalid:
+    return ChainInvalid(message, details={"reason": message})

@@ -1,0 +1,1 @@
+"""Helper library of the word_stats tool."""

@@ -1,0 +1,111 @@
+"""The registry read model: an in-memory fold of `toolexec.registry`.
+
+Every resolver/executor process keeps its own copy (the topic is read from offset 0
+outside any consumer group), so a replica can answer from memory. Versions are
+immutable: a second `tool.published` for an existing version with another integrity
+is ignored, and the first stays (the log shows both). Integrity is NOT checked here:
+the log is recorded as it is, and the resolver verifies every link before use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+from collections.abc import Awaitable, Callable, Sequence
+
+import structlog
+
+from contracts.envelope import Envelope
+from contracts.events import ToolLifecycleChanged, ToolPublished
+from domain.model import ToolFile, ToolVersion
+from domain.registry import InMemoryRegistry
+
+log = structlog.get_logger(__name__)
+
+EndOffsets = Callable[[], Awaitable[dict[int, int]]]
+
+
+def tool_version_from_event(event: ToolPublished) -> ToolVersion:
+    """Translate a `tool.published` contract into the domain's ToolVersion."""
+    files = tuple(
+        ToolFile(path=f.path, sha256=f.sha256, is_executable=f.is_executable,
+                 content=gzip.decompress(base64.b64decode(f.content_b64gz)))
+        for f in event.files
+    )
+    return ToolVersion(tool_id=event.tool_id, version=event.version, manifest=event.manifest,
+                       files=files, integrity=event.integrity)
+
+
+class RegistryView:
+    """RegistryReader port implementation: fold + positions + bounded catch-up."""
+
+    def __init__(self, end_offsets: EndOffsets | None = None) -> None:
+        self._registry = InMemoryRegistry()
+        self._positions: dict[int, int] = {}
+        self._end_offsets = end_offsets
+        self._advanced = asyncio.Event()
+        self.revision = 0
+
+    # -- fold -------------------------------------------------------------------
+    def apply(self, envelope: Envelope, *, partition: int | None = None,
+              offset: int | None = None) -> None:
+        """Apply one registry event; record the position it was read at."""
+        data = envelope.data
+        if isinstance(data, ToolPublished):
+            self._apply_published(data)
+        elif isinstance(data, ToolLifecycleChanged):
+            self._apply_lifecycle(data)
+        if partition is not None and offset is not None:
+            self.advance(partition, offset)
+
+    def advance(self, partition: int, offset: int) -> None:
+        """Mark `offset` of `partition` as consumed (also for records not applied)."""
+        self._positions[partition] = max(self._positions.get(partition, -1), offset)
+        self._advanced.set()
+
+    def _apply_published(self, data: ToolPublished) -> None:
+        existing = self._registry.get(data.tool_id, data.version)
+        if existing is not None:
+            if existing.integrity != data.integrity:
+                log.warning("registry.conflicting_republish", tool_id=data.tool_id,
+                            version=data.version, kept=existing.integrity, ignored=data.integrity)
+            return
+        self._registry.add(tool_version_from_event(data))
+        self.revision += 1
+
+    def _apply_lifecycle(self, data: ToolLifecycleChanged) -> None:
+        """A lifecycle change names one version, or every version when it names none."""
+        targets = ([data.version] if data.version is not None
+                   else [tv.version for tv in self._registry.versions(data.tool_id)])
+        for version in targets:
+            if self._registry.get(data.tool_id, version) is not None:
+                self._registry.set_lifecycle(data.tool_id, version, data.lifecycle)
+                self.revision += 1
+
+    # -- RegistryReader -----------------------------------------------------------
+    def get(self, tool_id: str, version: str) -> ToolVersion | None:
+        return self._registry.get(tool_id, version)
+
+    def versions(self, tool_id: str) -> Sequence[ToolVersion]:
+        return self._registry.versions(tool_id)
+
+    def tool_ids(self) -> Sequence[str]:
+        return list(self._registry.tool_ids())
+
+    def caught_up_with(self, end_offsets: dict[int, int]) -> bool:
+        """True when every partition's last record (end offset - 1) has been read."""
+        return all(self._positions.get(p, -1) >= end - 1 for p, end in end_offsets.items())
+
+    async def catch_up(self, timeout: float) -> bool:
+        if self._end_offsets is None:
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                target = await self._end_offsets()
+                while not self.caught_up_with(target):
+                    self._advanced.clear()
+                    await self._advanced.wait()
+                return True
+        except TimeoutError:
+            return False

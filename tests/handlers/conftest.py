@@ -1,0 +1,179 @@
+"""In-memory wiring of the pipeline steps on FastStream's TestKafkaBroker.
+
+Ports are fakes: a registry built from sealed tool sources, a scripted primitive
+runner, in-memory claims. Every event any step publishes is recorded in order.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+from faststream.kafka import KafkaBroker, TestKafkaBroker
+
+from consumers import authorize, execute, finalize, resolve
+from consumers.deadletter import DeadLetters
+from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_steps, process_record
+from contracts import topics
+from contracts.envelope import Envelope, new_envelope
+from contracts.events import InvokeRequested
+from contracts.kafka_binding import encode
+from domain.integrity import seal
+from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
+from domain.registry import InMemoryRegistry
+from toolexec.sources import load_builtin_sources, load_source
+
+TOOLS = Path(__file__).parent.parent / "integration" / "tools"
+FIXED_NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+class FakeRegistry(InMemoryRegistry):
+    explode: bool = False
+
+    def versions(self, tool_id: str):  # type: ignore[override]
+        if self.explode:
+            raise RuntimeError("registry view exploded")
+        return super().versions(tool_id)
+
+    async def catch_up(self, timeout: float) -> bool:
+        return True
+
+
+@dataclass
+class ScriptedRunner:
+    """Returns queued outcomes (or the default); records every plan it was given."""
+
+    default: PrimitiveOutcome = field(
+        default_factory=lambda: PrimitiveOutcome(ok=True, stdout=b'{"echo": "hi", "keys": 1}',
+                                                 exit_code=0))
+    queue: list[PrimitiveOutcome | Exception] = field(default_factory=list)
+    plans: list[Any] = field(default_factory=list)
+    sandbox: str = "fake"
+
+    async def run(self, plan: SubprocessPlan | HttpPlan, params: Mapping[str, Any], *,
+                  secrets: Callable[[str], str | None]) -> PrimitiveOutcome:
+        self.plans.append(plan)
+        item = self.queue.pop(0) if self.queue else self.default
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+class Claims:
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    async def claim(self, key: str) -> bool:
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+@dataclass
+class Harness:
+    broker: KafkaBroker
+    registry: FakeRegistry
+    runner: ScriptedRunner
+    settings: dict[str, Any]
+    events: list[Envelope] = field(default_factory=list)
+    deadletters: list[dict[str, Any]] = field(default_factory=list)
+
+    async def request(self, tool_id: str, params: Mapping[str, Any] | None = None, *,
+                      version_range: str = "*", token: str | None = None,
+                      event_id: str | None = None, invocation_id: str | None = None) -> str:
+        invocation_id = invocation_id or str(uuid.uuid4())
+        envelope = new_envelope(
+            InvokeRequested(invocation_id=invocation_id, tool_id=tool_id,
+                            version_range=version_range, parameters=dict(params or {})),
+            source="urn:test", partitionkey=invocation_id, correlationid=invocation_id,
+            id=event_id or str(uuid.uuid4()), time=FIXED_NOW,
+            extensions={"captoken": token} if token else {},
+        )
+        self.events.append(envelope)
+        await publish_on(self.broker, envelope)
+        return invocation_id
+
+    def of(self, invocation_id: str, event_type: str | None = None) -> list[Envelope]:
+        return [e for e in self.events if e.correlationid == invocation_id
+                and (event_type is None or e.type == event_type)]
+
+    def terminal(self, invocation_id: str) -> Envelope:
+        found = [e for e in self.of(invocation_id)
+                 if e.type in ("tool.invoke.completed", "tool.invoke.failed")]
+        assert len(found) == 1, [e.type for e in self.of(invocation_id)]
+        return found[0]
+
+
+async def publish_on(broker: KafkaBroker, envelope: Envelope) -> None:
+    record = encode(envelope)
+    await broker.publish(record.value, topics.TOPIC_OF_TYPE[envelope.type], key=record.key,
+                         headers={k: v.decode() for k, v in record.headers})
+
+
+def sealed_tools() -> list[ToolVersion]:
+    sources = load_builtin_sources() + [load_source(p) for p in sorted(TOOLS.iterdir())
+                                        if p.is_dir()]
+    return [seal(s) for s in sources]
+
+
+def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None = None,
+                  ) -> tuple[Harness, KafkaBroker]:
+    broker = KafkaBroker("localhost:9092", apply_types=False, decoder=passthrough_decoder)
+    registry = FakeRegistry()
+    for tool in sealed_tools():
+        registry.add(tool)
+    runner = ScriptedRunner()
+    harness = Harness(broker, registry, runner, {"require_auth": require_auth})
+
+    async def publish(envelope: Envelope) -> None:
+        # Recorded before it is delivered: the in-memory broker runs subscribers
+        # nested inside publish, so this keeps the causal order of the log.
+        if envelope.type == "deadletter.recorded":
+            harness.deadletters.append(envelope.data.model_dump(mode="json"))
+        else:
+            harness.events.append(envelope)
+        await publish_on(broker, envelope)
+
+    def clock() -> datetime:
+        return FIXED_NOW
+
+    deps = PipelineDeps(
+        resolve=resolve.ResolveDeps(registry=registry, publish=publish, clock=clock),
+        authorize=authorize.AuthorizeDeps(publish=publish, clock=clock, require_auth=require_auth,
+                                          public_keys=lambda: public_keys or [],
+                                          pending=authorize.PendingTokens()),
+        execute=execute.ExecuteDeps(registry=registry, publish=publish, clock=clock,
+                                    runner=runner, claims=Claims(), secrets=lambda name: None,
+                                    random=lambda: 0.0, sleep=_no_sleep),
+        finalize=finalize.FinalizeDeps(publish=publish, clock=clock),
+        dead_letters=DeadLetters(publish, clock),
+        clock=clock,
+    )
+    steps = pipeline_steps(deps, group_prefix="test", execute_workers=1)
+
+    # One subscriber hands each record to every step in a fixed order. On Kafka each
+    # step's group reads the partition in log order; the in-memory broker delivers
+    # nested and in no guaranteed subscriber order, so this keeps it faithful.
+    @broker.subscriber(topics.INVOCATIONS, group_id="steps")
+    async def all_steps(message: Any) -> None:
+        for step in steps:
+            await process_record(message.raw_message, step, deps)
+
+    return harness, broker
+
+
+async def _no_sleep(seconds: float) -> None:
+    return None
+
+
+@pytest_asyncio.fixture
+async def harness() -> AsyncIterator[Harness]:
+    h, broker = build_harness()
+    async with TestKafkaBroker(broker):
+        yield h

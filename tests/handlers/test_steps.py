@@ -1,0 +1,184 @@
+"""Every branch of the four pipeline steps, on FastStream's in-memory TestKafkaBroker."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from faststream.kafka import TestKafkaBroker
+
+from contracts import topics
+from domain.model import PrimitiveOutcome
+from tests.handlers.conftest import Harness, build_harness
+
+PIPELINE = ["tool.invoke.requested", "tool.chain.resolved", "tool.permission.decided",
+            "tool.execution.started", "tool.execution.finished", "tool.invoke.completed"]
+
+
+async def test_success_walks_every_step_in_order(harness: Harness) -> None:
+    invocation = await harness.request("py_echo", {"text": "hi"})
+    assert [e.type for e in harness.of(invocation)] == PIPELINE
+    completed = harness.terminal(invocation)
+    assert completed.data.result == {"echo": "hi", "keys": 1}
+    resolved = harness.of(invocation, "tool.chain.resolved")[0].data
+    assert [link.tool_id for link in resolved.chain] == ["py_echo", "python_runtime", "subprocess"]
+
+
+async def test_every_event_names_its_cause_and_shares_the_partition_key(
+        harness: Harness) -> None:
+    invocation = await harness.request("py_echo", {"text": "hi"})
+    requested, resolved, decided, started, finished, completed = harness.of(invocation)
+    assert resolved.causationid == requested.id
+    assert decided.causationid == resolved.id
+    assert started.causationid == decided.id and finished.causationid == decided.id
+    assert completed.causationid == finished.id
+    assert {e.partitionkey for e in harness.of(invocation)} == {invocation}
+
+
+async def test_decision_says_authorization_was_not_required(harness: Harness) -> None:
+    invocation = await harness.request("py_echo", {"text": "hi"})
+    decision = harness.of(invocation, "tool.permission.decided")[0].data
+    assert decision.decision == "allow" and decision.enforced is False
+    assert "not required" in decision.reason
+
+
+async def test_unknown_tool_fails_at_resolve_with_E3101(harness: Harness) -> None:
+    invocation = await harness.request("nope", {})
+    failed = harness.terminal(invocation).data
+    assert (failed.error.code, failed.stage) == ("E3101", "resolve")
+
+
+async def test_unknown_version_fails_with_E3102(harness: Harness) -> None:
+    invocation = await harness.request("py_echo", {"text": "x"}, version_range="^7")
+    assert harness.terminal(invocation).data.error.code == "E3102"
+
+
+async def test_tampered_registry_entry_fails_integrity(harness: Harness) -> None:
+    tool = harness.registry.get("py_echo", "1.0.0")
+    forged_files = tuple(dataclasses.replace(f, content=b"print('x')") if f.path == "main.py"
+                         else f for f in tool.files)
+    harness.registry.add(dataclasses.replace(tool, version="1.0.9", files=forged_files,
+                                             manifest={**tool.manifest, "version": "1.0.9"}))
+    invocation = await harness.request("py_echo", {"text": "x"}, version_range="1.0.9")
+    failed = harness.terminal(invocation).data
+    assert failed.error.code == "E3105"
+    assert failed.error.details["tool_id"] == "py_echo"
+
+
+async def test_invalid_parameters_fail_with_every_violation(harness: Harness) -> None:
+    invocation = await harness.request("py_echo", {"text": 5, "times": 0})
+    failed = harness.terminal(invocation).data
+    assert (failed.error.code, failed.stage) == ("E3301", "execute")
+    assert len(failed.error.details["issues"]) == 2
+    assert harness.runner.plans == []
+
+
+async def test_primitive_error_becomes_the_failure(harness: Harness) -> None:
+    harness.runner.queue.append(PrimitiveOutcome(
+        ok=False, exit_code=None, error={"code": "E3402", "message": "timed out", "details": {}}))
+    invocation = await harness.request("py_echo", {"text": "x"})
+    failed = harness.terminal(invocation).data
+    assert (failed.error.code, failed.stage) == ("E3402", "execute")
+
+
+async def test_result_violating_its_schema_fails_with_E3303(harness: Harness) -> None:
+    harness.runner.queue.append(PrimitiveOutcome(ok=True, stdout=b'{"echo": 1}', exit_code=0))
+    invocation = await harness.request("py_echo", {"text": "x"})
+    failed = harness.terminal(invocation).data
+    assert (failed.error.code, failed.stage) == ("E3303", "finalize")
+
+
+async def test_plan_is_built_from_the_merged_chain(harness: Harness) -> None:
+    await harness.request("py_echo", {"text": "x"})
+    plan = harness.runner.plans[0]
+    assert plan.argv[0] == "python3" and plan.argv[-1] == "main.py"
+
+
+async def test_redelivered_request_yields_same_ids_and_runs_once(harness: Harness) -> None:
+    invocation = await harness.request("py_echo", {"text": "x"}, event_id="evt-1")
+    await harness.request("py_echo", {"text": "x"}, event_id="evt-1", invocation_id=invocation)
+    resolved = harness.of(invocation, "tool.chain.resolved")
+    assert len(resolved) == 2 and resolved[0].id == resolved[1].id
+    assert len(harness.runner.plans) == 1
+
+
+async def test_undecodable_record_is_dead_lettered_once(harness: Harness) -> None:
+    await harness.broker.publish(b"{not json", topics.INVOCATIONS, key=b"k",
+                                 headers={"ce_type": "tool.invoke.requested"})
+    assert len(harness.deadletters) == 1
+    assert harness.deadletters[0]["error"]["code"] == "E3004"
+    invocation = await harness.request("py_echo", {"text": "still works"})
+    assert harness.terminal(invocation).type == "tool.invoke.completed"
+
+
+async def test_crashing_handler_is_dead_lettered_and_the_invocation_fails(
+        harness: Harness) -> None:
+    harness.registry.explode = True
+    invocation = await harness.request("py_echo", {"text": "x"})
+    failed = harness.terminal(invocation).data
+    assert (failed.error.code, failed.stage) == ("E3000", "resolve")
+    assert len(harness.deadletters) == 1
+    assert "exploded" in harness.deadletters[0]["error"]["message"]
+    assert harness.deadletters[0]["attempts"] == 3
+
+
+async def test_crashing_primitive_ends_the_invocation_with_E3404(harness: Harness) -> None:
+    harness.runner.queue.append(RuntimeError("primitive bug"))
+    invocation = await harness.request("py_echo", {"text": "x"})
+    failed = harness.terminal(invocation).data
+    assert (failed.error.code, failed.stage) == ("E3404", "execute")
+    finished = harness.of(invocation, "tool.execution.finished")[0].data
+    assert finished.outcome == "unknown"
+
+
+@pytest.fixture(scope="module")
+def rsa_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _token(key: rsa.RSAPrivateKey, tool: str = "py_echo") -> str:
+    now = int(time.time())
+    return jwt.encode({"sub": "did:example:a", "iat": now, "exp": now + 60, "jti": "j1",
+                       "tools": [{"tool_id": tool, "version_range": "^1"}]}, key, algorithm="RS256")
+
+
+async def test_required_auth_without_token_is_denied_E3203(rsa_key) -> None:
+    harness, broker = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    async with TestKafkaBroker(broker):
+        invocation = await harness.request("py_echo", {"text": "x"})
+    decision = harness.of(invocation, "tool.permission.decided")[0].data
+    assert decision.decision == "deny" and decision.enforced
+    failed = harness.terminal(invocation).data
+    assert (failed.error.code, failed.stage) == ("E3203", "authorize")
+    assert harness.runner.plans == []
+
+
+async def test_required_auth_with_valid_token_allows_and_records_subject(rsa_key) -> None:
+    harness, broker = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    async with TestKafkaBroker(broker):
+        invocation = await harness.request("py_echo", {"text": "x"}, token=_token(rsa_key))
+    decision = harness.of(invocation, "tool.permission.decided")[0].data
+    assert (decision.decision, decision.subject, decision.token_jti) == ("allow", "did:example:a",
+                                                                          "j1")
+    assert harness.terminal(invocation).type == "tool.invoke.completed"
+
+
+async def test_token_for_another_tool_is_E3204(rsa_key) -> None:
+    harness, broker = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    async with TestKafkaBroker(broker):
+        invocation = await harness.request("py_echo", {"text": "x"},
+                                           token=_token(rsa_key, tool="other"))
+    assert harness.terminal(invocation).data.error.code == "E3204"
+
+
+async def test_capability_token_never_travels_into_derived_events(rsa_key) -> None:
+    harness, broker = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    token = _token(rsa_key)
+    async with TestKafkaBroker(broker):
+        invocation = await harness.request("py_echo", {"text": "x"}, token=token)
+    derived = harness.of(invocation)[1:]
+    assert derived and all("captoken" not in e.extensions for e in derived)
+    assert all(token not in e.data.model_dump_json() for e in derived)

@@ -1,0 +1,5 @@
+import sys
+
+sys.stdin.read()
+blob = bytearray(512 * 1024 * 1024)
+print(len(blob))

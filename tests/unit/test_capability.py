@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from domain.capability import authorise, verify_token
+from domain.errors import AuthorizationError
+
+NOW = 1_800_000_000
+
+
+@pytest.fixture(scope="module")
+def keys() -> tuple[rsa.RSAPrivateKey, rsa.RSAPublicKey]:
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return private, private.public_key()
+
+
+def _token(private: rsa.RSAPrivateKey, **overrides: object) -> str:
+    claims = {"sub": "did:example:agent", "iat": NOW - 10, "exp": NOW + 300, "jti": "j-1",
+              "tools": [{"tool_id": "hello", "version_range": "^1.0.0"}]}
+    claims.update(overrides)
+    claims = {k: v for k, v in claims.items() if v is not None}
+    return jwt.encode(claims, private, algorithm="RS256")
+
+
+def _code(call: object) -> str:
+    with pytest.raises(AuthorizationError) as caught:
+        call()  # type: ignore[operator]
+    return caught.value.code
+
+
+def test_valid_token_grants_tool_in_range(keys) -> None:
+    private, public = keys
+    capability = authorise(_token(private), [public], tool_id="hello", version="1.2.0", now=NOW)
+    assert capability.subject == "did:example:agent"
+    assert capability.jti == "j-1"
+
+
+def test_expired_token_is_E3201(keys) -> None:
+    private, public = keys
+    assert _code(lambda: verify_token(_token(private, exp=NOW - 1), [public], now=NOW)) == "E3201"
+
+
+def test_token_signed_by_another_key_is_E3202(keys) -> None:
+    _, public = keys
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    assert _code(lambda: verify_token(_token(other), [public], now=NOW)) == "E3202"
+
+
+def test_rotated_keys_accept_either_signer(keys) -> None:
+    private, public = keys
+    old = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    assert verify_token(_token(old), [public, old.public_key()], now=NOW).jti == "j-1"
+
+
+def test_garbage_is_malformed_E3203(keys) -> None:
+    _, public = keys
+    assert _code(lambda: verify_token("not.a.jwt", [public], now=NOW)) == "E3203"
+
+
+def test_missing_token_is_refused_like_a_malformed_one(keys) -> None:
+    _, public = keys
+    assert _code(lambda: authorise(None, [public], tool_id="hello", version="1.0.0",
+                                   now=NOW)) == "E3203"
+
+
+def test_tool_outside_the_token_is_E3204(keys) -> None:
+    private, public = keys
+    assert _code(lambda: authorise(_token(private), [public], tool_id="hello", version="2.0.0",
+                                   now=NOW)) == "E3204"
+    assert _code(lambda: authorise(_token(private), [public], tool_id="other", version="1.0.0",
+                                   now=NOW)) == "E3204"
+
+
+def test_alg_none_is_rejected(keys) -> None:
+    _, public = keys
+    header = base64.urlsafe_b64encode(json.dumps({"alg": "none", "typ": "JWT"}).encode()).rstrip(b"=")
+    body = base64.urlsafe_b64encode(json.dumps(
+        {"sub": "x", "exp": NOW + 60, "iat": NOW, "jti": "j", "tools": []}).encode()).rstrip(b"=")
+    token = f"{header.decode()}.{body.decode()}."
+    assert _code(lambda: verify_token(token, [public], now=NOW)) == "E3203"
+
+
+def test_hs256_with_the_public_key_as_secret_is_rejected(keys) -> None:
+    _, public = keys
+    pem = public.public_bytes(serialization.Encoding.PEM,
+                              serialization.PublicFormat.SubjectPublicKeyInfo)
+    header = base64.urlsafe_b64encode(json.dumps({"alg": "HS256", "typ": "JWT"}).encode()).rstrip(b"=")
+    body = base64.urlsafe_b64encode(json.dumps(
+        {"sub": "x", "exp": NOW + 60, "iat": NOW, "jti": "j",
+         "tools": [{"tool_id": "hello"}]}).encode()).rstrip(b"=")
+    signing_input = header + b"." + body
+    sig = base64.urlsafe_b64encode(hmac.new(pem, signing_input, hashlib.sha256).digest()).rstrip(b"=")
+    forged = (signing_input + b"." + sig).decode()
+    assert _code(lambda: verify_token(forged, [public], now=NOW)) == "E3203"
+
+
+def test_token_without_exp_is_rejected(keys) -> None:
+    private, public = keys
+    assert _code(lambda: verify_token(_token(private, exp=None), [public], now=NOW)) == "E3203"

@@ -1,0 +1,1 @@
+"""toolexec: the composition root (settings, CLI, gateways, embedded infrastructure)."""

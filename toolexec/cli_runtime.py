@@ -1,0 +1,202 @@
+"""CLI commands that talk to a running system: up, run, publish."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from contracts.envelope import Envelope
+from toolexec.client import InvocationClient
+from toolexec.publishing import publish_event
+from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
+from toolexec.settings import Settings
+from toolexec.sources import bash_syntax_check, collect_sources
+from toolexec.stack import Stack
+
+err = Console(stderr=True)
+out = Console()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("run")(run)
+    app.command("publish")(publish)
+
+
+def _tool_events(tool_dirs: list[Path], settings: Settings) -> list[Envelope]:
+    now = datetime.now(UTC)
+    sources = collect_sources(tool_dirs, settings)
+    known = {str(s.manifest.get("tool_id")): str(s.manifest.get("tool_type")) for s in sources}
+    return [publish_event(s, now=now, bash_syntax=bash_syntax_check, known_tools=known)
+            for s in sources]
+
+
+def _report_rejections(events: list[Envelope]) -> None:
+    for event in events:
+        if event.type == "tool.publish.rejected":
+            data = event.data
+            err.print(f"[yellow]rejected[/] {data.origin}: "
+                      + "; ".join(f"{i['path']}: {i['message']}" for i in data.issues))
+
+
+def up(
+    tools: Annotated[list[Path], typer.Option("--tools", help="extra tool directories")] = [],  # noqa: B006
+) -> None:
+    """Run the whole system (embedded default: broker, consumers); Ctrl-C stops it."""
+    settings = Settings()
+    asyncio.run(_up(settings, tools))
+
+
+async def _up(settings: Settings, tools: list[Path]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with Stack(settings) as stack:
+        events = _tool_events(tools, settings)
+        await stack.publish_all(events)
+        _report_rejections(events)
+        write_runtime(settings, {"kafka_bootstrap": stack.bootstrap,
+                                 "database_url": settings.database_url, "gateway_url": None})
+        published = sum(1 for e in events if e.type == "tool.published")
+        err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] "
+                  f"({'embedded Tansu' if stack.embedded else 'external'}), "
+                  f"{published} tool(s) published, consumers running. Ctrl-C stops.")
+        try:
+            await stop.wait()
+        finally:
+            remove_runtime(settings)
+    err.print("toolexec up: stopped")
+
+
+def _parse_params(pairs: list[str], params_json: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    if params_json:
+        loaded = json.loads(params_json)
+        if not isinstance(loaded, dict):
+            raise typer.BadParameter("--params must be a JSON object")
+        params.update(loaded)
+    for pair in pairs:
+        if "=" not in pair:
+            raise typer.BadParameter(f"-p expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            params[key] = json.loads(value)
+        except ValueError:
+            params[key] = value
+    return params
+
+
+def run(
+    tool: Annotated[str, typer.Argument(help="TOOL or TOOL@RANGE")],
+    param: Annotated[list[str], typer.Option("-p", "--param", help="key=value")] = [],  # noqa: B006
+    params: Annotated[str | None, typer.Option("--params", help="parameters as JSON")] = None,
+    lock: Annotated[Path | None, typer.Option("--lock", help="lockfile to pin the chain")] = None,
+    token: Annotated[str | None, typer.Option("--token", help="capability token (JWT)")] = None,
+    tools: Annotated[list[Path], typer.Option("--tools", help="extra tool directories")] = [],  # noqa: B006
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the result")] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Invoke a tool through the pipeline and print its result."""
+    try:
+        parameters = _parse_params(param, params)
+        lockfile = json.loads(lock.read_text()) if lock else None
+    except (ValueError, OSError) as exc:
+        err.print(f"[red]bad usage:[/] {exc}")
+        raise typer.Exit(2) from exc
+    tool_id, _, version_range = tool.partition("@")
+    settings = Settings()
+    terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters, lockfile,
+                                token, tools, timeout, quiet=as_json))
+    raise typer.Exit(_print_terminal(terminal, as_json))
+
+
+async def _run(settings: Settings, tool_id: str, version_range: str, parameters: dict[str, Any],
+               lockfile: dict[str, Any] | None, token: str | None, tools: list[Path],
+               timeout: float, *, quiet: bool) -> Envelope:
+    def progress(event: Envelope) -> None:
+        if not quiet:
+            err.print(f"[dim]{event.type}[/]")
+
+    runtime = read_runtime(settings)
+    if runtime is not None:
+        async with InvocationClient(runtime["kafka_bootstrap"]) as client:
+            if tools:
+                for event in _tool_events(tools, settings):
+                    await client.send(event)
+            return await client.invoke(tool_id, parameters, version_range=version_range,
+                                       lockfile=lockfile, token=token, timeout=timeout,
+                                       progress=progress)
+    async with Stack(settings) as stack:
+        events = _tool_events(tools, settings)
+        await stack.publish_all(events)
+        if not quiet:
+            _report_rejections(events)
+        async with InvocationClient(stack.bootstrap) as client:
+            return await client.invoke(tool_id, parameters, version_range=version_range,
+                                       lockfile=lockfile, token=token, timeout=timeout,
+                                       progress=progress)
+
+
+def _print_terminal(terminal: Envelope, as_json: bool) -> int:
+    data = terminal.data
+    if as_json:
+        out.print_json(data=json.loads(data.model_dump_json()))
+    elif terminal.type == "tool.invoke.completed":
+        result = data.result
+        out.print(result if isinstance(result, str) else json.dumps(result, indent=2),
+                  markup=False, highlight=False)
+    else:
+        err.print(f"[red]{data.error.code}[/] {data.error.message}")
+        if data.error.details:
+            err.print(json.dumps(data.error.details, indent=2), markup=False, highlight=False)
+    return 0 if terminal.type == "tool.invoke.completed" else 1
+
+
+def publish(
+    paths: Annotated[list[Path], typer.Argument(help="tool sources")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Validate and publish tools to a running system (tool.published / rejected)."""
+    settings = Settings()
+    for path in paths:
+        if not path.exists():
+            err.print(f"[red]bad usage:[/] {path} does not exist")
+            raise typer.Exit(2)
+    runtime = read_runtime(settings)
+    bootstrap = settings.kafka_bootstrap or (runtime or {}).get("kafka_bootstrap")
+    if not bootstrap:
+        err.print("[red]E3001[/] no running toolexec found: start `toolexec up` first "
+                  "or set TOOLEXEC_KAFKA_BOOTSTRAP")
+        raise typer.Exit(1)
+    events = [e for e in _tool_events(paths, settings) if _from_paths(e, paths)]
+    asyncio.run(_send_all(bootstrap, events))
+    rejected = [e for e in events if e.type == "tool.publish.rejected"]
+    if as_json:
+        out.print_json(data=[{"type": e.type, **json.loads(e.data.model_dump_json())}
+                             for e in events])
+    else:
+        for e in events:
+            label = "published" if e.type == "tool.published" else "[red]rejected[/]"
+            err.print(f"{label} {e.data.tool_id}@{e.data.version}")
+        _report_rejections(events)
+    raise typer.Exit(1 if rejected else 0)
+
+
+def _from_paths(event: Envelope, paths: list[Path]) -> bool:
+    origin = getattr(event.data, "source", None) or getattr(event.data, "origin", None) or ""
+    return any(str(origin).startswith(str(p.resolve())) or str(origin).startswith(str(p))
+               for p in paths)
+
+
+async def _send_all(bootstrap: str, events: list[Envelope]) -> None:
+    async with InvocationClient(bootstrap) as client:
+        for event in events:
+            await client.send(event)

@@ -1,0 +1,132 @@
+"""Producer-side client: emit `tool.invoke.requested`, wait for the terminal event.
+
+Used by `toolexec run`, the gateway and the tests. It tails the invocations topic
+from its end (no consumer group) and routes events to waiting callers by
+correlation id, so one client serves many concurrent invocations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from contracts import topics
+from contracts.envelope import Envelope, new_envelope
+from contracts.events import InvokeRequested
+from contracts.kafka_binding import UndecodableRecord, decode, encode
+
+log = structlog.get_logger(__name__)
+
+TERMINAL_TYPES = frozenset({"tool.invoke.completed", "tool.invoke.failed"})
+PROGRESS_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
+                            "tool.execution.started", "tool.execution.finished"})
+SOURCE = "urn:toolexec:client"
+
+Progress = Callable[[Envelope], None]
+
+
+class InvocationClient:
+    """Emits invocation requests and resolves them when their terminal event arrives."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._bootstrap = bootstrap
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._waiters: dict[str, asyncio.Future[Envelope]] = {}
+        self._progress: dict[str, Progress] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> InvocationClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, linger_ms=0)
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
+                                          auto_offset_reset="latest", fetch_max_wait_ms=20)
+        await self._consumer.start()
+        partitions = self._consumer.partitions_for_topic(topics.INVOCATIONS) or {0}
+        from aiokafka import TopicPartition
+
+        tps = [TopicPartition(topics.INVOCATIONS, p) for p in sorted(partitions)]
+        self._consumer.assign(tps)
+        await self._consumer.seek_to_end(*tps)
+        for tp in tps:  # resolve the end positions now, before any request is sent
+            await self._consumer.position(tp)
+        self._reader = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def send(self, envelope: Envelope) -> None:
+        """Publish any event (e.g. tool.published) to its topic."""
+        assert self._producer is not None, "client not started"
+        record = encode(envelope)
+        await self._producer.send_and_wait(topics.TOPIC_OF_TYPE[envelope.type], record.value,
+                                           key=record.key, headers=list(record.headers))
+
+    async def invoke(self, tool_id: str, parameters: Mapping[str, Any] | None = None, *,
+                     version_range: str = "*", lockfile: Mapping[str, Any] | None = None,
+                     token: str | None = None, timeout: float = 120.0,
+                     invocation_id: str | None = None, progress: Progress | None = None,
+                     requested_by: str | None = None) -> Envelope:
+        """Request an invocation and return its terminal event (completed or failed)."""
+        invocation_id = invocation_id or str(uuid.uuid4())
+        request = InvokeRequested(
+            invocation_id=invocation_id, tool_id=tool_id, version_range=version_range,
+            parameters=dict(parameters or {}), lockfile=dict(lockfile) if lockfile else None,
+            requested_by=requested_by,
+        )
+        extensions = {"captoken": token} if token else {}
+        envelope = new_envelope(request, source=SOURCE, partitionkey=invocation_id,
+                                correlationid=invocation_id, id=str(uuid.uuid4()),
+                                time=datetime.now(UTC), extensions=extensions)
+        waiter: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+        self._waiters[invocation_id] = waiter
+        if progress is not None:
+            self._progress[invocation_id] = progress
+        try:
+            await self.send(envelope)
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._waiters.pop(invocation_id, None)
+            self._progress.pop(invocation_id, None)
+
+    async def _read(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    self._route(record)
+
+    def _route(self, record: Any) -> None:
+        key = record.key.decode("utf-8", "replace") if record.key else None
+        if key not in self._waiters:
+            return
+        try:
+            envelope = decode(record.key, record.value, record.headers)
+        except UndecodableRecord:
+            return
+        if envelope.type in TERMINAL_TYPES:
+            waiter = self._waiters.get(envelope.correlationid)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(envelope)
+        elif envelope.type in PROGRESS_TYPES and envelope.correlationid in self._progress:
+            self._progress[envelope.correlationid](envelope)

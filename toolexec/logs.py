@@ -1,0 +1,41 @@
+"""Structured logging set-up: structlog to stderr, JSON lines in production."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+from toolexec.settings import Settings
+
+
+def configure_logging(settings: Settings, *, default_level: str | None = None) -> None:
+    """Route structlog and stdlib logging to stderr at the configured level.
+
+    stdout stays clean for command output (`--json`). `default_level` lets the CLI
+    stay quiet (WARNING) unless TOOLEXEC_LOG_LEVEL asks for more.
+    """
+    level_name = default_level if default_level and "log_level" not in settings.model_fields_set \
+        else settings.log_level
+    level = getattr(logging, level_name)
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if settings.log_json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=level, stream=sys.stderr, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # aiokafka reports routine rebalances as warnings; keep them out of quiet runs.
+    logging.getLogger("aiokafka").setLevel(max(level, logging.ERROR))

@@ -1,0 +1,130 @@
+"""The one `Settings` object of a toolexec process.
+
+Built once at start (`Settings()` reads `TOOLEXEC_*` environment variables) and passed
+down; nothing here connects, creates files or reads the environment at import time.
+
+Two profiles (DESIGN.md, "Profiles"): with `kafka_bootstrap` unset the process runs
+the embedded profile (Tansu child process, SQLite under `state_dir`); with it set, the
+production profile (any Kafka, plus `database_url` / `redis_url`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+# Consumer-group tuning per profile. Tansu with aiokafka defaults takes 5-18 s per group
+# join; these bring it to about a second. Apache Kafka refuses sessions below its
+# `group.min.session.timeout.ms` (6000 by default), hence the production values.
+EMBEDDED_CONSUMER_TUNING: dict[str, int] = {
+    "session_timeout_ms": 1000,
+    "heartbeat_interval_ms": 100,
+    "rebalance_timeout_ms": 1000,
+}
+PRODUCTION_CONSUMER_TUNING: dict[str, int] = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 2000,
+}
+
+
+class Settings(BaseSettings):
+    """Configuration of one toolexec process (env prefix `TOOLEXEC_`)."""
+
+    model_config = SettingsConfigDict(env_prefix="TOOLEXEC_", extra="ignore")
+
+    kafka_bootstrap: str | None = None
+    """Kafka bootstrap servers; None runs the embedded Tansu broker."""
+    database_url: str | None = None
+    """SQLAlchemy URL of the projection store; None = SQLite under `state_dir`."""
+    redis_url: str | None = None
+    """Redis for shared caches and idempotency claims; None = in-process."""
+    state_dir: Path = Path(".toolexec")
+    """Runtime state of the embedded profile: SQLite, caches, logs, runtime.json."""
+    tools_dir: Path = Path(".ai/tools")
+    """Project tools, published at start."""
+    user_tools_dir: Path | None = Field(default_factory=lambda: Path.home() / ".ai" / "tools")
+    """User-level tools; None disables them."""
+    require_auth: bool = False
+    """Require an RS256 capability token on every invocation."""
+    token_public_keys: list[Path] = Field(default_factory=list)
+    """PEM files of the RSA public keys accepted for capability tokens (rotation)."""
+    strict_chain: bool = True
+    """Fail resolution when a parent does not validate its child."""
+    log_json: bool = False
+    """Structured logs as JSON lines (production) instead of console rendering."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    session_timeout_ms: int | None = None
+    """Consumer-group session timeout; None = the profile default (1000 / 6000)."""
+    heartbeat_interval_ms: int | None = None
+    """Consumer heartbeat interval; None = the profile default (100 / 2000)."""
+    rebalance_timeout_ms: int | None = None
+    """Consumer rebalance timeout; None = the profile default (1000 / client default)."""
+
+    registry_wait_seconds: float = 5.0
+    """Read-your-writes bound: how long the resolver waits for the registry view."""
+    max_message_bytes: int = MIB
+    """Largest record toolexec produces; bigger tool publications are rejected (E3105)."""
+
+    @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
+                     mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: Any) -> Any:
+        # `TOOLEXEC_KAFKA_BOOTSTRAP=` in a shell or compose file means "not set".
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @property
+    def embedded(self) -> bool:
+        """True when this process runs (or joins) the embedded profile."""
+        return self.kafka_bootstrap is None
+
+    @property
+    def runtime_file(self) -> Path:
+        """Where a running `toolexec up` advertises its endpoints."""
+        return self.state_dir / "runtime.json"
+
+    @property
+    def effective_database_url(self) -> str:
+        """`database_url`, or the embedded profile's SQLite file under `state_dir`."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{(self.state_dir / 'toolexec.db').resolve()}"
+
+    def verification_keys(self) -> list[Any]:
+        """RSA public keys loaded from `token_public_keys` (read on each call)."""
+        from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+        return [load_pem_public_key(path.read_bytes()) for path in self.token_public_keys]
+
+
+def consumer_kwargs(settings: Settings) -> dict[str, Any]:
+    """aiokafka consumer tuning for `settings`' profile.
+
+    The keys are accepted both by `aiokafka.AIOKafkaConsumer` and by FastStream's
+    `KafkaBroker.subscriber`. Explicit settings override the profile defaults.
+    """
+    tuning: dict[str, Any] = dict(
+        EMBEDDED_CONSUMER_TUNING if settings.embedded else PRODUCTION_CONSUMER_TUNING
+    )
+    overrides = {
+        "session_timeout_ms": settings.session_timeout_ms,
+        "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+        "rebalance_timeout_ms": settings.rebalance_timeout_ms,
+    }
+    tuning.update({key: value for key, value in overrides.items() if value is not None})
+    if tuning["heartbeat_interval_ms"] >= tuning["session_timeout_ms"]:
+        # The client rejects a heartbeat not below the session timeout; keep the ratio sane.
+        tuning["heartbeat_interval_ms"] = max(tuning["session_timeout_ms"] // 3, 1)
+    return tuning

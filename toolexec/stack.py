@@ -1,0 +1,196 @@
+"""Composition root of a running system: broker, registry view, pipeline consumers.
+
+`Stack` wires adapters into the consumers' ports. With `TOOLEXEC_KAFKA_BOOTSTRAP`
+set it joins that broker; otherwise it starts the embedded Tansu broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faststream import AckPolicy
+from faststream.kafka import KafkaBroker
+
+from consumers import authorize, execute, finalize, resolve
+from consumers.deadletter import DeadLetters
+from consumers.pipeline import (
+    PipelineDeps,
+    attach_step,
+    header_type,
+    passthrough_decoder,
+    pipeline_steps,
+)
+from consumers.primitives.file_store import ContentStore
+from consumers.primitives.runner import Primitives
+from contracts import topics
+from contracts.envelope import Envelope
+from contracts.kafka_binding import UndecodableRecord, decode, encode
+from projections.registry_view import RegistryView
+from toolexec.embedded_broker import EmbeddedBroker, ensure_topics
+from toolexec.settings import Settings, consumer_kwargs
+
+log = structlog.get_logger(__name__)
+
+TOPIC_PARTITIONS = {
+    topics.REGISTRY: 1,
+    topics.INVOCATIONS: 4,
+    topics.CIRCUITS: 1,
+    topics.POLICIES: 1,
+    topics.DEADLETTER: 1,
+}
+
+
+async def start_concurrently(broker: KafkaBroker) -> None:
+    """Start every subscriber at once: each consumer group join costs about a second
+    on Tansu, and FastStream's own start() joins them one after another."""
+    await broker.connect()
+    await asyncio.gather(*(subscriber.start() for subscriber in broker.subscribers))
+    for publisher in broker.publishers:
+        await publisher.start()
+    broker.running = True
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class InMemoryClaims:
+    """ClaimStore for one process (embedded profile)."""
+
+    def __init__(self) -> None:
+        self._claimed: set[str] = set()
+
+    async def claim(self, key: str) -> bool:
+        if key in self._claimed:
+            return False
+        self._claimed.add(key)
+        return True
+
+
+@dataclass
+class Stack:
+    """A running toolexec: broker connection, registry view and (optionally) consumers."""
+
+    settings: Settings
+    run_consumers: bool = True
+    group_prefix: str = "toolexec"
+    execute_workers: int = 4
+    registry: RegistryView = field(init=False)
+    embedded: EmbeddedBroker | None = field(default=None, init=False)
+    broker: KafkaBroker | None = field(default=None, init=False)
+    _offsets: AIOKafkaConsumer | None = field(default=None, init=False)
+    _primitives: Primitives | None = field(default=None, init=False)
+
+    @property
+    def bootstrap(self) -> str:
+        if self.settings.kafka_bootstrap:
+            return self.settings.kafka_bootstrap
+        assert self.embedded is not None, "stack not started"
+        return self.embedded.bootstrap
+
+    async def __aenter__(self) -> Stack:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        state = Path(self.settings.state_dir)
+        state.mkdir(parents=True, exist_ok=True)
+        if not self.settings.kafka_bootstrap:
+            self.embedded = EmbeddedBroker(topics=TOPIC_PARTITIONS, log_dir=state / "logs")
+            await self.embedded.start()
+        else:
+            await ensure_topics(self.bootstrap, TOPIC_PARTITIONS)
+        self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
+        await self._offsets.start()
+        self.registry = RegistryView(end_offsets=self._registry_end_offsets)
+        self.broker = KafkaBroker(self.bootstrap, apply_types=False, decoder=passthrough_decoder,
+                                  linger_ms=0, logger=None, graceful_timeout=10)
+        self._attach_registry(self.broker)
+        if self.run_consumers:
+            self._attach_pipeline(self.broker, state)
+        await start_concurrently(self.broker)
+        log.info("stack.started", bootstrap=self.bootstrap, consumers=self.run_consumers)
+
+    async def stop(self) -> None:
+        if self.broker is not None:
+            await self.broker.stop()
+            self.broker = None
+        if self._primitives is not None:
+            await self._primitives.aclose()
+        if self._offsets is not None:
+            await self._offsets.stop()
+            self._offsets = None
+        if self.embedded is not None:
+            await self.embedded.stop()
+            self.embedded = None
+
+    async def publish(self, envelope: Envelope) -> None:
+        """Publish one event to its topic (CloudEvents binary mode, key = partitionkey)."""
+        assert self.broker is not None, "stack not started"
+        record = encode(envelope)
+        await self.broker.publish(
+            record.value, topics.TOPIC_OF_TYPE[envelope.type], key=record.key,
+            headers={name: value.decode("utf-8") for name, value in record.headers},
+        )
+
+    async def publish_all(self, envelopes: Iterable[Envelope]) -> None:
+        for envelope in envelopes:
+            await self.publish(envelope)
+
+    async def _registry_end_offsets(self) -> dict[int, int]:
+        assert self._offsets is not None
+        partitions = self._offsets.partitions_for_topic(topics.REGISTRY) or {0}
+        tps = [TopicPartition(topics.REGISTRY, p) for p in partitions]
+        ends = await self._offsets.end_offsets(tps)
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+    def _attach_registry(self, broker: KafkaBroker) -> None:
+        view = self.registry
+
+        @broker.subscriber(topics.REGISTRY, group_id=None, auto_offset_reset="earliest",
+                           ack_policy=AckPolicy.MANUAL)
+        async def fold_registry(message: Any) -> None:
+            record = message.raw_message
+            if header_type(record.headers) in ("tool.published", "tool.lifecycle.changed"):
+                try:
+                    view.apply(decode(record.key, record.value, record.headers))
+                except UndecodableRecord as bad:
+                    log.warning("registry.undecodable", offset=record.offset, error=bad.error.code)
+            view.advance(record.partition, record.offset)
+
+    def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
+        self._primitives = Primitives(ContentStore(state / "cas"), state / "work")
+        publish = self.publish
+        env_snapshot = dict(os.environ)
+        deps = PipelineDeps(
+            resolve=resolve.ResolveDeps(
+                registry=self.registry, publish=publish, clock=utc_now,
+                strict_chain=self.settings.strict_chain,
+                registry_wait_seconds=self.settings.registry_wait_seconds),
+            authorize=authorize.AuthorizeDeps(
+                publish=publish, clock=utc_now, require_auth=self.settings.require_auth,
+                public_keys=lambda: self.settings.verification_keys(),
+                pending=authorize.PendingTokens()),
+            execute=execute.ExecuteDeps(
+                registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
+                claims=InMemoryClaims(), secrets=env_snapshot.get, random=random.random),
+            finalize=finalize.FinalizeDeps(publish=publish, clock=utc_now),
+            dead_letters=DeadLetters(publish, utc_now),
+            clock=utc_now,
+        )
+        options = consumer_kwargs(self.settings)
+        for step in pipeline_steps(deps, group_prefix=self.group_prefix,
+                                   execute_workers=self.execute_workers):
+            attach_step(broker, step, deps, consumer_options=options)
