@@ -24,6 +24,7 @@ from faststream.kafka import KafkaBroker
 from consumers import authorize, execute, finalize, resolve
 from consumers.deadletter import DeadLetters
 from consumers.events import failed
+from consumers.inflight import InFlight
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode
@@ -91,16 +92,30 @@ def pipeline_steps(deps: PipelineDeps, *, group_prefix: str, execute_workers: in
 
 
 def attach_step(broker: KafkaBroker, step: Step, deps: PipelineDeps, *,
-                consumer_options: Mapping[str, Any]) -> None:
-    """Subscribe `step` to the invocations topic on `broker`."""
-    options: dict[str, Any] = dict(consumer_options)
-    if step.max_workers > 1:
-        options["max_workers"] = step.max_workers
+                consumer_options: Mapping[str, Any]) -> InFlight | None:
+    """Subscribe `step` to the invocations topic on `broker`.
+
+    A step with max_workers > 1 processes records concurrently through one consumer
+    and commits each partition only past finished records (see consumers.inflight).
+    """
+    if step.max_workers <= 1:
+        @broker.subscriber(topics.INVOCATIONS, group_id=step.group, auto_offset_reset="earliest",
+                           ack_policy=AckPolicy.ACK, **consumer_options)
+        async def handle(message: Any) -> None:
+            await process_record(message.raw_message, step, deps)
+        return None
+
+    inflight = InFlight(step.max_workers)
 
     @broker.subscriber(topics.INVOCATIONS, group_id=step.group, auto_offset_reset="earliest",
-                       ack_policy=AckPolicy.ACK, **options)
-    async def handle(message: Any) -> None:
-        await process_record(message.raw_message, step, deps)
+                       ack_policy=AckPolicy.MANUAL, **consumer_options)
+    async def handle_concurrently(message: Any) -> None:
+        record = message.raw_message
+        consumer = message.consumer
+        await inflight.submit(record, lambda: process_record(record, step, deps),
+                              consumer.commit)
+
+    return inflight
 
 
 async def process_record(record: Any, step: Step, deps: PipelineDeps) -> None:
@@ -117,7 +132,10 @@ async def process_record(record: Any, step: Step, deps: PipelineDeps) -> None:
     handler = step.handlers.get(envelope.type)
     if handler is None:
         return
-    await _run_guarded(handler, envelope, record, step, deps)
+    with structlog.contextvars.bound_contextvars(
+            invocation_id=envelope.correlationid, event_id=envelope.id,
+            event_type=envelope.type, step=step.group):
+        await _run_guarded(handler, envelope, record, step, deps)
 
 
 async def _run_guarded(handler: Handler, envelope: Envelope, record: Any, step: Step,

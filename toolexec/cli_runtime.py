@@ -63,8 +63,10 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
         events = _tool_events(tools, settings)
         await stack.publish_all(events)
         _report_rejections(events)
-        write_runtime(settings, {"kafka_bootstrap": stack.bootstrap,
-                                 "database_url": settings.database_url, "gateway_url": None})
+        write_runtime(settings, {
+            "kafka_bootstrap": stack.bootstrap, "database_url": settings.database_url,
+            "gateway_url": None,
+            "broker_pid": stack.embedded.pid if stack.embedded else None})
         published = sum(1 for e in events if e.type == "tool.published")
         err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] "
                   f"({'embedded Tansu' if stack.embedded else 'external'}), "
@@ -123,7 +125,7 @@ async def _run(settings: Settings, tool_id: str, version_range: str, parameters:
                timeout: float, *, quiet: bool) -> Envelope:
     def progress(event: Envelope) -> None:
         if not quiet:
-            err.print(f"[dim]{event.type}[/]")
+            err.print(f"[dim]{describe_progress(event)}[/]", highlight=False)
 
     runtime = read_runtime(settings)
     if runtime is not None:
@@ -143,6 +145,20 @@ async def _run(settings: Settings, tool_id: str, version_range: str, parameters:
             return await client.invoke(tool_id, parameters, version_range=version_range,
                                        lockfile=lockfile, token=token, timeout=timeout,
                                        progress=progress)
+
+
+def describe_progress(event: Envelope) -> str:
+    """One line for people following an invocation on stderr."""
+    data = event.data
+    if event.type == "tool.chain.resolved":
+        return "resolved  " + " -> ".join(f"{link.tool_id}@{link.version}" for link in data.chain)
+    if event.type == "tool.permission.decided":
+        return f"authorized ({data.reason})" if data.decision == "allow" else f"denied: {data.reason}"
+    if event.type == "tool.execution.started":
+        return f"executing attempt {data.attempt} via {data.primitive} (sandbox: {data.sandbox})"
+    if event.type == "tool.execution.finished":
+        return f"finished  attempt {data.attempt}: {data.outcome} in {data.duration_ms:.1f} ms"
+    return event.type
 
 
 def _print_terminal(terminal: Envelope, as_json: bool) -> int:

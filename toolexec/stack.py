@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -22,6 +22,7 @@ from faststream.kafka import KafkaBroker
 
 from consumers import authorize, execute, finalize, resolve
 from consumers.deadletter import DeadLetters
+from consumers.inflight import InFlight
 from consumers.pipeline import (
     PipelineDeps,
     attach_step,
@@ -40,6 +41,7 @@ from toolexec.settings import Settings, consumer_kwargs
 
 log = structlog.get_logger(__name__)
 
+STOP_GRACE_SECONDS = 10.0
 TOPIC_PARTITIONS = {
     topics.REGISTRY: 1,
     topics.INVOCATIONS: 4,
@@ -57,6 +59,13 @@ async def start_concurrently(broker: KafkaBroker) -> None:
     for publisher in broker.publishers:
         await publisher.start()
     broker.running = True
+
+
+class Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+ReadModelsFactory = Callable[[Settings, str], Awaitable[Stoppable]]
 
 
 def utc_now() -> datetime:
@@ -83,12 +92,15 @@ class Stack:
     settings: Settings
     run_consumers: bool = True
     group_prefix: str = "toolexec"
-    execute_workers: int = 4
+    execute_workers: int = 32
     registry: RegistryView = field(init=False)
     embedded: EmbeddedBroker | None = field(default=None, init=False)
     broker: KafkaBroker | None = field(default=None, init=False)
     _offsets: AIOKafkaConsumer | None = field(default=None, init=False)
     _primitives: Primitives | None = field(default=None, init=False)
+    read_models_factory: ReadModelsFactory | None = None
+    _inflight: list[InFlight] = field(default_factory=list, init=False)
+    _read_models: Stoppable | None = field(default=None, init=False)
 
     @property
     def bootstrap(self) -> str:
@@ -121,9 +133,20 @@ class Stack:
         if self.run_consumers:
             self._attach_pipeline(self.broker, state)
         await start_concurrently(self.broker)
+        if self.run_consumers and self.read_models_factory is not None:
+            self._read_models = await self.read_models_factory(self.settings, self.bootstrap)
         log.info("stack.started", bootstrap=self.bootstrap, consumers=self.run_consumers)
 
     async def stop(self) -> None:
+        if self._read_models is not None:
+            await self._read_models.stop()
+            self._read_models = None
+        for inflight in self._inflight:
+            try:
+                async with asyncio.timeout(STOP_GRACE_SECONDS):
+                    await inflight.drain()
+            except TimeoutError:
+                log.warning("stack.stop_with_work_in_flight")
         if self.broker is not None:
             await self.broker.stop()
             self.broker = None
@@ -193,4 +216,6 @@ class Stack:
         options = consumer_kwargs(self.settings)
         for step in pipeline_steps(deps, group_prefix=self.group_prefix,
                                    execute_workers=self.execute_workers):
-            attach_step(broker, step, deps, consumer_options=options)
+            inflight = attach_step(broker, step, deps, consumer_options=options)
+            if inflight is not None:
+                self._inflight.append(inflight)

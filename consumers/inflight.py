@@ -1,0 +1,81 @@
+"""Concurrent processing of one partitioned stream with at-least-once commits.
+
+A step whose work is slow (running tools) processes many records at once, yet a
+partition's committed offset only ever moves past records that are finished: the
+commit is the end of the contiguous prefix of done records. A crash therefore
+re-delivers exactly the unfinished ones; nothing is acknowledged before its work
+is done. One consumer per process, so no extra group members and no rebalances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiokafka import TopicPartition
+
+log = structlog.get_logger(__name__)
+
+Commit = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+
+
+class PartitionWindow:
+    """Offsets of one partition in flight, and the next offset safe to commit."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, bool] = {}
+
+    def start(self, offset: int) -> None:
+        self.pending[offset] = False
+
+    def finish(self, offset: int) -> int | None:
+        """Mark `offset` done; return the new commit position when it advanced."""
+        self.pending[offset] = True
+        committed = None
+        for pending_offset in sorted(self.pending):
+            if not self.pending[pending_offset]:
+                break
+            del self.pending[pending_offset]
+            committed = pending_offset + 1
+        return committed
+
+
+class InFlight:
+    """Runs up to `limit` records at once across partitions; commits in order."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._windows: dict[TopicPartition, PartitionWindow] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, record: Any, work: Callable[[], Awaitable[None]],
+                     commit: Commit) -> None:
+        """Wait for a free slot, then run `work` in the background."""
+        await self._slots.acquire()
+        tp = TopicPartition(record.topic, record.partition)
+        window = self._windows.setdefault(tp, PartitionWindow())
+        window.start(record.offset)
+        task = asyncio.create_task(self._run(tp, window, record.offset, work, commit))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, tp: TopicPartition, window: PartitionWindow, offset: int,
+                   work: Callable[[], Awaitable[None]], commit: Commit) -> None:
+        try:
+            await work()
+        finally:
+            self._slots.release()
+            position = window.finish(offset)
+            if position is not None:
+                try:
+                    await commit({tp: position})
+                except Exception as exc:  # a rebalance took the partition: redelivery follows
+                    log.warning("inflight.commit_failed", partition=tp.partition,
+                                offset=position, error=repr(exc))
+
+    async def drain(self) -> None:
+        """Wait for every record in flight (on shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,94 @@
+"""The `toolexec` CLI as users run it: real processes, real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = Path(__file__).parent / "tools"
+
+
+def toolexec(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
+    return subprocess.run([sys.executable, "-m", "toolexec.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_without_a_running_system_starts_one_for_the_call(tmp_path: Path) -> None:
+    done = toolexec("run", "hello", "--tools", str(REPO / "examples/tools"), "-p", "name=Ada",
+                    "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"] == {"greeting": "Hello, Ada!"}
+
+
+def test_run_reports_the_error_code_and_exits_1(tmp_path: Path) -> None:
+    done = toolexec("run", "no_such_tool", "--json", cwd=tmp_path)
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["error"]["code"] == "E3101"
+
+
+def test_run_with_bad_params_json_is_bad_usage(tmp_path: Path) -> None:
+    done = toolexec("run", "hello", "--params", "{not json", cwd=tmp_path)
+    assert done.returncode == 2
+
+
+@pytest.fixture
+def running_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
+    process = subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", "--tools", str(TOOLS)],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    runtime = tmp_path / ".toolexec" / "runtime.json"
+    deadline = time.monotonic() + 60
+    while not runtime.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"toolexec up did not start: {process.communicate()[1]}")
+        time.sleep(0.1)
+    yield process, tmp_path
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_up_serves_runs_and_publishes_then_stops_cleanly(running_up) -> None:
+    process, cwd = running_up
+    info = json.loads((cwd / ".toolexec" / "runtime.json").read_text())
+
+    done = toolexec("run", "py_echo", "--params", '{"text": "hi"}', "--json", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"] == {"echo": "hi", "keys": 1}
+
+    new_tool = cwd / "shout"
+    shutil.copytree(TOOLS / "py_echo", new_tool)
+    manifest = (new_tool / "tool.yaml").read_text().replace("tool_id: py_echo", "tool_id: shout")
+    (new_tool / "tool.yaml").write_text(manifest)
+    published = toolexec("publish", str(new_tool), "--json", cwd=cwd)
+    assert published.returncode == 0, published.stderr
+    done = toolexec("run", "shout", "--params", '{"text": "yo"}', "--json", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+
+    broken = cwd / "broken"
+    broken.mkdir()
+    (broken / "tool.yaml").write_text("tool_id: Broken-Name\nversion: one\ntool_type: script\n")
+    rejected = toolexec("publish", str(broken), "--json", cwd=cwd)
+    assert rejected.returncode == 1
+    assert json.loads(rejected.stdout)[0]["type"] == "tool.publish.rejected"
+
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert not (cwd / ".toolexec" / "runtime.json").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(info["broker_pid"], 0)
