@@ -92,3 +92,28 @@ def test_up_serves_runs_and_publishes_then_stops_cleanly(running_up) -> None:
     assert not (cwd / ".toolexec" / "runtime.json").exists()
     with pytest.raises(ProcessLookupError):
         os.kill(info["broker_pid"], 0)
+
+
+def test_lockfile_pins_the_chain_for_run(tmp_path: Path) -> None:
+    examples = str(REPO / "examples/tools")
+    locked = toolexec("lock", "hello", "--tools", examples, "-o", "hello.lock.json", cwd=tmp_path)
+    assert locked.returncode == 0, locked.stderr
+    lock = json.loads((tmp_path / "hello.lock.json").read_text())
+    assert [e["tool_id"] for e in lock["resolved_chain"]] == ["hello", "python_runtime",
+                                                              "subprocess"]
+    done = toolexec("run", "hello", "--tools", examples, "--lock", "hello.lock.json",
+                    "-p", "name=Lin", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"] == {"greeting": "Hello, Lin!"}
+
+
+def test_lockfile_with_drifted_integrity_is_refused(tmp_path: Path) -> None:
+    examples = str(REPO / "examples/tools")
+    toolexec("lock", "hello", "--tools", examples, "-o", "hello.lock.json", cwd=tmp_path)
+    lock = json.loads((tmp_path / "hello.lock.json").read_text())
+    lock["resolved_chain"][0]["integrity"] = "sha256:" + "0" * 64
+    (tmp_path / "hello.lock.json").write_text(json.dumps(lock))
+    done = toolexec("run", "hello", "--tools", examples, "--lock", "hello.lock.json",
+                    "-p", "name=Lin", "--json", cwd=tmp_path)
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["error"]["code"] == "E3105"
