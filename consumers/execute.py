@@ -21,6 +21,7 @@ from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, Registr
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
 from contracts.events import ExecutionFinished, ExecutionStarted, PermissionDecided
+from domain.claims import ClaimStatus
 from domain.errors import IntegrityMismatch, ToolexecError, ValidationFailed, VersionNotFound
 from domain.integrity import verify_chain
 from domain.model import HttpPlan, PrimitiveOutcome, ResolvedChain, SubprocessPlan
@@ -102,8 +103,14 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
     resolved_plan, secret_values = _resolve_env_secrets(plan, deps.secrets)
     attempt = 1
     while True:
-        if not await deps.claims.claim(f"{decision.invocation_id}/{attempt}"):
-            return  # another delivery of this event already owns this attempt
+        key = f"{decision.invocation_id}/{attempt}"
+        status = await _claim(key, plan.timeout_seconds, bool(manifest.get("idempotent")), deps)
+        if status is ClaimStatus.FINISHED or status is ClaimStatus.RUNNING_HERE:
+            return  # another delivery of this event already ran, or runs, this attempt
+        if status is ClaimStatus.ABANDONED:
+            await _publish_unknown(event, decision, attempt, manifest, deps)
+            await deps.claims.finish(key)
+            return
         await deps.publish(derive(event, _started(decision, attempt, plan, deps.runner.sandbox),
                                   step=f"execute.started.{attempt}", now=deps.clock()))
         outcome = await _run_primitive(deps, resolved_plan, decision.parameters)
@@ -111,10 +118,41 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
         finished = _finished(decision, attempt, outcome, manifest, secret_values, final=not retry)
         await deps.publish(derive(event, finished, step=f"execute.finished.{attempt}",
                                   now=deps.clock()))
+        await deps.claims.finish(key)
         if not retry:
             return
         await deps.sleep(backoff_delay(attempt, policy, deps.random()))
         attempt += 1
+
+
+async def _claim(key: str, timeout: float, idempotent: bool, deps: ExecuteDeps) -> ClaimStatus:
+    """Claim an attempt. A claim held by another live owner is waited out (its lease
+    covers its timeout); an abandoned one is taken over when the tool is idempotent,
+    and otherwise reported as ABANDONED so the outcome is recorded as unknown."""
+    while True:
+        now = deps.clock().timestamp()
+        claim = await deps.claims.claim(key, now=now, lease_seconds=timeout)
+        if claim.status is ClaimStatus.HELD_ELSEWHERE and claim.record is not None:
+            await deps.sleep(min(max(claim.record.lease_until - now, 0.05), 1.0))
+            continue
+        if claim.status is ClaimStatus.ABANDONED and idempotent:
+            await deps.claims.take_over(key, now=now, lease_seconds=timeout)
+            return ClaimStatus.ACQUIRED
+        return claim.status
+
+
+async def _publish_unknown(event: Envelope, decision: PermissionDecided, attempt: int,
+                           manifest: Mapping[str, Any], deps: ExecuteDeps) -> None:
+    """The executor that started this attempt stopped before finishing it, and the tool
+    is not idempotent: it is not run again, and its outcome is recorded as unknown."""
+    outcome = PrimitiveOutcome(ok=False, error={
+        "code": "E3404",
+        "message": "the executor stopped during this attempt; the tool is not idempotent, "
+                   "so it was not run again and its outcome is unknown",
+        "details": {"attempt": attempt}})
+    finished = _finished(decision, attempt, outcome, manifest, (), final=True)
+    await deps.publish(derive(event, finished, step=f"execute.finished.{attempt}",
+                              now=deps.clock()))
 
 
 async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan,

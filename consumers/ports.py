@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from contracts.envelope import Envelope
+from domain.claims import ClaimDecision
 from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
 
 
@@ -55,9 +56,13 @@ class PrimitiveRunner(Protocol):
 
 
 class ClaimStore(Protocol):
-    """Idempotency claims: True exactly once per key across replicas."""
+    """Idempotency claims on `invocation_id/attempt` (see domain.claims)."""
 
-    async def claim(self, key: str) -> bool: ...
+    async def claim(self, key: str, *, now: float, lease_seconds: float) -> ClaimDecision: ...
+
+    async def take_over(self, key: str, *, now: float, lease_seconds: float) -> None: ...
+
+    async def finish(self, key: str) -> None: ...
 
 
 class Secrets(Protocol):

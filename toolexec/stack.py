@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
 from consumers import authorize, execute, finalize, resolve
+from consumers.claim_store import SqliteClaims
 from consumers.deadletter import DeadLetters
 from consumers.inflight import InFlight
 from consumers.pipeline import (
@@ -72,19 +74,6 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class InMemoryClaims:
-    """ClaimStore for one process (embedded profile)."""
-
-    def __init__(self) -> None:
-        self._claimed: set[str] = set()
-
-    async def claim(self, key: str) -> bool:
-        if key in self._claimed:
-            return False
-        self._claimed.add(key)
-        return True
-
-
 @dataclass
 class Stack:
     """A running toolexec: broker connection, registry view and (optionally) consumers."""
@@ -98,6 +87,7 @@ class Stack:
     broker: KafkaBroker | None = field(default=None, init=False)
     _offsets: AIOKafkaConsumer | None = field(default=None, init=False)
     _primitives: Primitives | None = field(default=None, init=False)
+    _claims: SqliteClaims | None = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
     _inflight: list[InFlight] = field(default_factory=list, init=False)
     _read_models: Stoppable | None = field(default=None, init=False)
@@ -152,6 +142,8 @@ class Stack:
             self.broker = None
         if self._primitives is not None:
             await self._primitives.aclose()
+        if self._claims is not None:
+            self._claims.close()
         if self._offsets is not None:
             await self._offsets.stop()
             self._offsets = None
@@ -195,6 +187,7 @@ class Stack:
 
     def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
         self._primitives = Primitives(ContentStore(state / "cas"), state / "work")
+        self._claims = SqliteClaims(state / "claims.sqlite3", owner=f"executor-{uuid.uuid4()}")
         publish = self.publish
         env_snapshot = dict(os.environ)
         deps = PipelineDeps(
@@ -208,7 +201,7 @@ class Stack:
                 pending=authorize.PendingTokens()),
             execute=execute.ExecuteDeps(
                 registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
-                claims=InMemoryClaims(), secrets=env_snapshot.get, random=random.random),
+                claims=self._claims, secrets=env_snapshot.get, random=random.random),
             finalize=finalize.FinalizeDeps(publish=publish, clock=utc_now),
             dead_letters=DeadLetters(publish, utc_now),
             clock=utc_now,

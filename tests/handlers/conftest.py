@@ -17,6 +17,7 @@ import pytest_asyncio
 from faststream.kafka import KafkaBroker, TestKafkaBroker
 
 from consumers import authorize, execute, finalize, resolve
+from consumers.claim_store import InMemoryClaims
 from consumers.deadletter import DeadLetters
 from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_steps, process_record
 from contracts import topics
@@ -64,22 +65,12 @@ class ScriptedRunner:
         return item
 
 
-class Claims:
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-
-    async def claim(self, key: str) -> bool:
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        return True
-
-
 @dataclass
 class Harness:
     broker: KafkaBroker
     registry: FakeRegistry
     runner: ScriptedRunner
+    claims: InMemoryClaims
     settings: dict[str, Any]
     events: list[Envelope] = field(default_factory=list)
     deadletters: list[dict[str, Any]] = field(default_factory=list)
@@ -129,7 +120,8 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
     for tool in sealed_tools():
         registry.add(tool)
     runner = ScriptedRunner()
-    harness = Harness(broker, registry, runner, {"require_auth": require_auth})
+    claims = InMemoryClaims("test-executor")
+    harness = Harness(broker, registry, runner, claims, {"require_auth": require_auth})
 
     async def publish(envelope: Envelope) -> None:
         # Recorded before it is delivered: the in-memory broker runs subscribers
@@ -149,7 +141,7 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
                                           public_keys=lambda: public_keys or [],
                                           pending=authorize.PendingTokens()),
         execute=execute.ExecuteDeps(registry=registry, publish=publish, clock=clock,
-                                    runner=runner, claims=Claims(), secrets=lambda name: None,
+                                    runner=runner, claims=claims, secrets=lambda name: None,
                                     random=lambda: 0.0, sleep=_no_sleep),
         finalize=finalize.FinalizeDeps(publish=publish, clock=clock),
         dead_letters=DeadLetters(publish, clock),

@@ -10,6 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from faststream.kafka import TestKafkaBroker
 
+from consumers.claim_store import InMemoryClaims
 from contracts import topics
 from domain.model import PrimitiveOutcome
 from tests.handlers.conftest import Harness, build_harness
@@ -132,6 +133,40 @@ async def test_crashing_primitive_ends_the_invocation_with_E3404(harness: Harnes
     assert (failed.error.code, failed.stage) == ("E3404", "execute")
     finished = harness.of(invocation, "tool.execution.finished")[0].data
     assert finished.outcome == "unknown"
+
+
+async def test_attempt_abandoned_by_a_dead_executor_is_reported_unknown_not_rerun(
+        harness: Harness) -> None:
+    invocation = "inv-abandoned"
+    await _claim_as_dead_executor(harness, f"{invocation}/1")
+    await harness.request("py_echo", {"text": "x"}, invocation_id=invocation)
+    assert harness.runner.plans == []
+    finished = harness.of(invocation, "tool.execution.finished")[0].data
+    assert (finished.outcome, finished.error.code) == ("unknown", "E3404")
+    assert harness.terminal(invocation).data.error.code == "E3404"
+
+
+async def test_abandoned_attempt_of_an_idempotent_tool_is_run_again(harness: Harness) -> None:
+    tool = harness.registry.get("py_echo", "1.0.0")
+    harness.registry.add(seal_variant(tool, version="1.1.0", idempotent=True))
+    invocation = "inv-idempotent"
+    await _claim_as_dead_executor(harness, f"{invocation}/1")
+    await harness.request("py_echo", {"text": "x"}, invocation_id=invocation)
+    assert len(harness.runner.plans) == 1
+    assert harness.terminal(invocation).type == "tool.invoke.completed"
+
+
+async def _claim_as_dead_executor(harness: Harness, key: str) -> None:
+    dead = InMemoryClaims("dead-executor", rows=harness.claims.rows)
+    await dead.claim(key, now=0.0, lease_seconds=1.0)
+
+
+def seal_variant(tool, *, version: str, **manifest_changes):
+    from domain.integrity import seal
+    from domain.model import ToolSource
+
+    manifest = {**tool.manifest, "version": version, **manifest_changes}
+    return seal(ToolSource(manifest=manifest, files=tool.files, origin="test"))
 
 
 @pytest.fixture(scope="module")

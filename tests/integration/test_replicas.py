@@ -8,10 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
-from contracts import topics
-from contracts.kafka_binding import UndecodableRecord, decode
+from tests.log_reading import terminal_event_ids
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
@@ -22,7 +20,6 @@ pytestmark = pytest.mark.integration
 
 TOOLS = Path(__file__).parent / "tools"
 INVOCATIONS = 200
-TERMINAL = ("tool.invoke.completed", "tool.invoke.failed")
 
 
 async def test_two_replicas_give_every_invocation_exactly_one_terminal_event(
@@ -45,40 +42,8 @@ async def test_two_replicas_give_every_invocation_exactly_one_terminal_event(
                 client.invoke("py_echo", {"text": i[:8]}, invocation_id=i, timeout=180)
                 for i in ids))
         assert [r.data for r in results if r.type != "tool.invoke.completed"] == []
-        terminals = await _distinct_terminal_ids(first.bootstrap, set(ids))
+        terminals = await terminal_event_ids(first.bootstrap, set(ids))
         assert {i: len(terminals.get(i, ())) for i in ids} == {i: 1 for i in ids}
     finally:
         await second.stop()
         await first.stop()
-
-
-async def _distinct_terminal_ids(bootstrap: str, ids: set[str]) -> dict[str, set[str]]:
-    """Every terminal event id per invocation in the whole log (redeliveries of the same
-    event share its id, so distinct ids are distinct outcomes)."""
-    consumer = AIOKafkaConsumer(topics.INVOCATIONS, bootstrap_servers=bootstrap, group_id=None,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    found: dict[str, set[str]] = {}
-    try:
-        ends = await consumer.end_offsets(list(consumer.assignment()))
-        async with asyncio.timeout(60):
-            while not await _at_end(consumer, ends):
-                batch = await consumer.getmany(timeout_ms=500)
-                for records in batch.values():
-                    for record in records:
-                        try:
-                            event = decode(record.key, record.value, record.headers)
-                        except UndecodableRecord:
-                            continue
-                        if event.type in TERMINAL and event.correlationid in ids:
-                            found.setdefault(event.correlationid, set()).add(event.id)
-    finally:
-        await consumer.stop()
-    return found
-
-
-async def _at_end(consumer: AIOKafkaConsumer, ends: dict) -> bool:
-    for tp, end in ends.items():
-        if await consumer.position(tp) < end:
-            return False
-    return True

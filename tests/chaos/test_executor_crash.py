@@ -1,0 +1,75 @@
+"""kill -9 of the consumer process in the middle of a burst, then a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.log_reading import terminal_event_ids
+from toolexec.client import InvocationClient
+from toolexec.embedded_broker import EmbeddedBroker
+
+pytestmark = pytest.mark.chaos
+
+TOOLS = Path(__file__).parent / "tools"
+BURST = 300
+
+
+def start_up(bootstrap: str, state: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
+    env.update(TOOLEXEC_KAFKA_BOOTSTRAP=bootstrap, TOOLEXEC_STATE_DIR=str(state))
+    (state / "runtime.json").unlink(missing_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", "--tools", str(TOOLS)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def wait_until_up(process: subprocess.Popen[bytes], state: Path) -> None:
+    async with asyncio.timeout(60):
+        while not (state / "runtime.json").exists():
+            assert process.poll() is None, "toolexec up exited"
+            await asyncio.sleep(0.1)
+
+
+async def test_kill_9_mid_burst_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    state = tmp_path / "state"
+    state.mkdir()
+    async with EmbeddedBroker({"toolexec.registry": 1, "toolexec.invocations": 4,
+                               "toolexec.circuits": 1, "toolexec.policies": 1,
+                               "toolexec.deadletter": 1}, log_dir=tmp_path) as broker:
+        process = start_up(broker.bootstrap, state)
+        try:
+            await wait_until_up(process, state)
+            async with InvocationClient(broker.bootstrap) as client:
+                ids = [str(uuid.uuid4()) for _ in range(BURST)]
+                tasks = [asyncio.create_task(client.invoke(
+                    "append_id", {"id": i, "ledger": str(ledger)}, invocation_id=i,
+                    timeout=240)) for i in ids]
+                async with asyncio.timeout(120):
+                    while sum(t.done() for t in tasks) < BURST // 5:
+                        await asyncio.sleep(0.05)
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                process = start_up(broker.bootstrap, state)
+                results = await asyncio.gather(*tasks)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+        outcomes = Counter(r.type if r.type == "tool.invoke.completed" else r.data.error.code
+                           for r in results)
+        assert set(outcomes) <= {"tool.invoke.completed", "E3404"}, outcomes
+        assert outcomes["tool.invoke.completed"] >= BURST // 5
+        terminals = await terminal_event_ids(broker.bootstrap, set(ids))
+        assert {i: len(terminals.get(i, ())) for i in ids} == {i: 1 for i in ids}
+    written = ledger.read_text().split()
+    assert [i for i, n in Counter(written).items() if n > 1] == []
+    completed = {r.data.invocation_id for r in results if r.type == "tool.invoke.completed"}
+    assert completed <= set(written)

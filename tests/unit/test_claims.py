@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from consumers.claim_store import InMemoryClaims, SqliteClaims
+from domain.claims import LEASE_GRACE_SECONDS, ClaimRecord, ClaimStatus, decide
+
+
+def test_first_delivery_acquires_the_claim() -> None:
+    decision = decide(None, key="i/1", owner="a", now=100.0, lease_seconds=10)
+    assert decision.status is ClaimStatus.ACQUIRED
+    assert decision.record == ClaimRecord("i/1", "a", 110.0 + LEASE_GRACE_SECONDS, False)
+
+
+def test_finished_claim_means_nothing_to_do() -> None:
+    row = ClaimRecord("i/1", "a", 0.0, True)
+    assert decide(row, key="i/1", owner="b", now=1e9, lease_seconds=1).status \
+        is ClaimStatus.FINISHED
+
+
+def test_same_owner_sees_a_duplicate_delivery() -> None:
+    row = ClaimRecord("i/1", "a", 200.0, False)
+    assert decide(row, key="i/1", owner="a", now=150, lease_seconds=1).status \
+        is ClaimStatus.RUNNING_HERE
+
+
+def test_live_lease_of_another_owner_is_waited_out_then_abandoned() -> None:
+    row = ClaimRecord("i/1", "a", 200.0, False)
+    assert decide(row, key="i/1", owner="b", now=199, lease_seconds=1).status \
+        is ClaimStatus.HELD_ELSEWHERE
+    assert decide(row, key="i/1", owner="b", now=200, lease_seconds=1).status \
+        is ClaimStatus.ABANDONED
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+async def test_stores_apply_the_decision_atomically(store_kind: str, tmp_path: Path) -> None:
+    first = (InMemoryClaims("a") if store_kind == "memory"
+             else SqliteClaims(tmp_path / "claims.sqlite3", owner="a"))
+    assert (await first.claim("i/1", now=0, lease_seconds=1)).status is ClaimStatus.ACQUIRED
+    assert (await first.claim("i/1", now=0, lease_seconds=1)).status is ClaimStatus.RUNNING_HERE
+    await first.finish("i/1")
+    assert (await first.claim("i/1", now=0, lease_seconds=1)).status is ClaimStatus.FINISHED
+
+
+async def test_sqlite_claims_survive_a_restart_and_expire(tmp_path: Path) -> None:
+    before = SqliteClaims(tmp_path / "claims.sqlite3", owner="old")
+    await before.claim("i/1", now=0, lease_seconds=1)
+    before.close()
+    after = SqliteClaims(tmp_path / "claims.sqlite3", owner="new")
+    assert (await after.claim("i/1", now=1, lease_seconds=1)).status is ClaimStatus.HELD_ELSEWHERE
+    late = 1 + LEASE_GRACE_SECONDS + 1
+    assert (await after.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.ABANDONED
+    await after.take_over("i/1", now=late, lease_seconds=1)
+    assert (await after.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.RUNNING_HERE
