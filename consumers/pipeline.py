@@ -18,13 +18,14 @@ from datetime import datetime
 from typing import Any
 
 import structlog
+from aiokafka import TopicPartition
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
 from consumers import authorize, execute, finalize, resolve
 from consumers.deadletter import DeadLetters
 from consumers.events import failed
-from consumers.inflight import InFlight
+from consumers.inflight import CommitCoalescer, InFlight
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode
@@ -91,31 +92,54 @@ def pipeline_steps(deps: PipelineDeps, *, group_prefix: str, execute_workers: in
     ]
 
 
+@dataclass
+class Attached:
+    """What a running step needs at shutdown: finish work in flight, then commit."""
+
+    committer: CommitCoalescer
+    inflight: InFlight | None = None
+
+    async def drain(self) -> None:
+        if self.inflight is not None:
+            await self.inflight.drain()
+        await self.committer.flush()
+
+
 def attach_step(broker: KafkaBroker, step: Step, deps: PipelineDeps, *,
-                consumer_options: Mapping[str, Any]) -> InFlight | None:
+                consumer_options: Mapping[str, Any]) -> Attached:
     """Subscribe `step` to the invocations topic on `broker`.
 
-    A step with max_workers > 1 processes records concurrently through one consumer
-    and commits each partition only past finished records (see consumers.inflight).
+    Offsets are committed only past finished records, in coalesced batches. A step
+    with max_workers > 1 processes records concurrently through one consumer (see
+    consumers.inflight); the others handle one record after another.
     """
+    committer = CommitCoalescer()
+    subscribe = broker.subscriber(topics.INVOCATIONS, group_id=step.group,
+                                  auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL,
+                                  **consumer_options)
     if step.max_workers <= 1:
-        @broker.subscriber(topics.INVOCATIONS, group_id=step.group, auto_offset_reset="earliest",
-                           ack_policy=AckPolicy.ACK, **consumer_options)
+        @subscribe
         async def handle(message: Any) -> None:
-            await process_record(message.raw_message, step, deps)
-        return None
+            record = message.raw_message
+            await process_record(record, step, deps)
+            committer.done(message.consumer.commit,
+                           TopicPartition(record.topic, record.partition), record.offset + 1)
+        return Attached(committer)
 
     inflight = InFlight(step.max_workers)
 
-    @broker.subscriber(topics.INVOCATIONS, group_id=step.group, auto_offset_reset="earliest",
-                       ack_policy=AckPolicy.MANUAL, **consumer_options)
+    @subscribe
     async def handle_concurrently(message: Any) -> None:
         record = message.raw_message
         consumer = message.consumer
-        await inflight.submit(record, lambda: process_record(record, step, deps),
-                              consumer.commit)
 
-    return inflight
+        async def commit(positions: dict[TopicPartition, int]) -> None:
+            for tp, position in positions.items():
+                committer.done(consumer.commit, tp, position)
+
+        await inflight.submit(record, lambda: process_record(record, step, deps), commit)
+
+    return Attached(committer, inflight)
 
 
 async def process_record(record: Any, step: Step, deps: PipelineDeps) -> None:

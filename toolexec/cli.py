@@ -25,6 +25,7 @@ if importlib.util.find_spec("toolexec.cli_runtime"):
     from toolexec import cli_runtime
 
     cli_runtime.register(app)
+importlib.import_module("toolexec.bench").register(app)  # toolexec bench (issue 8)
 
 
 @app.callback()

@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from consumers.pipeline import header_type
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
@@ -34,8 +35,9 @@ Progress = Callable[[Envelope], None]
 class InvocationClient:
     """Emits invocation requests and resolves them when their terminal event arrives."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, *, fetch_max_wait_ms: int = 5) -> None:
         self._bootstrap = bootstrap
+        self._fetch_max_wait_ms = fetch_max_wait_ms
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
@@ -53,7 +55,8 @@ class InvocationClient:
         self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, linger_ms=0)
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
-                                          auto_offset_reset="latest", fetch_max_wait_ms=20)
+                                          auto_offset_reset="latest",
+                                          fetch_max_wait_ms=self._fetch_max_wait_ms)
         await self._consumer.start()
         partitions = self._consumer.partitions_for_topic(topics.INVOCATIONS) or {0}
         from aiokafka import TopicPartition
@@ -119,6 +122,8 @@ class InvocationClient:
     def _route(self, record: Any) -> None:
         key = record.key.decode("utf-8", "replace") if record.key else None
         if key not in self._waiters:
+            return
+        if header_type(record.headers) not in TERMINAL_TYPES and key not in self._progress:
             return
         try:
             envelope = decode(record.key, record.value, record.headers)

@@ -24,8 +24,8 @@ from faststream.kafka import KafkaBroker
 from consumers import authorize, execute, finalize, resolve
 from consumers.claim_store import SqliteClaims
 from consumers.deadletter import DeadLetters
-from consumers.inflight import InFlight
 from consumers.pipeline import (
+    Attached,
     PipelineDeps,
     attach_step,
     header_type,
@@ -89,7 +89,7 @@ class Stack:
     _primitives: Primitives | None = field(default=None, init=False)
     _claims: SqliteClaims | None = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
-    _inflight: list[InFlight] = field(default_factory=list, init=False)
+    _attached: list[Attached] = field(default_factory=list, init=False)
     _read_models: Stoppable | None = field(default=None, init=False)
 
     @property
@@ -131,10 +131,10 @@ class Stack:
         if self._read_models is not None:
             await self._read_models.stop()
             self._read_models = None
-        for inflight in self._inflight:
+        for attached in self._attached:
             try:
                 async with asyncio.timeout(STOP_GRACE_SECONDS):
-                    await inflight.drain()
+                    await attached.drain()
             except TimeoutError:
                 log.warning("stack.stop_with_work_in_flight")
         if self.broker is not None:
@@ -174,8 +174,10 @@ class Stack:
     def _attach_registry(self, broker: KafkaBroker) -> None:
         view = self.registry
 
+        fetch_wait = consumer_kwargs(self.settings)["fetch_max_wait_ms"]
+
         @broker.subscriber(topics.REGISTRY, group_id=None, auto_offset_reset="earliest",
-                           ack_policy=AckPolicy.MANUAL)
+                           ack_policy=AckPolicy.MANUAL, fetch_max_wait_ms=fetch_wait)
         async def fold_registry(message: Any) -> None:
             record = message.raw_message
             if header_type(record.headers) in ("tool.published", "tool.lifecycle.changed"):
@@ -209,6 +211,4 @@ class Stack:
         options = consumer_kwargs(self.settings)
         for step in pipeline_steps(deps, group_prefix=self.group_prefix,
                                    execute_workers=self.execute_workers):
-            inflight = attach_step(broker, step, deps, consumer_options=options)
-            if inflight is not None:
-                self._inflight.append(inflight)
+            self._attached.append(attach_step(broker, step, deps, consumer_options=options))

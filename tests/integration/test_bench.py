@@ -1,0 +1,68 @@
+"""`toolexec bench --quick` as a smoke test: it runs and reports every scenario.
+
+Timings are never asserted: the figures are information, measured on whatever the
+test machine happens to be doing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from toolexec.bench import SCENARIOS
+
+pytestmark = pytest.mark.integration
+
+
+def _toolexec(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """The real command in a process of its own (it configures global logging)."""
+    return subprocess.run([sys.executable, "-m", "toolexec.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def quick_report() -> dict:
+    result = _toolexec("bench", "--quick", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_quick_bench_reports_the_machine(quick_report: dict) -> None:
+    machine = quick_report["machine"]
+    assert machine["cores"] >= 1
+    assert machine["python"].startswith("CPython 3.")
+    assert machine["broker"].startswith("Tansu ")
+
+
+def test_quick_bench_reports_every_scenario_with_a_target(quick_report: dict) -> None:
+    assert [s["name"] for s in quick_report["scenarios"]] == list(SCENARIOS)
+    for scenario in quick_report["scenarios"]:
+        assert "error" not in scenario["figures"], scenario
+        assert scenario["target"]
+        assert scenario["holds"] in (True, False, None)
+
+
+def test_quick_bench_pairs_each_figure_with_a_same_run_baseline(quick_report: dict) -> None:
+    figures = {s["name"]: s["figures"] for s in quick_report["scenarios"]}
+    assert {"pipeline p50 ms", "direct spawn p50 ms", "overhead p50 ms"} <= set(
+        figures["overhead"])
+    assert {"pipeline invocations/s", "httpx direct calls/s", "ratio"} <= set(
+        figures["throughput"])
+    assert {"pipeline calls/s", "direct spawn calls/s", "ratio"} <= set(
+        figures["script-throughput"])
+    assert {"total p50 us", "baseline: integrity uncached us"} <= set(figures["hot-path"])
+    assert {"fold events/s", "raw aiokafka events/s", "ratio"} <= set(figures["replay"])
+
+
+def test_quick_bench_invocations_all_complete(quick_report: dict) -> None:
+    for scenario in quick_report["scenarios"]:
+        assert scenario["figures"].get("errors", 0) == 0, scenario
+
+
+def test_unknown_scenario_is_bad_usage() -> None:
+    result = _toolexec("bench", "--scenario", "nope", timeout=60)
+    assert result.returncode == 2
+    assert "unknown scenario" in result.stderr

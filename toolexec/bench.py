@@ -1,0 +1,132 @@
+"""`toolexec bench`: performance figures, each with a baseline measured in the same run.
+
+Starts its own embedded stack (Tansu broker + pipeline in a child process, a local
+HTTP server in another, state under a fresh temp dir), runs the scenarios of issue 8
+and prints a table (or --json). Targets are information: a missed target still exits
+0. All load stays on 127.0.0.1 and is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from toolexec.bench_report import ScenarioResult, machine_info, render, report_document
+
+SCENARIOS = ("overhead", "throughput", "script-throughput", "hot-path", "replay")
+NEEDS_STACK = frozenset({"overhead", "throughput", "script-throughput", "replay"})
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much load each scenario applies."""
+
+    overhead_calls: int
+    overhead_warmup: int
+    producers: int
+    throughput_seconds: float
+    script_in_flight: int
+    script_seconds: float
+    hot_path_iterations: int
+    replay_events: int
+
+
+FULL = Sizes(overhead_calls=200, overhead_warmup=20, producers=50, throughput_seconds=20.0,
+             script_in_flight=10, script_seconds=10.0, hot_path_iterations=10_000,
+             replay_events=100_000)
+QUICK = Sizes(overhead_calls=20, overhead_warmup=3, producers=50, throughput_seconds=3.0,
+              script_in_flight=10, script_seconds=3.0, hot_path_iterations=500,
+              replay_events=10_000)
+
+err = Console(stderr=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)
+
+
+def bench(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="small sizes (a smoke run)")] = False,
+    scenario: Annotated[list[str], typer.Option(
+        "--scenario", help=f"run only these ({', '.join(SCENARIOS)}); repeatable")] = [],  # noqa: B006
+) -> None:
+    """Performance figures with same-run baselines (exit 0 even when a target is missed)."""
+    unknown = [name for name in scenario if name not in SCENARIOS]
+    if unknown:
+        err.print(f"[red]bad usage:[/] unknown scenario(s) {', '.join(unknown)}; "
+                  f"choose from {', '.join(SCENARIOS)}")
+        raise typer.Exit(2)
+    chosen = [name for name in SCENARIOS if not scenario or name in scenario]
+    results = asyncio.run(run_bench(chosen, QUICK if quick else FULL))
+    document = report_document(machine_info(), results, command=_command_line(quick, scenario, as_json),
+                               quick=quick)
+    if as_json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        render(Console(width=None if sys.stdout.isatty() else 140), document)
+    failed = any(result.figures.get("error") for result in results)
+    raise typer.Exit(1 if failed else 0)
+
+
+async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
+    """Run `chosen` scenarios in the issue's order; a stack is started only if needed."""
+    from toolexec.bench_hotpath import hot_path
+
+    results: list[ScenarioResult] = []
+    if "hot-path" in chosen:
+        with tempfile.TemporaryDirectory(prefix="toolexec-bench-") as root:
+            results.append(await _guarded("hot-path", lambda: _now(
+                hot_path(Path(root), iterations=sizes.hot_path_iterations))))
+    if NEEDS_STACK.intersection(chosen):
+        results.extend(await _with_stack(chosen, sizes))
+    return sorted(results, key=lambda r: SCENARIOS.index(r.name))
+
+
+async def _with_stack(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
+    from toolexec import bench_pipeline as pipeline
+    from toolexec.bench_env import BenchEnvironment
+    from toolexec.bench_replay import replay
+
+    err.print("bench: starting the embedded stack (broker, pipeline, HTTP server)...")
+    async with BenchEnvironment(execute_workers=sizes.producers) as env:
+        runs: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
+            "overhead": lambda: pipeline.invoke_overhead(
+                env, calls=sizes.overhead_calls, warmup=sizes.overhead_warmup),
+            "throughput": lambda: pipeline.api_throughput(
+                env, concurrency=sizes.producers, seconds=sizes.throughput_seconds),
+            "script-throughput": lambda: pipeline.script_throughput(
+                env, concurrency=sizes.script_in_flight, seconds=sizes.script_seconds),
+            "replay": lambda: replay(env.bootstrap, env.root, events=sizes.replay_events),
+        }
+        return [await _guarded(name, run) for name, run in runs.items() if name in chosen]
+
+
+async def _now(result: ScenarioResult) -> ScenarioResult:
+    return result
+
+
+async def _guarded(name: str, run: Callable[[], Awaitable[ScenarioResult]]) -> ScenarioResult:
+    """Run one scenario; an exception becomes a row carrying the error."""
+    err.print(f"bench: {name}...")
+    try:
+        return await run()
+    except Exception as exc:  # boundary: one broken scenario must not hide the others
+        return ScenarioResult(name, name, {"error": repr(exc)}, "-", None,
+                              [traceback.format_exc(limit=3)[-600:]])
+
+
+def _command_line(quick: bool, scenarios: list[str], as_json: bool) -> str:
+    parts = ["toolexec", "bench", *(["--quick"] if quick else []),
+             *[f"--scenario {name}" for name in scenarios], *(["--json"] if as_json else [])]
+    return " ".join(parts)

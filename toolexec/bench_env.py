@@ -1,0 +1,187 @@
+"""What `toolexec bench` measures against: bench tools, a local HTTP server and an
+embedded stack, each in a process of its own, all on 127.0.0.1, under one temp dir."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from domain.chain import resolve_chain
+from domain.integrity import seal
+from domain.model import ResolvedChain, SubprocessPlan, ToolSource
+from domain.plan import build_plan
+from domain.registry import InMemoryRegistry
+from toolexec.client import InvocationClient
+from toolexec.sources import load_builtin_sources, load_source
+
+SCRIPT_TOOL = "bench_noop"
+API_TOOL = "bench_api"
+SCRIPT_PARAMS = {"text": "ping"}
+API_PARAMS = {"word": "ping"}
+CHILD_START_SECONDS = 60.0
+CHILD_STOP_SECONDS = 15.0
+
+_NOOP_MAIN = """import json
+import sys
+
+params = json.load(sys.stdin)
+print(json.dumps({"ok": True, "keys": len(params)}))
+"""
+
+_NOOP_MANIFEST = """tool_id: bench_noop
+version: "1.0.0"
+tool_type: script
+executor: python_runtime
+description: Trivial Python tool of the benchmark; reads its parameters, prints a result.
+config:
+  entrypoint: main.py
+parameters:
+  type: object
+  properties:
+    text: {type: string, maxLength: 50}
+  required: [text]
+  additionalProperties: false
+result_schema:
+  type: object
+  properties:
+    ok: {type: boolean}
+    keys: {type: integer}
+  required: [ok, keys]
+timeout_default: 30
+"""
+
+
+def _api_manifest(http_host: str) -> str:
+    port = http_host.rsplit(":", 1)[1]
+    return (
+        "tool_id: bench_api\nversion: \"1.0.0\"\ntool_type: api\nexecutor: http_client\n"
+        "description: Benchmark API tool calling the local bench HTTP server.\n"
+        f"config:\n  method: GET\n  url_template: \"http://{http_host}/item/{{word}}\"\n"
+        "parameters:\n  type: object\n  properties:\n    word: {type: string}\n"
+        "  required: [word]\n"
+        f"network_policy:\n  allowed_domains: [\"127.0.0.1\"]\n  allowed_ports: [{port}]\n"
+    )
+
+
+def write_bench_tools(root: Path, http_host: str) -> Path:
+    """Write the bench's tool sources under `root/tools` and return that directory."""
+    tools = root / "tools"
+    noop = tools / SCRIPT_TOOL
+    noop.mkdir(parents=True, exist_ok=True)
+    (noop / "tool.yaml").write_text(_NOOP_MANIFEST)
+    (noop / "main.py").write_text(_NOOP_MAIN)
+    (tools / f"{API_TOOL}.yaml").write_text(_api_manifest(http_host))
+    return tools
+
+
+def bench_sources(tools_dir: Path) -> list[ToolSource]:
+    """The built-in tools plus the bench tools, as the stack publishes them."""
+    return load_builtin_sources() + [load_source(p) for p in sorted(tools_dir.iterdir())]
+
+
+def bench_registry(tools_dir: Path) -> InMemoryRegistry:
+    """An in-memory registry holding every bench source, sealed."""
+    return InMemoryRegistry(seal(source) for source in bench_sources(tools_dir))
+
+
+def script_chain(tools_dir: Path) -> ResolvedChain:
+    """The resolved chain of the script tool (leaf..primitive)."""
+    return resolve_chain(bench_registry(tools_dir), SCRIPT_TOOL)
+
+
+def script_plan(tools_dir: Path) -> SubprocessPlan:
+    """The subprocess plan the executor builds for the script tool."""
+    plan = build_plan(script_chain(tools_dir))
+    assert isinstance(plan, SubprocessPlan)
+    return plan
+
+
+@dataclass
+class ChildProcess:
+    """A helper process announcing itself on its first stdout line, stopped by
+    closing its stdin (so it also ends when this process dies)."""
+
+    argv: list[str]
+    stderr_path: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    async def start(self) -> str:
+        """Spawn and return the first line the child prints."""
+        with self.stderr_path.open("wb") as stderr:
+            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+        stdout = self.process.stdout
+        assert stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(stdout.readline), CHILD_START_SECONDS)
+        if not line:
+            tail = self.stderr_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{self.argv[2]} did not start: {tail}")
+        return line.decode().strip()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    async def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(OSError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        try:
+            await asyncio.to_thread(self.process.wait, CHILD_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            await asyncio.to_thread(self.process.wait)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+class BenchEnvironment:
+    """Temp dir + HTTP server process + stack process + one invocation client."""
+
+    def __init__(self, execute_workers: int = 50) -> None:
+        self.execute_workers = execute_workers
+        self._tmp = tempfile.TemporaryDirectory(prefix="toolexec-bench-")
+        self.root = Path(self._tmp.name)
+        self.http = ChildProcess(python_module("toolexec.bench_http"), self.root / "http.log")
+        self.stack = ChildProcess([], self.root / "stack.log")
+        self.http_host = ""
+        self.bootstrap = ""
+        self.tools_dir = self.root / "tools"
+        self.client: InvocationClient | None = None
+
+    async def __aenter__(self) -> BenchEnvironment:
+        try:
+            await self._start()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _start(self) -> None:
+        self.http_host = f"127.0.0.1:{await self.http.start()}"
+        self.tools_dir = write_bench_tools(self.root, self.http_host)
+        self.stack.argv = python_module("toolexec.bench_stack", str(self.root / "state"),
+                                        str(self.tools_dir), str(self.execute_workers))
+        self.bootstrap = json.loads(await self.stack.start())["bootstrap"]
+        self.client = InvocationClient(self.bootstrap)
+        await self.client.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self.client is not None:
+            await self.client.stop()
+            self.client = None
+        await self.stack.stop()
+        await self.http.stop()
+        self._tmp.cleanup()

@@ -1,0 +1,233 @@
+"""Scenarios 1-3 of `toolexec bench`: the whole pipeline against direct baselines.
+
+Each pipeline figure has a baseline measured in the same run at the same concurrency:
+spawning the tool's own argv directly (scenarios 1 and 3) or calling the HTTP server
+directly with httpx (scenario 2). Load is closed-loop: N workers, each starting its
+next call when the previous one ended, for a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from domain.model import SubprocessPlan
+from toolexec.bench_env import API_PARAMS, API_TOOL, SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment
+from toolexec.bench_env import script_plan as build_script_plan
+from toolexec.bench_report import Figure, ScenarioResult, latency_figures, percentile
+
+Call = Callable[[], Awaitable[bool]]
+OVERHEAD_TARGET_MS = 5.0
+THROUGHPUT_TARGET = 1000.0
+SCRIPT_RATIO_TARGET = 0.90
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass
+class Load:
+    """What a closed-loop run observed."""
+
+    calls: int = 0
+    errors: int = 0
+    elapsed: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.calls / self.elapsed if self.elapsed else 0.0
+
+
+async def closed_loop(call: Call, *, concurrency: int, seconds: float) -> Load:
+    """`concurrency` workers calling `call` back to back until `seconds` have passed;
+    calls in flight at the deadline are finished and counted."""
+    load = Load()
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            began = time.perf_counter()
+            ok = await call()
+            load.latencies.append(time.perf_counter() - began)
+            load.calls += 1
+            load.errors += not ok
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    load.elapsed = time.perf_counter() - began
+    return load
+
+
+async def sequential(call: Call, count: int) -> Load:
+    """`count` calls one after another."""
+    load = Load()
+    began = time.perf_counter()
+    for _ in range(count):
+        started = time.perf_counter()
+        ok = await call()
+        load.latencies.append(time.perf_counter() - started)
+        load.calls += 1
+        load.errors += not ok
+    load.elapsed = time.perf_counter() - began
+    return load
+
+
+# ------------------------------------------------------------------ the direct baselines
+
+
+class DirectSpawn:
+    """Spawns the script tool's argv directly: its files written once to a directory,
+    parameters on stdin, exit watched through a pidfd. The leanest correct way to run
+    the same process, so the difference is what the pipeline adds."""
+
+    def __init__(self, plan: SubprocessPlan, root: Path) -> None:
+        self._argv = list(plan.argv)
+        self._cwd = Path(tempfile.mkdtemp(prefix="direct-", dir=root))
+        for tool_file in plan.files:
+            target = self._cwd / tool_file.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tool_file.content or b"")
+        self._env = {**plan.env, "PATH": plan.env.get("PATH", DEFAULT_PATH),
+                     "HOME": str(self._cwd), "TMPDIR": str(self._cwd)}
+        self._stdin = json.dumps(SCRIPT_PARAMS).encode()
+
+    async def __call__(self) -> bool:
+        process = subprocess.Popen(  # noqa: S603 - the tool's own argv list
+            self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=self._cwd, env=self._env, bufsize=0)
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(self._stdin)
+        process.stdin.close()
+        await _exited(process.pid)
+        # The trivial tool's output fits in the pipe buffer, so reading after exit is safe.
+        output = process.stdout.read()
+        process.stdout.close()
+        if process.stderr is not None:
+            process.stderr.close()
+        status = os.waitpid(process.pid, 0)[1]
+        process.returncode = os.waitstatus_to_exitcode(status)
+        return process.returncode == 0 and b'"ok": true' in output
+
+
+async def _exited(pid: int) -> None:
+    loop = asyncio.get_running_loop()
+    fd = os.pidfd_open(pid)
+    done: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def pipeline_call(env: BenchEnvironment, tool_id: str, params: dict[str, Any],
+                  durations: list[float] | None = None) -> Call:
+    """One invocation through the whole pipeline; True when it completed.
+    `durations` collects each completed invocation's primitive run time (seconds)."""
+    client = env.client
+    assert client is not None
+
+    async def call() -> bool:
+        terminal = await client.invoke(tool_id, params, timeout=60.0)
+        ok = terminal.type == "tool.invoke.completed"
+        if ok and durations is not None:
+            durations.append(terminal.data.duration_ms / 1000)
+        return ok
+
+    return call
+
+
+# ------------------------------------------------------------------------ the scenarios
+
+
+async def invoke_overhead(env: BenchEnvironment, *, calls: int, warmup: int) -> ScenarioResult:
+    """Scenario 1: sequential invocations of the trivial script tool vs direct spawns."""
+    direct = DirectSpawn(build_script_plan(env.tools_dir), env.root)
+    durations: list[float] = []
+    pipeline = pipeline_call(env, SCRIPT_TOOL, SCRIPT_PARAMS, durations)
+    await sequential(direct, warmup)
+    await sequential(pipeline, warmup)
+    durations.clear()
+    base = await sequential(direct, calls)
+    measured = await sequential(pipeline, calls)
+    overhead_ms = (percentile(measured.latencies, 50) - percentile(base.latencies, 50)) * 1000
+    figures: dict[str, Figure] = {
+        **latency_figures("pipeline", measured.latencies),
+        **latency_figures("direct spawn", base.latencies),
+        "overhead p50 ms": round(overhead_ms, 3),
+        "overhead p95 ms": round((percentile(measured.latencies, 95)
+                                  - percentile(base.latencies, 95)) * 1000, 3),
+        "overhead p99 ms": round((percentile(measured.latencies, 99)
+                                  - percentile(base.latencies, 99)) * 1000, 3),
+        "primitive run p50 ms": round(percentile(durations, 50) * 1000, 3),
+        "pipeline minus primitive p50 ms": round(
+            (percentile(measured.latencies, 50) - percentile(durations, 50)) * 1000, 3),
+        "calls (each)": calls, "errors": measured.errors + base.errors,
+    }
+    return ScenarioResult(
+        "overhead", "1. invoke overhead (script tool, sequential)", figures,
+        f"p50 overhead <= {OVERHEAD_TARGET_MS:g} ms", overhead_ms <= OVERHEAD_TARGET_MS,
+        ["latency seen by the producer: request produced -> terminal event consumed",
+         "primitive run = the executor's own spawn-to-exit time (incl. file materialising)"])
+
+
+async def api_throughput(env: BenchEnvironment, *, concurrency: int,
+                         seconds: float) -> ScenarioResult:
+    """Scenario 2: closed-loop API-tool invocations vs httpx straight to the server."""
+    url = f"http://{env.http_host}/item/{API_PARAMS['word']}"
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits) as http:
+        async def direct() -> bool:
+            response = await http.get(url)
+            return response.status_code == 200
+
+        await closed_loop(direct, concurrency=concurrency, seconds=min(1.0, seconds))
+        base = await closed_loop(direct, concurrency=concurrency, seconds=seconds)
+    pipeline = pipeline_call(env, API_TOOL, API_PARAMS)
+    await closed_loop(pipeline, concurrency=concurrency, seconds=min(1.0, seconds))
+    measured = await closed_loop(pipeline, concurrency=concurrency, seconds=seconds)
+    figures: dict[str, Figure] = {
+        "pipeline invocations/s": round(measured.rate, 1),
+        "httpx direct calls/s": round(base.rate, 1),
+        "ratio": round(measured.rate / base.rate, 4) if base.rate else 0.0,
+        **latency_figures("pipeline", measured.latencies),
+        **latency_figures("direct", base.latencies),
+        "concurrency": concurrency, "seconds": seconds,
+        "invocations": measured.calls, "errors": measured.errors + base.errors,
+    }
+    return ScenarioResult(
+        "throughput", f"2. API-tool throughput ({concurrency} producers)", figures,
+        f">= {THROUGHPUT_TARGET:,.0f} invocations/s", measured.rate >= THROUGHPUT_TARGET,
+        ["one producer process (this one), pipeline and HTTP server in processes of their own"])
+
+
+async def script_throughput(env: BenchEnvironment, *, concurrency: int,
+                            seconds: float) -> ScenarioResult:
+    """Scenario 3: closed-loop script-tool invocations vs direct spawns, same concurrency."""
+    direct = DirectSpawn(build_script_plan(env.tools_dir), env.root)
+    base = await closed_loop(direct, concurrency=concurrency, seconds=seconds)
+    pipeline = pipeline_call(env, SCRIPT_TOOL, SCRIPT_PARAMS)
+    measured = await closed_loop(pipeline, concurrency=concurrency, seconds=seconds)
+    ratio = measured.rate / base.rate if base.rate else 0.0
+    figures: dict[str, Figure] = {
+        "pipeline calls/s": round(measured.rate, 1),
+        "direct spawn calls/s": round(base.rate, 1),
+        "ratio": round(ratio, 4),
+        **latency_figures("pipeline", measured.latencies),
+        **latency_figures("direct", base.latencies),
+        "in flight": concurrency, "seconds": seconds,
+        "invocations": measured.calls, "errors": measured.errors + base.errors,
+    }
+    return ScenarioResult(
+        "script-throughput", f"3. script-tool throughput ({concurrency} in flight)", figures,
+        f">= {SCRIPT_RATIO_TARGET:.0%} of the direct spawn rate", ratio >= SCRIPT_RATIO_TARGET)
