@@ -26,7 +26,10 @@ class Clock(Protocol):
 
 
 class RegistryReader(Protocol):
-    """The registry view a resolver reads (a projection of `toolexec.registry`)."""
+    """The registry view a resolver reads (a projection of `toolexec.registry`).
+    `revision` grows with every change, so caches keyed on it stay correct."""
+
+    revision: int
 
     def get(self, tool_id: str, version: str) -> ToolVersion | None: ...
 

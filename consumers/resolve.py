@@ -6,13 +6,13 @@ pins), recomputes every link's integrity and lets each parent validate its child
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from consumers.events import derive, failed
 from consumers.ports import Clock, Publish, RegistryReader
 from contracts.envelope import Envelope
 from contracts.events import ChainLink, ChainResolved, InvokeRequested
-from domain.chain import resolve_chain
+from domain.chain import ChainCache
 from domain.child_validation import ensure_chain_valid
 from domain.errors import RegistryError, ToolexecError
 from domain.integrity import verify_chain
@@ -27,6 +27,7 @@ class ResolveDeps:
     clock: Clock
     strict_chain: bool = True
     registry_wait_seconds: float = 5.0
+    chains: ChainCache = field(default_factory=ChainCache)
 
 
 async def on_invoke_requested(event: Envelope, deps: ResolveDeps) -> None:
@@ -61,16 +62,17 @@ async def _resolve_with_catch_up(request: InvokeRequested, deps: ResolveDeps) ->
     """Resolve; on a miss, wait (bounded) for the registry view to reach the end of
     the registry topic as it is now, then try once more (read-your-writes)."""
     try:
-        return _resolve(request, deps.registry)
+        return _resolve(request, deps.registry, deps.chains)
     except RegistryError as miss:
         if miss.code not in ("E3101", "E3102"):
             raise
         if not await deps.registry.catch_up(deps.registry_wait_seconds):
             raise
-        return _resolve(request, deps.registry)
+        return _resolve(request, deps.registry, deps.chains)
 
 
-def _resolve(request: InvokeRequested, registry: RegistryReader) -> ResolvedChain:
+def _resolve(request: InvokeRequested, registry: RegistryReader,
+             chains: ChainCache) -> ResolvedChain:
     if request.lockfile is not None:
         lock = parse_lockfile(request.lockfile)
         chain = verify_lockfile(lock, registry)
@@ -80,4 +82,5 @@ def _resolve(request: InvokeRequested, registry: RegistryReader) -> ResolvedChai
                 details={"lockfile_root": chain.leaf.tool_id},
             )
         return chain
-    return resolve_chain(registry, request.tool_id, request.version_range or "*")
+    return chains.resolve(registry, request.tool_id, request.version_range or "*",
+                          revision=registry.revision)

@@ -26,10 +26,10 @@ TOOLS = Path(__file__).parent.parent / "integration" / "tools"
 
 
 def crash_on(tool_id: str, resolve: Callable[..., Any]) -> Callable[..., Any]:
-    def resolve_or_crash(request: Any, registry: Any) -> Any:
+    def resolve_or_crash(request: Any, registry: Any, chains: Any) -> Any:
         if request.tool_id == tool_id:
             raise RuntimeError(f"handler bug triggered by {tool_id}")
-        return resolve(request, registry)
+        return resolve(request, registry, chains)
     return resolve_or_crash
 
 
