@@ -4,6 +4,11 @@ The capability token rides only on tool.invoke.requested (extension `captoken`) 
 is never copied into derived events, so this step remembers tokens of requests it
 has seen, in log order, until the matching chain.resolved arrives (same partition,
 same consumer group, so the request is always seen first).
+
+With a valid token, ABAC policies (domain.policy) decide next: the leaf's manifest
+attributes come from the registry view port, the policy bundle from the policy view
+port, the evaluation from the evaluator port (Cedar), through the decision cache.
+A deny is E3206 carrying the deciding policies' ids and reasons.
 """
 
 from __future__ import annotations
@@ -11,14 +16,24 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from consumers.events import derive, error_info, failed
-from consumers.ports import Clock, Publish
+from consumers.ports import Clock, Publish, RegistryReader
 from contracts.envelope import Envelope
 from contracts.events import ChainResolved, InvokeRequested, PermissionDecided
-from domain.capability import authorise
+from domain.capability import Capability, authorise
 from domain.errors import AuthorizationError
+from domain.policy import (
+    AccessRequest,
+    DecisionCache,
+    DefaultDecision,
+    PolicyBundle,
+    PolicyDecision,
+    PolicyEvaluator,
+    ToolResource,
+    decide,
+)
 
 NOT_REQUIRED = "authorization not required (TOOLEXEC_REQUIRE_AUTH=false)"
 
@@ -41,13 +56,31 @@ class PendingTokens:
         return True, self._tokens.pop(invocation_id)
 
 
+class PolicySource(Protocol):
+    """The policy view: every policy set in force (folded from `policy.updated`)."""
+
+    def current(self) -> PolicyBundle | None: ...
+
+    async def ready(self, timeout: float) -> bool: ...
+
+
 @dataclass(frozen=True)
 class AuthorizeDeps:
+    """Ports of the authorize step. Without `policies` and `evaluator` only the
+    capability token is checked; `registry` supplies the leaf's manifest attributes."""
+
     publish: Publish
     clock: Clock
     require_auth: bool
     public_keys: Callable[[], Sequence[Any]]
     pending: PendingTokens
+    registry: RegistryReader | None = None
+    policies: PolicySource | None = None
+    evaluator: PolicyEvaluator | None = None
+    cache: DecisionCache | None = None
+    default_decision: DefaultDecision = "allow"
+    policy_wait_seconds: float = 10.0
+    """Bound on waiting for the policy view to load before the first decision."""
 
 
 async def on_invoke_requested(event: Envelope, deps: AuthorizeDeps) -> None:
@@ -62,6 +95,7 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
     common = dict(
         invocation_id=resolved.invocation_id, tool_id=resolved.tool_id,
         version=resolved.version, chain=resolved.chain, parameters=resolved.parameters,
+        deadline=resolved.deadline,
     )
     if not deps.require_auth:
         decision = PermissionDecided(decision="allow", reason=NOT_REQUIRED, enforced=False, **common)
@@ -77,16 +111,58 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
             )
         capability = authorise(token, deps.public_keys(), tool_id=resolved.tool_id,
                                version=resolved.version, now=int(now.timestamp()))
+        if deps.policies is not None and not await deps.policies.ready(deps.policy_wait_seconds):
+            raise AuthorizationError("the policy view has not loaded the policies yet",
+                                     code="E3205")
+        policy = _policy_decision(capability, resolved, deps, now=now.timestamp())
     except AuthorizationError as error:
         decision = PermissionDecided(decision="deny", reason=error.message, enforced=True,
-                                     error=error_info(error), **common)
+                                     error=error_info(error),
+                                     policy_version=error.details.get("policy_version"),
+                                     **common)
         await deps.publish(derive(event, decision, step="authorize", now=now))
         await deps.publish(failed(event, error, stage="authorize",
                                   invocation_id=resolved.invocation_id,
                                   tool_id=resolved.tool_id, version=resolved.version, now=now))
         return
+    reason = "capability token grants the tool"
+    if policy is not None:
+        reason += f"; {policy.reason}"
     decision = PermissionDecided(
-        decision="allow", reason="capability token grants the tool", enforced=True,
-        subject=capability.subject, token_jti=capability.jti, **common,
+        decision="allow", reason=reason, enforced=True,
+        subject=capability.subject, token_jti=capability.jti,
+        policy_version=None if policy is None else policy.policy_version, **common,
     )
     await deps.publish(derive(event, decision, step="authorize", now=now))
+
+
+def _policy_decision(capability: Capability, resolved: ChainResolved, deps: AuthorizeDeps, *,
+                     now: float) -> PolicyDecision | None:
+    """ABAC after the token; None when no policy engine is wired. Raises E3206 on deny."""
+    if deps.policies is None or deps.evaluator is None:
+        return None
+    bundle = deps.policies.current()
+    request = AccessRequest.build(capability.subject, _resource(resolved, deps, bundle),
+                                  resolved.parameters, now=int(now))
+    decision = decide(request, bundle, deps.evaluator, deps.cache, clock=now,
+                      default=deps.default_decision)
+    if not decision.allowed:
+        raise AuthorizationError(
+            f"denied by policy: {decision.reason}", code="E3206",
+            details={"policy_version": decision.policy_version,
+                     "policy_ids": list(decision.policy_ids), "subject": capability.subject})
+    return decision
+
+
+def _resource(resolved: ChainResolved, deps: AuthorizeDeps,
+              bundle: PolicyBundle | None) -> ToolResource:
+    leaf = deps.registry.get(resolved.tool_id, resolved.version) if deps.registry else None
+    if leaf is None:
+        if bundle is not None and bundle.sets:
+            # Policies read the manifest's attributes: without them, fail closed.
+            raise AuthorizationError(
+                f"attributes of {resolved.tool_id}@{resolved.version} are not available "
+                "to the policy check", code="E3206",
+                details={"policy_version": bundle.version})
+        return ToolResource(resolved.tool_id, resolved.version)
+    return ToolResource.from_manifest(resolved.tool_id, resolved.version, leaf.manifest)

@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
     lease_until REAL NOT NULL,
-    finished INTEGER NOT NULL DEFAULT 0
+    finished INTEGER NOT NULL DEFAULT 0,
+    conclusion BLOB
 )
 """
 
@@ -44,10 +45,10 @@ class InMemoryClaims:
         self.rows[key] = take_over(self.rows[key], owner=self.owner, now=now,
                                     lease_seconds=lease_seconds)
 
-    async def finish(self, key: str) -> None:
+    async def finish(self, key: str, conclusion: bytes | None = None) -> None:
         row = self.rows.get(key)
         if row is not None:
-            self.rows[key] = ClaimRecord(row.key, row.owner, row.lease_until, True)
+            self.rows[key] = ClaimRecord(row.key, row.owner, row.lease_until, True, conclusion)
 
 
 class SqliteClaims:
@@ -60,6 +61,9 @@ class SqliteClaims:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(claims)")}
+        if "conclusion" not in columns:  # a store written before conclusions were kept
+            self._db.execute("ALTER TABLE claims ADD COLUMN conclusion BLOB")
         self._lock = threading.Lock()
 
     async def claim(self, key: str, *, now: float, lease_seconds: float) -> ClaimDecision:
@@ -70,8 +74,8 @@ class SqliteClaims:
             ClaimRecord(key, "", 0.0, False), owner=self.owner, now=now,
             lease_seconds=lease_seconds))
 
-    async def finish(self, key: str) -> None:
-        await asyncio.to_thread(self._finish, key)
+    async def finish(self, key: str, conclusion: bytes | None = None) -> None:
+        await asyncio.to_thread(self._finish, key, conclusion)
 
     def close(self) -> None:
         self._db.close()
@@ -81,9 +85,10 @@ class SqliteClaims:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 row = self._db.execute(
-                    "SELECT key, owner, lease_until, finished FROM claims WHERE key = ?",
-                    (key,)).fetchone()
-                existing = ClaimRecord(row[0], row[1], row[2], bool(row[3])) if row else None
+                    "SELECT key, owner, lease_until, finished, conclusion FROM claims "
+                    "WHERE key = ?", (key,)).fetchone()
+                existing = (ClaimRecord(row[0], row[1], row[2], bool(row[3]), row[4])
+                            if row else None)
                 decision = decide(existing, key=key, owner=self.owner, now=now,
                                   lease_seconds=lease_seconds)
                 if decision.status is ClaimStatus.ACQUIRED and decision.record is not None:
@@ -105,6 +110,7 @@ class SqliteClaims:
             "lease_until = excluded.lease_until, finished = excluded.finished",
             (record.key, record.owner, record.lease_until, int(record.finished)))
 
-    def _finish(self, key: str) -> None:
+    def _finish(self, key: str, conclusion: bytes | None) -> None:
         with self._lock:
-            self._db.execute("UPDATE claims SET finished = 1 WHERE key = ?", (key,))
+            self._db.execute("UPDATE claims SET finished = 1, conclusion = ? WHERE key = ?",
+                             (conclusion, key))

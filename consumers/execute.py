@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.admission import AttemptGate, enter_attempt, leave_attempt, outcome_past_deadline
 from consumers.events import derive, error_info, failed
 from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, RegistryReader, Secrets
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
 from contracts.events import ExecutionFinished, ExecutionStarted, PermissionDecided
-from domain.claims import ClaimStatus
+from contracts.kafka_binding import from_document, to_document
+from domain.claims import ClaimDecision, ClaimRecord, ClaimStatus
+from domain.credentials import REFERENCE, declared_credentials, references, scoped_secrets
 from domain.errors import IntegrityMismatch, ToolexecError, ValidationFailed, VersionNotFound
 from domain.integrity import verify_chain
 from domain.model import HttpPlan, PrimitiveOutcome, ResolvedChain, SubprocessPlan
@@ -32,7 +34,6 @@ from domain.validation import validate_parameters
 
 EVENT_STDOUT_MAX = 512 * 1024
 STDERR_TAIL = 2048
-_SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ExecuteDeps:
     secrets: Secrets
     random: Callable[[], float]
     sleep: Callable[[float], Any] = asyncio.sleep
+    gate: AttemptGate = dataclasses.field(default_factory=AttemptGate)
 
 
 async def on_permission_decided(event: Envelope, deps: ExecuteDeps) -> None:
@@ -56,13 +58,14 @@ async def on_permission_decided(event: Envelope, deps: ExecuteDeps) -> None:
         leaf = chain.leaf
         _check_parameters(leaf.manifest, decision.parameters)
         plan = build_plan(chain)
+        secrets = scoped_secrets(plan, declared_credentials(chain), deps.secrets)
     except ToolexecError as error:
         await deps.publish(failed(event, error, stage="execute",
                                   invocation_id=decision.invocation_id,
                                   tool_id=decision.tool_id, version=decision.version,
                                   now=deps.clock()))
         return
-    await _run_attempts(event, decision, chain, plan, deps)
+    await _run_attempts(event, decision, chain, plan, dataclasses.replace(deps, secrets=secrets))
 
 
 def _chain_for(decision: PermissionDecided, registry: RegistryReader) -> ResolvedChain:
@@ -98,34 +101,73 @@ def _check_parameters(manifest: Mapping[str, Any], params: Mapping[str, Any]) ->
 
 async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: ResolvedChain,
                         plan: SubprocessPlan | HttpPlan, deps: ExecuteDeps) -> None:
+    """Run attempts until one is final (`deps.secrets` is scoped to the chain's
+    declared credentials). Each attempt's concluding event is stored with
+    its claim *before* it is published (an outbox): a redelivery after a crash
+    republishes that same event instead of concluding the attempt a second time."""
     manifest = chain.leaf.manifest
     policy = RetryPolicy.from_manifest(manifest)
     resolved_plan, secret_values = _resolve_env_secrets(plan, deps.secrets)
     attempt = 1
     while True:
         key = f"{decision.invocation_id}/{attempt}"
-        status = await _claim(key, plan.timeout_seconds, bool(manifest.get("idempotent")), deps)
-        if status is ClaimStatus.FINISHED or status is ClaimStatus.RUNNING_HERE:
-            return  # another delivery of this event already ran, or runs, this attempt
-        if status is ClaimStatus.ABANDONED:
-            await _publish_unknown(event, decision, attempt, manifest, deps)
-            await deps.claims.finish(key)
+        claim = await _claim(key, plan.timeout_seconds, bool(manifest.get("idempotent")), deps)
+        if claim.status is ClaimStatus.RUNNING_HERE:
+            return  # a duplicate delivery of an attempt this process runs now
+        if claim.status is ClaimStatus.FINISHED:
+            if not await _republish(claim.record, deps):
+                return
+            attempt += 1  # that attempt asked for a retry: go on with the next one
+            continue
+        if claim.status is ClaimStatus.ABANDONED:
+            await _conclude(key, _unknown(event, decision, attempt, manifest, deps), deps)
+            return
+        try:
+            passed = await enter_attempt(deps.gate, manifest, decision.deadline,
+                                         plan.timeout_seconds, clock=deps.clock, sleep=deps.sleep)
+        except ToolexecError as refused:  # E3002 deadline, E3501 breaker, E3504 rate limit
+            await _conclude(key, failed(event, refused, stage="execute",
+                                        invocation_id=decision.invocation_id,
+                                        tool_id=decision.tool_id, version=decision.version,
+                                        now=deps.clock()), deps)
             return
         await deps.publish(derive(event, _started(decision, attempt, plan, deps.runner.sandbox),
                                   step=f"execute.started.{attempt}", now=deps.clock()))
-        outcome = await _run_primitive(deps, resolved_plan, decision.parameters)
+        try:
+            outcome = await _run_primitive(
+                deps, dataclasses.replace(resolved_plan, timeout_seconds=passed.timeout_seconds),
+                decision.parameters)
+        finally:
+            leave_attempt(deps.gate, passed)
+        outcome = outcome_past_deadline(outcome, passed)
         retry = attempt < policy.max_attempts and is_retriable(outcome, policy)
         finished = _finished(decision, attempt, outcome, manifest, secret_values, final=not retry)
-        await deps.publish(derive(event, finished, step=f"execute.finished.{attempt}",
-                                  now=deps.clock()))
-        await deps.claims.finish(key)
+        await _conclude(key, derive(event, finished, step=f"execute.finished.{attempt}",
+                                    now=deps.clock()), deps)
         if not retry:
             return
         await deps.sleep(backoff_delay(attempt, policy, deps.random()))
         attempt += 1
 
 
-async def _claim(key: str, timeout: float, idempotent: bool, deps: ExecuteDeps) -> ClaimStatus:
+async def _conclude(key: str, conclusion: Envelope, deps: ExecuteDeps) -> None:
+    """Store the attempt's concluding event with its claim, then publish it."""
+    await deps.claims.finish(key, to_document(conclusion))
+    await deps.publish(conclusion)
+
+
+async def _republish(record: ClaimRecord | None, deps: ExecuteDeps) -> bool:
+    """Publish a finished attempt's stored conclusion again (same event id, so
+    consumers de-duplicate it); True when that conclusion asked for another attempt."""
+    if record is None or record.conclusion is None:
+        return False
+    conclusion = from_document(record.conclusion)
+    await deps.publish(conclusion)
+    data = conclusion.data
+    return isinstance(data, ExecutionFinished) and not data.final
+
+
+async def _claim(key: str, timeout: float, idempotent: bool, deps: ExecuteDeps) -> ClaimDecision:
     """Claim an attempt. A claim held by another live owner is waited out (its lease
     covers its timeout); an abandoned one is taken over when the tool is idempotent,
     and otherwise reported as ABANDONED so the outcome is recorded as unknown."""
@@ -137,12 +179,12 @@ async def _claim(key: str, timeout: float, idempotent: bool, deps: ExecuteDeps) 
             continue
         if claim.status is ClaimStatus.ABANDONED and idempotent:
             await deps.claims.take_over(key, now=now, lease_seconds=timeout)
-            return ClaimStatus.ACQUIRED
-        return claim.status
+            return ClaimDecision(ClaimStatus.ACQUIRED, claim.record)
+        return claim
 
 
-async def _publish_unknown(event: Envelope, decision: PermissionDecided, attempt: int,
-                           manifest: Mapping[str, Any], deps: ExecuteDeps) -> None:
+def _unknown(event: Envelope, decision: PermissionDecided, attempt: int,
+             manifest: Mapping[str, Any], deps: ExecuteDeps) -> Envelope:
     """The executor that started this attempt stopped before finishing it, and the tool
     is not idempotent: it is not run again, and its outcome is recorded as unknown."""
     outcome = PrimitiveOutcome(ok=False, error={
@@ -151,8 +193,7 @@ async def _publish_unknown(event: Envelope, decision: PermissionDecided, attempt
                    "so it was not run again and its outcome is unknown",
         "details": {"attempt": attempt}})
     finished = _finished(decision, attempt, outcome, manifest, (), final=True)
-    await deps.publish(derive(event, finished, step=f"execute.finished.{attempt}",
-                              now=deps.clock()))
+    return derive(event, finished, step=f"execute.finished.{attempt}", now=deps.clock())
 
 
 async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan,
@@ -169,27 +210,15 @@ async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan,
 
 def _resolve_env_secrets(plan: SubprocessPlan | HttpPlan,
                          secrets: Secrets) -> tuple[SubprocessPlan | HttpPlan, tuple[str, ...]]:
-    """Fill `${NAME}` references in a subprocess environment just in time. The values
-    go to the process only; they are returned so outputs can be scrubbed of them."""
+    """Fill `${NAME}` references in a subprocess environment just in time (the http
+    primitive fills its headers itself). The values go to the process only; they are
+    returned so outputs can be scrubbed of them."""
+    values = tuple(v for name in references(plan) if (v := secrets(name)) is not None)
     if not isinstance(plan, SubprocessPlan):
-        values = tuple(v for ref in _references(plan.headers.values())
-                       if (v := secrets(ref)) is not None)
         return plan, values
-    env: dict[str, str] = {}
-    values: list[str] = []
-    for key, value in plan.env.items():
-        def substitute(match: re.Match[str]) -> str:
-            secret = secrets(match.group(1))
-            if secret is None:
-                return ""
-            values.append(secret)
-            return secret
-        env[key] = _SECRET_REF.sub(substitute, value)
-    return dataclasses.replace(plan, env=env), tuple(values)
-
-
-def _references(values: Any) -> list[str]:
-    return [m.group(1) for value in values for m in _SECRET_REF.finditer(str(value))]
+    env = {key: REFERENCE.sub(lambda m: secrets(m.group(1)) or "", value)
+           for key, value in plan.env.items()}
+    return dataclasses.replace(plan, env=env), values
 
 
 def _plan_summary(plan: SubprocessPlan | HttpPlan) -> dict[str, Any]:

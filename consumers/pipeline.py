@@ -22,7 +22,7 @@ from aiokafka import TopicPartition
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
-from consumers import authorize, execute, finalize, resolve
+from consumers import authorize, circuits, execute, finalize, resolve
 from consumers.deadletter import DeadLetters
 from consumers.events import failed
 from consumers.inflight import CommitCoalescer, InFlight
@@ -57,6 +57,9 @@ class Step:
     handlers: Mapping[str, Handler]
     dead_letter_undecodable: bool = False
     max_workers: int = 1
+    fails_invocation: bool = True
+    """Whether a poison record ends the invocation with tool.invoke.failed (False for
+    side steps, such as circuits, that are not on the invocation's path)."""
     consumer_options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -68,6 +71,7 @@ class PipelineDeps:
     finalize: finalize.FinalizeDeps
     dead_letters: DeadLetters
     clock: Callable[[], datetime]
+    circuits: circuits.CircuitDeps | None = None
 
 
 def pipeline_steps(deps: PipelineDeps, *, group_prefix: str, execute_workers: int) -> list[Step]:
@@ -75,7 +79,7 @@ def pipeline_steps(deps: PipelineDeps, *, group_prefix: str, execute_workers: in
     # Authorize comes first: it must see each request (to keep its token) before the
     # chain.resolved that follows; on Kafka the partition order guarantees that, and
     # listing it first keeps in-process brokers (tests) faithful to it.
-    return [
+    steps = [
         Step(f"{group_prefix}.authorize",
              {"tool.invoke.requested": lambda e: authorize.on_invoke_requested(e, deps.authorize),
               "tool.chain.resolved": lambda e: authorize.on_chain_resolved(e, deps.authorize)}),
@@ -90,6 +94,13 @@ def pipeline_steps(deps: PipelineDeps, *, group_prefix: str, execute_workers: in
              {"tool.execution.finished":
               lambda e: finalize.on_execution_finished(e, deps.finalize)}),
     ]
+    if deps.circuits is not None:
+        circuit_deps = deps.circuits
+        steps.append(Step(f"{group_prefix}.circuits",
+                          {"tool.execution.finished":
+                           lambda e: circuits.on_execution_finished(e, circuit_deps)},
+                          fails_invocation=False))
+    return steps
 
 
 @dataclass
@@ -182,7 +193,7 @@ async def _run_guarded(handler: Handler, envelope: Envelope, record: Any, step: 
                                    attempts=POISON_ATTEMPTS)
     data = envelope.data
     invocation_id = getattr(data, "invocation_id", None)
-    if invocation_id:
+    if invocation_id and step.fails_invocation:
         await deps.resolve.publish(failed(
             envelope, error, stage=_stage_of(step.group), invocation_id=invocation_id,
             tool_id=getattr(data, "tool_id", None), version=getattr(data, "version", None),

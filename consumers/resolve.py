@@ -54,6 +54,7 @@ async def on_invoke_requested(event: Envelope, deps: ResolveDeps) -> None:
         warnings=warnings,
         parameters=request.parameters,
         lockfile_used=request.lockfile is not None,
+        deadline=request.deadline,
     )
     await deps.publish(derive(event, resolved, step="resolve", now=deps.clock()))
 

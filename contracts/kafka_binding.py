@@ -115,6 +115,16 @@ def encode_structured(env: Envelope) -> KafkaRecord:
     return KafkaRecord(_as_bytes(message.key), message.value, list(message.headers.items()))
 
 
+def to_document(env: Envelope) -> bytes:
+    """`env` as one CloudEvents JSON document (structured mode), for storage."""
+    return encode_structured(env).value
+
+
+def from_document(document: bytes) -> Envelope:
+    """The envelope stored by `to_document`; raises only `UndecodableRecord`."""
+    return decode(None, document, [(CONTENT_TYPE_HEADER, STRUCTURED_CONTENT_TYPE.encode())])
+
+
 def _as_bytes(key: str | bytes | None) -> bytes:
     return key.encode() if isinstance(key, str) else (key or b"")
 

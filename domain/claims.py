@@ -14,7 +14,7 @@ LEASE_GRACE_SECONDS = 5.0
 
 class ClaimStatus(StrEnum):
     ACQUIRED = "acquired"  # run it
-    FINISHED = "finished"  # already ran to the end: nothing to do
+    FINISHED = "finished"  # already concluded: publish its stored conclusion again
     RUNNING_HERE = "running_here"  # this process runs it now: a duplicate delivery
     HELD_ELSEWHERE = "held_elsewhere"  # another live owner: wait for its lease
     ABANDONED = "abandoned"  # owner vanished mid-run: outcome unknown
@@ -26,6 +26,9 @@ class ClaimRecord:
     owner: str
     lease_until: float
     finished: bool
+    conclusion: bytes | None = None
+    """The event that concluded the attempt (opaque bytes), stored before it is
+    published so a redelivery can publish it again instead of concluding twice."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,9 @@ the log is recorded as it is, and the resolver verifies every link before use.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gzip
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import structlog
 
@@ -20,10 +19,10 @@ from contracts.envelope import Envelope
 from contracts.events import ToolLifecycleChanged, ToolPublished
 from domain.model import ToolFile, ToolVersion
 from domain.registry import InMemoryRegistry
+from projections.log_position import EndOffsets, LogPosition
 
 log = structlog.get_logger(__name__)
 
-EndOffsets = Callable[[], Awaitable[dict[int, int]]]
 
 
 def tool_version_from_event(event: ToolPublished) -> ToolVersion:
@@ -42,9 +41,7 @@ class RegistryView:
 
     def __init__(self, end_offsets: EndOffsets | None = None) -> None:
         self._registry = InMemoryRegistry()
-        self._positions: dict[int, int] = {}
-        self._end_offsets = end_offsets
-        self._advanced = asyncio.Event()
+        self.position = LogPosition(end_offsets)
         self.revision = 0
 
     # -- fold -------------------------------------------------------------------
@@ -60,9 +57,8 @@ class RegistryView:
             self.advance(partition, offset)
 
     def advance(self, partition: int, offset: int) -> None:
-        """Mark `offset` of `partition` as consumed (also for records not applied)."""
-        self._positions[partition] = max(self._positions.get(partition, -1), offset)
-        self._advanced.set()
+        """Mark `offset` of `partition` as read (also for records not applied)."""
+        self.position.advance(partition, offset)
 
     def _apply_published(self, data: ToolPublished) -> None:
         existing = self._registry.get(data.tool_id, data.version)
@@ -94,18 +90,8 @@ class RegistryView:
         return list(self._registry.tool_ids())
 
     def caught_up_with(self, end_offsets: dict[int, int]) -> bool:
-        """True when every partition's last record (end offset - 1) has been read."""
-        return all(self._positions.get(p, -1) >= end - 1 for p, end in end_offsets.items())
+        return self.position.caught_up_with(end_offsets)
 
     async def catch_up(self, timeout: float) -> bool:
-        if self._end_offsets is None:
-            return True
-        try:
-            async with asyncio.timeout(timeout):
-                target = await self._end_offsets()
-                while not self.caught_up_with(target):
-                    self._advanced.clear()
-                    await self._advanced.wait()
-                return True
-        except TimeoutError:
-            return False
+        """Wait (bounded) until the view has read the topic up to its end offsets now."""
+        return await self.position.catch_up(timeout)

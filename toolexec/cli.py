@@ -3,11 +3,9 @@ success, 1 on a failure carrying an E3xxx code, 2 on bad usage."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import typer
 
-from toolexec import cli_authoring
+from toolexec import bench, cli_authoring, cli_projections, cli_runtime, cli_security
 from toolexec.logs import configure_logging
 from toolexec.settings import Settings
 
@@ -16,16 +14,11 @@ app = typer.Typer(
     help="toolexec: an event-sourced tool execution layer for AI agents.",
 )
 
-# Authoring commands (no running system needed): validate, integrity, lock.
-cli_authoring.register(app)
-
-# --- Runtime commands (up, run, publish) live in toolexec.cli_runtime and register
-# --- themselves here; the guard keeps the CLI usable before that module exists.
-if importlib.util.find_spec("toolexec.cli_runtime"):
-    from toolexec import cli_runtime
-
-    cli_runtime.register(app)
-importlib.import_module("toolexec.bench").register(app)  # toolexec bench (issue 8)
+cli_authoring.register(app)  # validate, integrity, lock: no running system needed
+cli_runtime.register(app)  # up, run, publish
+cli_security.register(app)  # token issue, policy apply, keys
+cli_projections.register(app)  # projections rebuild, search, show, status, audit
+bench.register(app)  # bench
 
 
 @app.callback()

@@ -15,6 +15,7 @@ from rich.console import Console
 from contracts.envelope import Envelope
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
+from toolexec.read_models import start_read_models
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check, collect_sources
@@ -59,12 +60,12 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Stack(settings) as stack:
+    async with Stack(settings, read_models_factory=start_read_models) as stack:
         events = _tool_events(tools, settings)
         await stack.publish_all(events)
         _report_rejections(events)
         write_runtime(settings, {
-            "kafka_bootstrap": stack.bootstrap, "database_url": settings.database_url,
+            "kafka_bootstrap": stack.bootstrap, "database_url": settings.effective_database_url,
             "gateway_url": None,
             "broker_pid": stack.embedded.pid if stack.embedded else None})
         published = sum(1 for e in events if e.type == "tool.published")

@@ -54,10 +54,21 @@ class Settings(BaseSettings):
     """Project tools, published at start."""
     user_tools_dir: Path | None = Field(default_factory=lambda: Path.home() / ".ai" / "tools")
     """User-level tools; None disables them."""
-    require_auth: bool = False
-    """Require an RS256 capability token on every invocation."""
+    require_auth: bool | None = None
+    """Require an RS256 capability token on every invocation; None = the profile
+    default (off embedded, on in production)."""
     token_public_keys: list[Path] = Field(default_factory=list)
-    """PEM files of the RSA public keys accepted for capability tokens (rotation)."""
+    """PEM or JWKS files of the RSA public keys accepted for capability tokens
+    (several for rotation; read again on every verification)."""
+    policy_default: Literal["allow", "deny"] = "allow"
+    """Decision when no Cedar policy was ever applied (with policies, Cedar denies by
+    default)."""
+    decision_cache_ttl_seconds: float = 300.0
+    """How long a policy decision is reused for the same (subject, tool, version,
+    policy version); every policy.updated clears the cache."""
+    sandbox: Literal["auto", "bwrap", "rlimits", "none"] | None = None
+    """Subprocess sandbox; None = the profile default: "auto" embedded (bubblewrap when
+    installed, else rlimits), "bwrap" in production (no bubblewrap -> E3405)."""
     strict_chain: bool = True
     """Fail resolution when a parent does not validate its child."""
     log_json: bool = False
@@ -80,7 +91,7 @@ class Settings(BaseSettings):
     """Largest record toolexec produces; bigger tool publications are rejected (E3105)."""
 
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
-                     mode="before")
+                     "require_auth", "sandbox", mode="before")
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:
         # `TOOLEXEC_KAFKA_BOOTSTRAP=` in a shell or compose file means "not set".
@@ -99,6 +110,18 @@ class Settings(BaseSettings):
         return self.kafka_bootstrap is None
 
     @property
+    def auth_required(self) -> bool:
+        """`require_auth`, or the profile default."""
+        return (not self.embedded) if self.require_auth is None else self.require_auth
+
+    @property
+    def effective_sandbox(self) -> str:
+        """`sandbox`, or the profile default."""
+        if self.sandbox is not None:
+            return self.sandbox
+        return "auto" if self.embedded else "bwrap"
+
+    @property
     def runtime_file(self) -> Path:
         """Where a running `toolexec up` advertises its endpoints."""
         return self.state_dir / "runtime.json"
@@ -109,12 +132,6 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{(self.state_dir / 'toolexec.db').resolve()}"
-
-    def verification_keys(self) -> list[Any]:
-        """RSA public keys loaded from `token_public_keys` (read on each call)."""
-        from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
-        return [load_pem_public_key(path.read_bytes()) for path in self.token_public_keys]
 
 
 def consumer_kwargs(settings: Settings) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
-from consumers import authorize, execute, finalize, resolve
+from consumers import authorize, circuits, execute, finalize, resolve
+from consumers.admission import AttemptGate
 from consumers.claim_store import SqliteClaims
 from consumers.deadletter import DeadLetters
 from consumers.pipeline import (
@@ -32,12 +33,18 @@ from consumers.pipeline import (
     passthrough_decoder,
     pipeline_steps,
 )
+from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
+from consumers.primitives.subprocess_primitive import resolve_sandbox
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode, encode
+from domain.policy import DecisionCache
+from projections.circuit_view import CircuitView
+from projections.policy_view import PolicyView
 from projections.registry_view import RegistryView
+from toolexec import keys
 from toolexec.embedded_broker import EmbeddedBroker, ensure_topics
 from toolexec.settings import Settings, consumer_kwargs
 
@@ -83,6 +90,9 @@ class Stack:
     group_prefix: str = "toolexec"
     execute_workers: int = 32
     registry: RegistryView = field(init=False)
+    circuits: CircuitView = field(init=False)
+    policies: PolicyView = field(init=False)
+    decisions: DecisionCache = field(init=False)
     embedded: EmbeddedBroker | None = field(default=None, init=False)
     broker: KafkaBroker | None = field(default=None, init=False)
     _offsets: AIOKafkaConsumer | None = field(default=None, init=False)
@@ -107,7 +117,7 @@ class Stack:
         await self.stop()
 
     async def start(self) -> None:
-        state = Path(self.settings.state_dir)
+        state = Path(self.settings.state_dir).resolve()  # bwrap binds absolute paths
         state.mkdir(parents=True, exist_ok=True)
         if not self.settings.kafka_bootstrap:
             self.embedded = EmbeddedBroker(topics=TOPIC_PARTITIONS, log_dir=state / "logs")
@@ -117,9 +127,18 @@ class Stack:
         self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
         await self._offsets.start()
         self.registry = RegistryView(end_offsets=self._registry_end_offsets)
+        self.circuits = CircuitView(end_offsets=self._circuits_end_offsets)
+        self.decisions = DecisionCache(ttl_seconds=self.settings.decision_cache_ttl_seconds)
+        self.policies = PolicyView(validate=compile_policies, to_text=cedar_text_from_json,
+                                   end_offsets=self._policies_end_offsets)
+        self.policies.on_change(self.decisions.clear)
+        if self.settings.embedded:
+            keys.ensure_dev_keys(state)
         self.broker = KafkaBroker(self.bootstrap, apply_types=False, decoder=passthrough_decoder,
                                   linger_ms=0, logger=None, graceful_timeout=10)
         self._attach_registry(self.broker)
+        self._attach_circuits(self.broker)
+        self._attach_policies(self.broker)
         if self.run_consumers:
             self._attach_pipeline(self.broker, state)
         await start_concurrently(self.broker)
@@ -165,30 +184,52 @@ class Stack:
             await self.publish(envelope)
 
     async def _registry_end_offsets(self) -> dict[int, int]:
+        return await self._end_offsets(topics.REGISTRY)
+
+    async def _circuits_end_offsets(self) -> dict[int, int]:
+        return await self._end_offsets(topics.CIRCUITS)
+
+    async def _policies_end_offsets(self) -> dict[int, int]:
+        return await self._end_offsets(topics.POLICIES)
+
+    async def _end_offsets(self, topic: str) -> dict[int, int]:
         assert self._offsets is not None
-        partitions = self._offsets.partitions_for_topic(topics.REGISTRY) or {0}
-        tps = [TopicPartition(topics.REGISTRY, p) for p in partitions]
+        partitions = self._offsets.partitions_for_topic(topic) or {0}
+        tps = [TopicPartition(topic, p) for p in partitions]
         ends = await self._offsets.end_offsets(tps)
         return {tp.partition: offset for tp, offset in ends.items()}
 
     def _attach_registry(self, broker: KafkaBroker) -> None:
-        view = self.registry
+        self._attach_view(broker, topics.REGISTRY, self.registry,
+                          ("tool.published", "tool.lifecycle.changed"))
 
+    def _attach_circuits(self, broker: KafkaBroker) -> None:
+        self._attach_view(broker, topics.CIRCUITS, self.circuits, ("circuit.state.changed",))
+
+    def _attach_policies(self, broker: KafkaBroker) -> None:
+        self._attach_view(broker, topics.POLICIES, self.policies, ("policy.updated",))
+
+    def _attach_view(self, broker: KafkaBroker, topic: str, view: Any,
+                     types: tuple[str, ...]) -> None:
+        """Every process folds the whole topic into `view`, outside any consumer group.
+        Records of other types only advance the view's position."""
         fetch_wait = consumer_kwargs(self.settings)["fetch_max_wait_ms"]
 
-        @broker.subscriber(topics.REGISTRY, group_id=None, auto_offset_reset="earliest",
+        @broker.subscriber(topic, group_id=None, auto_offset_reset="earliest",
                            ack_policy=AckPolicy.MANUAL, fetch_max_wait_ms=fetch_wait)
-        async def fold_registry(message: Any) -> None:
+        async def fold(message: Any) -> None:
             record = message.raw_message
-            if header_type(record.headers) in ("tool.published", "tool.lifecycle.changed"):
+            if header_type(record.headers) in types:
                 try:
                     view.apply(decode(record.key, record.value, record.headers))
                 except UndecodableRecord as bad:
-                    log.warning("registry.undecodable", offset=record.offset, error=bad.error.code)
+                    log.warning("view.undecodable", topic=topic, offset=record.offset,
+                                error=bad.error.code)
             view.advance(record.partition, record.offset)
 
     def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
-        self._primitives = Primitives(ContentStore(state / "cas"), state / "work")
+        self._primitives = Primitives(ContentStore(state / "cas"), state / "work",
+                                      sandbox=resolve_sandbox(self.settings.effective_sandbox))
         self._claims = SqliteClaims(state / "claims.sqlite3", owner=f"executor-{uuid.uuid4()}")
         publish = self.publish
         env_snapshot = dict(os.environ)
@@ -198,15 +239,21 @@ class Stack:
                 strict_chain=self.settings.strict_chain,
                 registry_wait_seconds=self.settings.registry_wait_seconds),
             authorize=authorize.AuthorizeDeps(
-                publish=publish, clock=utc_now, require_auth=self.settings.require_auth,
-                public_keys=lambda: self.settings.verification_keys(),
-                pending=authorize.PendingTokens()),
+                publish=publish, clock=utc_now, require_auth=self.settings.auth_required,
+                public_keys=lambda: keys.verification_keys(self.settings),
+                pending=authorize.PendingTokens(), registry=self.registry,
+                policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
+                default_decision=self.settings.policy_default),
             execute=execute.ExecuteDeps(
                 registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
-                claims=self._claims, secrets=env_snapshot.get, random=random.random),
+                claims=self._claims, secrets=env_snapshot.get, random=random.random,
+                gate=AttemptGate(circuits=self.circuits)),
             finalize=finalize.FinalizeDeps(publish=publish, clock=utc_now),
             dead_letters=DeadLetters(publish, utc_now),
             clock=utc_now,
+            circuits=circuits.CircuitDeps(
+                publish=publish, registry=self.registry,
+                book=circuits.CircuitBook(self.circuits), clock=utc_now),
         )
         options = consumer_kwargs(self.settings)
         for step in pipeline_steps(deps, group_prefix=self.group_prefix,

@@ -38,6 +38,14 @@ as OOM; the cost is that a C program that crashes on a failed allocation of
 untouched (virtual, not resident) memory is reported as a crash.
 CPU time (SIGXCPU, or SIGKILL past the hard CPU limit) and file size (SIGXFSZ)
 limits are reported as E3407.
+
+Sandboxes (`sandbox=`): "bwrap" runs the tool inside bubblewrap (see
+consumers.primitives.bubblewrap) with the same rlimits, set by prlimit outside it;
+"rlimits" applies rlimits only; "none" nothing. A sandbox that cannot be set up (bwrap
+missing, or bwrap itself failing before the tool starts) fails the run closed with
+E3405; falling back is the operator's explicit choice ("auto" via `resolve_sandbox`).
+Under bwrap a tool killed by signal N is seen as exit status 128+N (bwrap's init
+reports it so) and is mapped back to the signal.
 """
 
 from __future__ import annotations
@@ -58,12 +66,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from consumers.primitives import bubblewrap
 from consumers.primitives.file_store import ContentStore, relative_parts
 from domain.errors import ExecutionError, ToolexecError, ValidationFailed
 from domain.model import PrimitiveOutcome, ResourceLimits, SubprocessPlan
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-SANDBOXES: frozenset[str] = frozenset({"rlimits", "none"})
+SANDBOXES: frozenset[str] = frozenset({"bwrap", "rlimits", "none"})
+BWRAP_DEFAULT_MAX_PROCESSES = 512
+_BWRAP_SETUP_FAILURE = b"bwrap: "
 STDERR_TAIL_BYTES = 2048
 _OOM_SCAN_BYTES = 4096
 _READ_SIZE = 65536
@@ -83,6 +94,14 @@ _PRLIMIT_OPTIONS: dict[int, str] = {
     resource.RLIMIT_AS: "as", resource.RLIMIT_CPU: "cpu", resource.RLIMIT_NOFILE: "nofile",
     resource.RLIMIT_FSIZE: "fsize", resource.RLIMIT_NPROC: "nproc",
 }
+
+
+def resolve_sandbox(requested: str) -> str:
+    """The sandbox to run with: "auto" is "bwrap" when bubblewrap is installed and
+    "rlimits" otherwise; any other name is taken as it is (checked at run time)."""
+    if requested == "auto":
+        return "bwrap" if bubblewrap.bwrap_binary() is not None else "rlimits"
+    return requested
 
 
 async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
@@ -107,8 +126,9 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
     try:
         store.materialise(plan.files, workdir)
         cwd = _working_directory(workdir, cwd_parts)
-        process = _ToolProcess(_spawn(plan.argv, _environment(plan, workdir), cwd, rlimits),
-                               plan.limits)
+        env = _environment(plan, workdir)
+        wrapper = _sandbox_wrapper(sandbox, plan, workdir, cwd, env)
+        process = _ToolProcess(_spawn(plan.argv, env, cwd, rlimits, wrapper), plan.limits)
         return await _supervise(process, stdin, plan, started, sandbox)
     except ToolexecError as error:
         return _failed(error, started, sandbox)
@@ -125,6 +145,8 @@ async def _supervise(process: _ToolProcess, stdin: bytes, plan: SubprocessPlan,
         process.send_stdin(stdin)
         timed_out = not await process.wait(plan.timeout_seconds)
         status, usage = process.exit_status()
+        if sandbox == "bwrap":
+            status = _unwrap_bwrap_status(status, process.stderr)
         error = _error_for(status, usage, timed_out, process.stderr, plan)
         return PrimitiveOutcome(
             ok=error is None,
@@ -156,13 +178,16 @@ def _rlimits_for(limits: ResourceLimits, sandbox: str) -> tuple[RLimit, ...]:
     if sandbox == "none":
         return ()
     cpu = limits.cpu_seconds
+    processes = limits.max_processes
+    if sandbox == "bwrap" and processes is None:
+        processes = BWRAP_DEFAULT_MAX_PROCESSES
     wanted = (
         (resource.RLIMIT_AS, limits.memory_bytes, limits.memory_bytes),
         # soft < hard: SIGXCPU first (reported as E3407), SIGKILL a second later
         (resource.RLIMIT_CPU, cpu, None if cpu is None else cpu + 1),
         (resource.RLIMIT_NOFILE, limits.max_open_files, limits.max_open_files),
         (resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes),
-        (resource.RLIMIT_NPROC, limits.max_processes, limits.max_processes),
+        (resource.RLIMIT_NPROC, processes, processes),
     )
     return tuple(_capped(kind, soft, hard) for kind, soft, hard in wanted
                  if soft is not None and hard is not None)
@@ -214,17 +239,51 @@ def _prlimit_binary() -> str | None:
     return shutil.which("prlimit", path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin")
 
 
+def _sandbox_wrapper(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
+                     env: dict[str, str]) -> list[str]:
+    """The argv prefix that puts the tool in its sandbox ([] without one)."""
+    if sandbox != "bwrap":
+        return []
+    try:
+        prefix = bubblewrap.bwrap_prefix(
+            workdir, cwd, plan.argv[0] if plan.argv else "", env["PATH"],
+            share_net=bubblewrap.network_allowed(plan.network))
+        bubblewrap.hand_over(workdir)
+    except OSError as error:
+        raise ExecutionError(f"the bwrap sandbox cannot be set up: {error}", code="E3405",
+                             details={"sandbox": sandbox}) from error
+    return prefix
+
+
+def _unwrap_bwrap_status(status: int | None, stderr: _Capture) -> int | None:
+    """bwrap reports a tool killed by signal N as exit 128+N: give the signal back.
+    A failure of bwrap itself (exit 1, "bwrap: ..." on stderr) raises E3405."""
+    if status is None or not os.WIFEXITED(status):
+        return status
+    code = os.WEXITSTATUS(status)
+    if code == 1 and bytes(stderr.data[:len(_BWRAP_SETUP_FAILURE)]) == _BWRAP_SETUP_FAILURE:
+        raise ExecutionError("the bwrap sandbox could not be set up: "
+                             + bytes(stderr.data[:500]).decode("utf-8", "replace").strip(),
+                             code="E3405", details={"sandbox": "bwrap"})
+    if 128 < code < 128 + 65:
+        return code - 128  # a raw wait status for "killed by signal code-128"
+    return status
+
+
 def _launch(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
-            rlimits: tuple[RLimit, ...]) -> tuple[list[str], Callable[[], None] | None]:
+            rlimits: tuple[RLimit, ...],
+            wrapper: list[str]) -> tuple[list[str], Callable[[], None] | None]:
     """The argv to exec and the preexec_fn (None when prlimit applies the limits)."""
+    if wrapper:
+        _require_executable(argv[0], env["PATH"], cwd)  # bwrap would only say "exit 1"
     if not rlimits:
-        return list(argv), None
-    wrapper = _prlimit_binary()
-    if wrapper is None:
-        return list(argv), functools.partial(_apply_rlimits, rlimits)
+        return [*wrapper, *argv], None
+    prlimit = _prlimit_binary()
+    if prlimit is None:
+        return [*wrapper, *argv], functools.partial(_apply_rlimits, rlimits)
     _require_executable(argv[0], env["PATH"], cwd)  # prlimit would only say "exit 127"
     options = [f"--{_PRLIMIT_OPTIONS[kind]}={soft}:{hard}" for kind, soft, hard in rlimits]
-    return [wrapper, *options, "--", *argv], None
+    return [prlimit, *options, "--", *wrapper, *argv], None
 
 
 def _require_executable(program: str, path: str, cwd: Path) -> None:
@@ -236,10 +295,10 @@ def _require_executable(program: str, path: str, cwd: Path) -> None:
 
 
 def _spawn(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
-           rlimits: tuple[RLimit, ...]) -> subprocess.Popen[bytes]:
+           rlimits: tuple[RLimit, ...], wrapper: list[str]) -> subprocess.Popen[bytes]:
     if not argv:
         raise ExecutionError("the plan has an empty argv", code="E3401")
-    command, preexec = _launch(argv, env, cwd, rlimits)
+    command, preexec = _launch(argv, env, cwd, rlimits, wrapper)
     try:
         return subprocess.Popen(  # noqa: S603 - an argv list, never a shell
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

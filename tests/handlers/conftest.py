@@ -74,6 +74,10 @@ class Harness:
     settings: dict[str, Any]
     events: list[Envelope] = field(default_factory=list)
     deadletters: list[dict[str, Any]] = field(default_factory=list)
+    fail_once: set[str] = field(default_factory=set)
+    """Event types whose next publish raises, as if the process died right there."""
+    sleeps_fail: int = 0
+    """How many of the next backoff sleeps raise (a crash while waiting to retry)."""
 
     async def request(self, tool_id: str, params: Mapping[str, Any] | None = None, *,
                       version_range: str = "*", token: str | None = None,
@@ -124,6 +128,9 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
     harness = Harness(broker, registry, runner, claims, {"require_auth": require_auth})
 
     async def publish(envelope: Envelope) -> None:
+        if envelope.type in harness.fail_once:
+            harness.fail_once.discard(envelope.type)
+            raise ConnectionError(f"injected: publishing {envelope.type} failed")
         # Recorded before it is delivered: the in-memory broker runs subscribers
         # nested inside publish, so this keeps the causal order of the log.
         if envelope.type == "deadletter.recorded":
@@ -135,6 +142,11 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
     def clock() -> datetime:
         return FIXED_NOW
 
+    async def sleep(seconds: float) -> None:
+        if harness.sleeps_fail:
+            harness.sleeps_fail -= 1
+            raise ConnectionError("injected: the executor died while backing off")
+
     deps = PipelineDeps(
         resolve=resolve.ResolveDeps(registry=registry, publish=publish, clock=clock),
         authorize=authorize.AuthorizeDeps(publish=publish, clock=clock, require_auth=require_auth,
@@ -142,7 +154,7 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
                                           pending=authorize.PendingTokens()),
         execute=execute.ExecuteDeps(registry=registry, publish=publish, clock=clock,
                                     runner=runner, claims=claims, secrets=lambda name: None,
-                                    random=lambda: 0.0, sleep=_no_sleep),
+                                    random=lambda: 0.0, sleep=sleep),
         finalize=finalize.FinalizeDeps(publish=publish, clock=clock),
         dead_letters=DeadLetters(publish, clock),
         clock=clock,
@@ -158,10 +170,6 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
             await process_record(message.raw_message, step, deps)
 
     return harness, broker
-
-
-async def _no_sleep(seconds: float) -> None:
-    return None
 
 
 @pytest_asyncio.fixture

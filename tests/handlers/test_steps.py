@@ -156,6 +156,35 @@ async def test_abandoned_attempt_of_an_idempotent_tool_is_run_again(harness: Har
     assert harness.terminal(invocation).type == "tool.invoke.completed"
 
 
+async def test_conclusion_stored_but_not_published_is_published_on_redelivery(
+        harness: Harness) -> None:
+    # The executor stored the attempt's conclusion and died before publishing it:
+    # the next delivery publishes that same event, and the tool does not run again.
+    harness.fail_once.add("tool.execution.finished")
+    invocation = await harness.request("py_echo", {"text": "x"})
+    assert len(harness.runner.plans) == 1
+    assert harness.terminal(invocation).type == "tool.invoke.completed"
+    assert len(harness.of(invocation, "tool.execution.finished")) == 1
+    assert harness.deadletters == []
+
+
+async def test_crash_while_backing_off_goes_on_with_the_next_attempt(harness: Harness) -> None:
+    tool = harness.registry.get("py_echo", "1.0.0")
+    harness.registry.add(seal_variant(tool, version="1.2.0",
+                                      retry_policy={"max_attempts": 2}))
+    harness.runner.queue.append(PrimitiveOutcome(ok=False, error={"code": "E3502",
+                                                                  "message": "unavailable"}))
+    harness.sleeps_fail = 1
+    invocation = await harness.request("py_echo", {"text": "x"})
+    assert len(harness.runner.plans) == 2
+    attempts = [(e.data.attempt, e.data.final)
+                for e in harness.of(invocation, "tool.execution.finished")]
+    assert attempts == [(1, False), (1, False), (2, True)]  # attempt 1 republished, same id
+    first, again = harness.of(invocation, "tool.execution.finished")[:2]
+    assert first.id == again.id
+    assert harness.terminal(invocation).type == "tool.invoke.completed"
+
+
 async def _claim_as_dead_executor(harness: Harness, key: str) -> None:
     dead = InMemoryClaims("dead-executor", rows=harness.claims.rows)
     await dead.claim(key, now=0.0, lease_seconds=1.0)

@@ -71,7 +71,10 @@ def _api_tool(tmp: Path, host: str) -> Path:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(tmp_path_factory: pytest.TempPathFactory, http_server: str) -> AsyncIterator[Stack]:
     state = tmp_path_factory.mktemp("state")
-    settings = Settings(state_dir=state, tools_dir=state / "none", user_tools_dir=None)
+    # rlimits: some tools here report to files on the host (process-group checks read
+    # host pids); the bubblewrap sandbox has its own tests (tests/security).
+    settings = Settings(state_dir=state, tools_dir=state / "none", user_tools_dir=None,
+                        sandbox="rlimits")
     async with Stack(settings, group_prefix=f"t{uuid.uuid4().hex[:6]}") as running:
         now = datetime.now(UTC)
         sources = load_builtin_sources() + [

@@ -29,7 +29,8 @@ async def test_two_replicas_give_every_invocation_exactly_one_terminal_event(
                            user_tools_dir=None), group_prefix=group)
     await first.start()
     second = Stack(Settings(state_dir=tmp_path / "b", tools_dir=tmp_path / "none",
-                            user_tools_dir=None, kafka_bootstrap=first.bootstrap),
+                            user_tools_dir=None, kafka_bootstrap=first.bootstrap,
+                            require_auth=False, sandbox="auto"),
                    group_prefix=group)
     try:
         await second.start()

@@ -54,3 +54,32 @@ async def test_sqlite_claims_survive_a_restart_and_expire(tmp_path: Path) -> Non
     assert (await after.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.ABANDONED
     await after.take_over("i/1", now=late, lease_seconds=1)
     assert (await after.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.RUNNING_HERE
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+async def test_finished_claim_keeps_its_conclusion_across_restarts(store_kind: str,
+                                                                   tmp_path: Path) -> None:
+    rows: dict[str, ClaimRecord] = {}
+
+    def store(owner: str) -> InMemoryClaims | SqliteClaims:
+        return (InMemoryClaims(owner, rows) if store_kind == "memory"
+                else SqliteClaims(tmp_path / "claims.sqlite3", owner=owner))
+
+    before = store("old")
+    await before.claim("i/1", now=0, lease_seconds=1)
+    await before.finish("i/1", b'{"the": "event"}')
+    found = await store("new").claim("i/1", now=1e9, lease_seconds=1)
+    assert found.status is ClaimStatus.FINISHED
+    assert found.record is not None and found.record.conclusion == b'{"the": "event"}'
+
+
+def test_a_store_written_before_conclusions_were_kept_is_upgraded(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "claims.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.execute("CREATE TABLE claims (key TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+                    "lease_until REAL NOT NULL, finished INTEGER NOT NULL DEFAULT 0)")
+        old.execute("INSERT INTO claims VALUES ('i/1', 'a', 0, 1)")
+    store = SqliteClaims(path, owner="b")
+    assert store._claim("i/1", 1.0, 1.0).record.conclusion is None

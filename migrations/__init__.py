@@ -1,0 +1,1 @@
+"""Alembic history of the projection store (one history: SQLite and PostgreSQL)."""

@@ -1,0 +1,153 @@
+"""Audit records as pure values: the redacted CloudEvent document and its hash chain.
+
+The document is a CloudEvents 1.0 JSON (structured mode) with its `data` and
+`subject` redacted (domain.redaction: secret field names, e-mail, phone, card, SSN,
+IP). The capability token never enters it: only its subject and jti do, as the
+extensions ``capsubject`` and ``capjti``. File contents of `tool.published` are
+left out (each file's sha256 stays; the log and the executors' store hold the bytes).
+
+Each record's hash is ``sha256(prev_hash || RFC 8785 JSON of every other column of
+the record, the document parsed)``, so editing any stored value breaks it; the first
+record of a partition chains from `GENESIS`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import rfc8785
+
+from contracts.envelope import Envelope
+from contracts.events import dataschema_uri
+from domain.redaction import redact
+from projections.tables import iso
+
+GENESIS: Final = "0" * 64
+KEPT_EXTENSIONS: Final = frozenset({"traceparent", "tracestate"})
+_SAFE_INT: Final = 2**53 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One audit row's values, before or after storage."""
+
+    topic: str
+    partition: int
+    offset: int
+    event_id: str
+    type: str
+    time: str
+    invocation_id: str | None
+    tool_id: str | None
+    document: str
+    redactions: int
+    prev_hash: str
+    hash: str
+
+    def as_row(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def captoken_identity(envelope: Envelope) -> tuple[str | None, str | None]:
+    """(sub, jti) read from the ``captoken`` extension's JWT payload, unverified: for
+    the record only; authorization verifies the token, this never trusts it."""
+    token = envelope.extensions.get("captoken")
+    if not token:
+        return None, None
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return None, None
+    if not isinstance(claims, dict):
+        return None, None
+    sub, jti = claims.get("sub"), claims.get("jti")
+    return (sub if isinstance(sub, str) else None), (jti if isinstance(jti, str) else None)
+
+
+def audit_document(envelope: Envelope) -> tuple[dict[str, Any], int]:
+    """The redacted CloudEvent document of `envelope` and how many values were redacted."""
+    data = envelope.data.model_dump(mode="json")
+    if envelope.type == "tool.published":
+        data["files"] = [{k: v for k, v in f.items() if k != "content_b64gz"}
+                         for f in data.get("files", [])]
+    redacted_data = redact(data)
+    count = redacted_data.count
+    document: dict[str, Any] = {
+        "specversion": "1.0", "id": envelope.id, "source": envelope.source,
+        "type": envelope.type, "time": iso(envelope.time),
+        "datacontenttype": "application/json",
+        "dataschema": dataschema_uri(envelope.type, envelope.data.SCHEMA_VERSION),
+        "correlationid": envelope.correlationid, "partitionkey": envelope.partitionkey,
+    }
+    if envelope.causationid is not None:
+        document["causationid"] = envelope.causationid
+    if envelope.subject is not None:
+        subject = redact(envelope.subject)
+        document["subject"], count = subject.value, count + subject.count
+    for name, value in envelope.extensions.items():
+        if name == "captoken":
+            continue
+        if name in KEPT_EXTENSIONS:
+            document[name] = value
+        else:
+            kept = redact({name: value})
+            document[name], count = kept.value[name], count + kept.count
+    sub, jti = captoken_identity(envelope)
+    if sub is not None:
+        document["capsubject"] = sub
+    if jti is not None:
+        document["capjti"] = jti
+    document["data"] = redacted_data.value
+    return _json_safe(document), count
+
+
+def canonical(value: Any) -> bytes:
+    """RFC 8785 canonical JSON bytes of `value`."""
+    return rfc8785.dumps(value)
+
+
+HASHED_COLUMNS: Final = ("topic", "partition", "offset", "event_id", "type", "time",
+                          "invocation_id", "tool_id", "redactions")
+
+
+def chain_hash(prev_hash: str, columns: Mapping[str, Any], document: Any) -> str:
+    """The hash of one audit record (its `HASHED_COLUMNS` and parsed document) given its
+    predecessor's hash."""
+    body = canonical({**{name: columns[name] for name in HASHED_COLUMNS},
+                      "document": document})
+    return hashlib.sha256(prev_hash.encode("ascii") + body).hexdigest()
+
+
+def audit_entry(envelope: Envelope, *, topic: str, partition: int, offset: int,
+                prev_hash: str) -> AuditEntry:
+    """The audit record of one log record, chained after `prev_hash` (pure)."""
+    document, count = audit_document(envelope)
+    data: Any = envelope.data
+    columns = {"topic": topic, "partition": partition, "offset": offset,
+               "event_id": envelope.id, "type": envelope.type, "time": document["time"],
+               "invocation_id": getattr(data, "invocation_id", None),
+               "tool_id": getattr(data, "tool_id", None), "redactions": count}
+    return AuditEntry(**columns, document=canonical(document).decode("utf-8"),
+                      prev_hash=prev_hash, hash=chain_hash(prev_hash, columns, document))
+
+
+def _json_safe(value: Any) -> Any:
+    """Values RFC 8785 can encode: huge integers become text, NaN/inf become null."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and abs(value) > _SAFE_INT:
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

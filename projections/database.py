@@ -1,0 +1,76 @@
+"""The projection store's engine and its schema migration (Alembic, one history).
+
+URLs are taken as users write them and mapped to the async drivers: ``sqlite:`` ->
+``sqlite+aiosqlite:``, ``postgresql:`` / ``postgres:`` -> ``postgresql+psycopg:``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+
+def _migrations_dir() -> Path:
+    try:
+        import migrations
+    except ImportError:  # an editable install that does not list the package yet
+        return Path(__file__).resolve().parent.parent / "migrations"
+    return Path(migrations.__file__).resolve().parent
+
+
+MIGRATIONS_DIR = _migrations_dir()
+SQLITE_BUSY_TIMEOUT_S = 30
+
+
+def async_url(url: str) -> str:
+    """`url` with an async driver named (aiosqlite, psycopg)."""
+    for plain, driver in (("sqlite://", "sqlite+aiosqlite://"),
+                          ("postgresql://", "postgresql+psycopg://"),
+                          ("postgres://", "postgresql+psycopg://")):
+        if url.startswith(plain):
+            return driver + url[len(plain):]
+    return url
+
+
+def make_engine(url: str, **options: Any) -> AsyncEngine:
+    """An async engine for `url`; SQLite gets WAL and a busy timeout (one writer)."""
+    url = async_url(url)
+    if url.startswith("sqlite"):
+        engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+                                     **options)
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_async_engine(url, pool_pre_ping=True, **options)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """Alembic configuration of the one history in `migrations/`."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", async_url(url).replace("%", "%%"))
+    return config
+
+
+async def migrate(engine: AsyncEngine, revision: str = "head") -> None:
+    """Upgrade the store behind `engine` to `revision` (idempotent)."""
+    config = alembic_config()
+    async with engine.begin() as conn:
+        await conn.run_sync(_upgrade, config, revision)
+
+
+def _upgrade(connection: Connection, config: Config, revision: str) -> None:
+    config.attributes["connection"] = connection
+    command.upgrade(config, revision)

@@ -1,0 +1,118 @@
+"""The invocations read model: one row per invocation, folded from `toolexec.invocations`.
+
+Status moves requested -> resolved -> authorized -> running -> completed | failed and
+never leaves a terminal state; every event also lands in the row's timeline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from contracts import topics
+from contracts.envelope import Envelope
+from contracts.events import (
+    ChainResolved,
+    ExecutionFinished,
+    ExecutionStarted,
+    InvokeCancelRequested,
+    InvokeCompleted,
+    InvokeFailed,
+    InvokeRequested,
+    PermissionDecided,
+)
+from domain.redaction import redact
+from projections.audit_document import captoken_identity
+from projections.store import AggregateModel, Row, single_row
+from projections.tables import invocations, iso
+
+NAME = "invocations"
+TERMINAL = frozenset({"completed", "failed"})
+RESULT_SUMMARY_CHARS = 500
+
+
+def new_invocation(invocation_id: str, at: str) -> Row:
+    """The row of an invocation known only by id (its first event may not be the request)."""
+    return {"invocation_id": invocation_id, "status": "requested", "tool_id": None,
+            "version_range": None, "version": None, "subject": None, "requested_by": None,
+            "attempts": 0, "duration_ms": None, "error_code": None, "error_message": None,
+            "failed_stage": None, "result_summary": None, "cancel_requested": False,
+            "timeline": [], "requested_at": None, "updated_at": at, "finished_at": None}
+
+
+def evolve_invocation(row: Row | None, envelope: Envelope) -> Row | None:
+    """Fold one invocation event into the invocation's row (pure)."""
+    data: Any = envelope.data
+    invocation_id = getattr(data, "invocation_id", None)
+    if invocation_id is None:
+        return row
+    at = iso(envelope.time)
+    new = dict(row) if row is not None else new_invocation(invocation_id, at)
+    new["timeline"] = [*new["timeline"], _timeline_entry(envelope)]
+    new["updated_at"] = max(new["updated_at"], at)
+    if getattr(data, "tool_id", None) and new["tool_id"] is None:
+        new["tool_id"] = data.tool_id
+    if getattr(data, "version", None) and not isinstance(data, InvokeRequested):
+        new["version"] = data.version
+    _apply(new, envelope, at)
+    return new
+
+
+def _apply(row: Row, envelope: Envelope, at: str) -> None:
+    data: Any = envelope.data
+    terminal = row["status"] in TERMINAL
+    if isinstance(data, InvokeRequested):
+        row.update(version_range=data.version_range, requested_by=data.requested_by,
+                   requested_at=at, tool_id=data.tool_id)
+        row["subject"] = row["subject"] or captoken_identity(envelope)[0]
+    elif isinstance(data, ChainResolved) and not terminal:
+        row["status"] = "resolved"
+    elif isinstance(data, PermissionDecided):
+        row["subject"] = data.subject or row["subject"]
+        if data.decision == "allow" and not terminal:
+            row["status"] = "authorized"
+    elif isinstance(data, ExecutionStarted):
+        row["attempts"] = max(row["attempts"], data.attempt)
+        if not terminal:
+            row["status"] = "running"
+    elif isinstance(data, ExecutionFinished):
+        row["attempts"] = max(row["attempts"], data.attempt)
+        row["duration_ms"] = data.duration_ms
+    elif isinstance(data, InvokeCompleted) and not terminal:
+        row.update(status="completed", attempts=data.attempts, duration_ms=data.duration_ms,
+                   result_summary=_summary(data.result), finished_at=at)
+    elif isinstance(data, InvokeFailed) and not terminal:
+        row.update(status="failed", error_code=data.error.code,
+                   error_message=redact(data.error.message).value, failed_stage=data.stage,
+                   finished_at=at)
+    elif isinstance(data, InvokeCancelRequested):
+        row["cancel_requested"] = True
+
+
+def _timeline_entry(envelope: Envelope) -> dict[str, Any]:
+    data: Any = envelope.data
+    entry: dict[str, Any] = {"type": envelope.type, "time": iso(envelope.time), "id": envelope.id}
+    for name in ("attempt", "decision", "outcome", "stage"):
+        value = getattr(data, name, None)
+        if value is not None:
+            entry[name] = value
+    error = getattr(data, "error", None)
+    if error is not None:
+        entry["error_code"] = error.code
+    return entry
+
+
+def _summary(result: Any) -> str:
+    text = json.dumps(redact(result).value, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= RESULT_SUMMARY_CHARS else text[:RESULT_SUMMARY_CHARS - 1] + "…"
+
+
+def _invocation_of(envelope: Envelope) -> str | None:
+    return getattr(envelope.data, "invocation_id", None)
+
+
+def invocations_model() -> AggregateModel:
+    """The invocations read model, ready for a runner."""
+    return AggregateModel(name=NAME, topics=(topics.INVOCATIONS,), tables=(invocations,),
+                          key_column="invocation_id", aggregate_of=_invocation_of,
+                          fold=single_row(invocations, evolve_invocation))

@@ -1,0 +1,278 @@
+"""The projection runner: feeds one read model from its topics, exactly once per event.
+
+No consumer group: the runner assigns itself every partition of its topics and seeks
+to the offsets stored in the database. Each batch (up to `batch_size` records) is one
+transaction holding the rows, the applied event ids and the next offsets, so a crash
+anywhere leaves either all of a batch or none of it. Offsets are written first and
+only if they still hold the values this runner read (optimistic concurrency): a
+second runner or a rebuild working on the same read model makes one of them back off
+and re-read its position instead of applying a batch twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from sqlalchemy import and_, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from contracts.kafka_binding import UndecodableRecord, decode
+from projections.store import ReadModel, Record, chunks
+from projections.tables import projection_applied, projection_offsets
+
+log = structlog.get_logger(__name__)
+
+BATCH_SIZE = 500
+RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+class OffsetConflict(Exception):
+    """The stored offsets moved under this runner (another runner, or a rebuild)."""
+
+
+@dataclass
+class RunnerStats:
+    """Counters since the runner opened."""
+
+    records: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    undecodable: int = 0
+    batches: int = 0
+
+
+class ProjectionRunner:
+    """Consumes `model.topics` into `model` on `engine`; `start()` runs it in the background."""
+
+    def __init__(self, engine: AsyncEngine, model: ReadModel, bootstrap: str, *,
+                 consumer_options: Mapping[str, Any] | None = None,
+                 batch_size: int = BATCH_SIZE, poll_ms: int = 100) -> None:
+        self.engine = engine
+        self.model = model
+        self.stats = RunnerStats()
+        self._bootstrap = bootstrap
+        self._options = {"fetch_max_wait_ms": 100, **{
+            k: v for k, v in (consumer_options or {}).items() if k == "fetch_max_wait_ms"}}
+        self._batch_size = batch_size
+        self._poll_ms = poll_ms
+        self._consumer: AIOKafkaConsumer | None = None
+        self._partitions: list[TopicPartition] = []
+        self._positions: dict[TopicPartition, int | None] = {}
+        self._moved = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.failure: BaseException | None = None
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def open(self) -> None:
+        """Connect, assign every partition of the model's topics, seek to stored offsets."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
+                                    enable_auto_commit=False, auto_offset_reset="earliest",
+                                    **self._options)
+        await consumer.start()
+        self._consumer = consumer
+        known = await consumer.topics()
+        self._partitions = sorted(
+            (TopicPartition(topic, p) for topic in self.model.topics if topic in known
+             for p in consumer.partitions_for_topic(topic) or ()),
+            key=lambda tp: (tp.topic, tp.partition))
+        consumer.assign(self._partitions)
+        await self._seek_to_stored()
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+    async def start(self) -> None:
+        """Open and run in the background until `stop()`."""
+        await self.open()
+        self._task = asyncio.create_task(self._run(), name=f"projection-{self.name}")
+
+    async def stop(self) -> None:
+        """Stop the loop (a batch in flight is rolled back) and disconnect."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.close()
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self.step()
+                failures = 0
+            except (OffsetConflict, DBAPIError) as error:
+                # Transient or concurrent: back off, re-read the stored position, go on.
+                delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+                failures += 1
+                log.warning("projection.retry", projection=self.name, error=str(error)[:300],
+                            delay=delay)
+                await asyncio.sleep(delay)
+                await self._seek_to_stored()
+            except Exception as error:
+                self.failure = error
+                log.exception("projection.failed", projection=self.name)
+                raise
+
+    # -- one batch --------------------------------------------------------------------
+    async def step(self) -> int:
+        """Fetch one batch and apply it in one transaction; returns records consumed."""
+        assert self._consumer is not None, "runner not open"
+        fetched = await self._consumer.getmany(timeout_ms=self._poll_ms,
+                                               max_records=self._batch_size)
+        batch = [(tp, fetched[tp]) for tp in sorted(fetched, key=lambda t: (t.topic, t.partition))
+                 if fetched[tp]]
+        if not batch:
+            return 0
+        try:
+            async with self.engine.begin() as conn:
+                applied = await self._apply(conn, batch)
+        except BaseException:
+            await self._seek_to_stored()
+            raise
+        async with self._moved:
+            for tp, records in batch:
+                self._positions[tp] = records[-1].offset + 1
+            self._moved.notify_all()
+        count = sum(len(records) for _, records in batch)
+        self.stats.records += count
+        self.stats.applied += applied
+        self.stats.batches += 1
+        return count
+
+    async def _apply(self, conn: AsyncConnection,
+                     batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]) -> int:
+        await self._write_offsets(conn, {tp: records[-1].offset + 1 for tp, records in batch})
+        decoded = [r for tp, records in batch for r in self._decoded(tp, records)]
+        fresh = await self._unseen(conn, decoded)
+        if fresh:
+            await conn.execute(insert(projection_applied), [
+                {"consumer": self.name, "event_id": r.envelope.id} for r in fresh])
+            await self.model.apply(conn, fresh)
+        return len(fresh)
+
+    def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
+        out = []
+        for record in records:
+            try:
+                envelope = decode(record.key, record.value, record.headers)
+            except UndecodableRecord as bad:
+                self.stats.undecodable += 1
+                log.warning("projection.undecodable", projection=self.name, topic=tp.topic,
+                            partition=tp.partition, offset=record.offset, code=bad.error.code,
+                            reason=bad.error.message)
+                continue
+            out.append(Record(tp.topic, tp.partition, record.offset, envelope))
+        return out
+
+    async def _unseen(self, conn: AsyncConnection, records: list[Record]) -> list[Record]:
+        ids = sorted({r.envelope.id for r in records})
+        seen: set[str] = set()
+        for chunk in chunks(ids):
+            result = await conn.execute(select(projection_applied.c.event_id).where(and_(
+                projection_applied.c.consumer == self.name,
+                projection_applied.c.event_id.in_(chunk))))
+            seen.update(result.scalars())
+        fresh = []
+        for record in records:
+            if record.envelope.id in seen:
+                self.stats.duplicates += 1
+                continue
+            seen.add(record.envelope.id)
+            fresh.append(record)
+        return fresh
+
+    async def _write_offsets(self, conn: AsyncConnection, ends: dict[TopicPartition, int]) -> None:
+        table = projection_offsets
+        for tp, next_offset in ends.items():
+            expected = self._positions.get(tp)
+            if expected is None:
+                try:  # the whole transaction rolls back on a conflict: no savepoint needed
+                    await conn.execute(insert(table).values(
+                        consumer=self.name, topic=tp.topic, partition=tp.partition,
+                        next_offset=next_offset))
+                except IntegrityError as error:
+                    raise OffsetConflict(f"{tp} offset appeared under {self.name}") from error
+                continue
+            result = await conn.execute(update(table).where(and_(
+                table.c.consumer == self.name, table.c.topic == tp.topic,
+                table.c.partition == tp.partition, table.c.next_offset == expected,
+            )).values(next_offset=next_offset))
+            if result.rowcount != 1:
+                raise OffsetConflict(f"{tp} offset of {self.name} is no longer {expected}")
+
+    async def _seek_to_stored(self) -> None:
+        assert self._consumer is not None
+        stored = await stored_offsets(self.engine, self.name)
+        async with self._moved:
+            for tp in self._partitions:
+                position = stored.get((tp.topic, tp.partition))
+                self._positions[tp] = position
+                if position is None:
+                    await self._consumer.seek_to_beginning(tp)
+                else:
+                    self._consumer.seek(tp, position)
+            self._moved.notify_all()
+
+    # -- progress ---------------------------------------------------------------------
+    async def end_offsets(self) -> dict[TopicPartition, int]:
+        """The log end of every assigned partition, now."""
+        assert self._consumer is not None, "runner not open"
+        return dict(await self._consumer.end_offsets(self._partitions)) if self._partitions else {}
+
+    async def beginning_offsets(self) -> dict[TopicPartition, int]:
+        assert self._consumer is not None, "runner not open"
+        if not self._partitions:
+            return {}
+        return dict(await self._consumer.beginning_offsets(self._partitions))
+
+    def _end(self, tp: TopicPartition, listed: int) -> int:
+        # Tansu answers ListOffsets(latest) with the last batch's base offset + 1, short
+        # of the true end when that batch holds several records; the high watermark of
+        # fetch responses is right, and arrives with the batch that holds the last record.
+        return max(listed, self._highwater(tp) or 0)
+
+    def _highwater(self, tp: TopicPartition) -> int | None:
+        return self._consumer.highwater(tp) if self._consumer is not None else None
+
+    def reached(self, ends: Mapping[TopicPartition, int]) -> bool:
+        """True when every partition's stored position is at or past `ends`, and past
+        the high watermark of a fetch answered since the runner last sought."""
+        return all(self._highwater(tp) is not None
+                   and (self._positions.get(tp) or 0) >= self._end(tp, end)
+                   for tp, end in ends.items())
+
+    def remaining(self, ends: Mapping[TopicPartition, int]) -> int:
+        """Records between the stored positions and `ends` (as far as known now)."""
+        return sum(max(self._end(tp, end) - (self._positions.get(tp) or 0), 0)
+                   for tp, end in ends.items())
+
+    async def wait_caught_up(self, timeout: float = 10.0) -> bool:
+        """Wait (bounded) until the rows include every record in the log right now."""
+        ends = await self.end_offsets()
+        try:
+            async with asyncio.timeout(timeout), self._moved:
+                await self._moved.wait_for(lambda: self.reached(ends) or self.failure is not None)
+        except TimeoutError:
+            return False
+        return self.failure is None
+
+
+async def stored_offsets(engine: AsyncEngine, consumer: str) -> dict[tuple[str, int], int]:
+    """Next offsets stored for `consumer`, by (topic, partition)."""
+    table = projection_offsets
+    async with engine.connect() as conn:
+        result = await conn.execute(select(table.c.topic, table.c.partition, table.c.next_offset)
+                                    .where(table.c.consumer == consumer))
+        return {(r.topic, r.partition): r.next_offset for r in result}

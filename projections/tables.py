@@ -1,0 +1,160 @@
+"""SQL tables of the read models (SQLAlchemy Core), one metadata for one Alembic history.
+
+Times are stored as fixed-width UTC text (`iso`), so they sort and compare the same
+way on SQLite and PostgreSQL and survive a round trip unchanged (rebuilt tables must
+equal incremental ones value for value). JSON columns hold redacted JSON values.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+ISO_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def iso(moment: datetime) -> str:
+    """`moment` as fixed-width UTC text, e.g. ``2026-11-22T12:00:00.000000Z``."""
+    return moment.astimezone(UTC).strftime(ISO_FORMAT)
+
+
+# --- bookkeeping of every runner -------------------------------------------------------
+
+projection_offsets = Table(
+    "projection_offsets", metadata,
+    Column("consumer", String(100), primary_key=True),
+    Column("topic", String(200), primary_key=True),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("next_offset", BigInteger, nullable=False),
+)
+"""Next offset to read per (read model, topic, partition); written with the rows."""
+
+projection_applied = Table(
+    "projection_applied", metadata,
+    Column("consumer", String(100), primary_key=True),
+    Column("event_id", String(200), primary_key=True),
+)
+"""Event ids a read model has applied: a redelivered event is skipped."""
+
+# --- registry ----------------------------------------------------------------------------
+
+registry_tools = Table(
+    "registry_tools", metadata,
+    Column("tool_id", String(200), primary_key=True),
+    Column("tool_type", String(40), nullable=False),
+    Column("description", Text, nullable=False),
+    Column("current_version", String(100)),
+    Column("latest_version", String(100), nullable=False),
+    Column("lifecycle", String(20), nullable=False),
+    Column("tags", JSON, nullable=False),
+    Column("search_text", Text, nullable=False),
+    Column("versions_count", Integer, nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+registry_versions = Table(
+    "registry_versions", metadata,
+    Column("tool_id", String(200), primary_key=True),
+    Column("version", String(100), primary_key=True),
+    Column("tool_type", String(40), nullable=False),
+    Column("executor", String(200)),
+    Column("integrity", String(80), nullable=False),
+    Column("lifecycle", String(20), nullable=False),
+    Column("lifecycle_reason", Text),
+    Column("replacement_tool_id", String(200)),
+    Column("description", Text, nullable=False),
+    Column("manifest", JSON, nullable=False),
+    Column("files", JSON, nullable=False),
+    Column("published_at", String(32), nullable=False),
+    Column("published_by", String(200)),
+    Column("source", Text),
+    Column("event_id", String(200), nullable=False),
+)
+
+# --- invocations -------------------------------------------------------------------------
+
+invocations = Table(
+    "invocations", metadata,
+    Column("invocation_id", String(200), primary_key=True),
+    Column("status", String(20), nullable=False),
+    Column("tool_id", String(200)),
+    Column("version_range", String(200)),
+    Column("version", String(100)),
+    Column("subject", String(200)),
+    Column("requested_by", String(200)),
+    Column("attempts", Integer, nullable=False),
+    Column("duration_ms", Float),
+    Column("error_code", String(10)),
+    Column("error_message", Text),
+    Column("failed_stage", String(20)),
+    Column("result_summary", Text),
+    Column("cancel_requested", Boolean, nullable=False),
+    Column("timeline", JSON, nullable=False),
+    Column("requested_at", String(32)),
+    Column("updated_at", String(32), nullable=False),
+    Column("finished_at", String(32)),
+    Index("ix_invocations_tool_status", "tool_id", "status"),
+)
+
+# --- circuit breakers --------------------------------------------------------------------
+
+circuits = Table(
+    "circuits", metadata,
+    Column("service_id", String(200), primary_key=True),
+    Column("state", String(20), nullable=False),
+    Column("previous_state", String(20), nullable=False),
+    Column("failure_count", Integer, nullable=False),
+    Column("success_count", Integer, nullable=False),
+    Column("since", String(32), nullable=False),
+    Column("reason", Text),
+    Column("transitions", Integer, nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+# --- audit trail -------------------------------------------------------------------------
+
+audit_log = Table(
+    "audit_log", metadata,
+    Column("topic", String(200), primary_key=True),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("offset", BigInteger, primary_key=True, autoincrement=False),
+    Column("event_id", String(200), nullable=False),
+    Column("type", String(100), nullable=False),
+    Column("time", String(32), nullable=False),
+    Column("invocation_id", String(200)),
+    Column("tool_id", String(200)),
+    Column("document", Text, nullable=False),
+    Column("redactions", Integer, nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False),
+    Index("ix_audit_log_time", "time"),
+    Index("ix_audit_log_invocation", "invocation_id"),
+    Index("ix_audit_log_tool", "tool_id"),
+    Index("ix_audit_log_type", "type"),
+)
+"""One row per log record: the redacted CloudEvent (canonical JSON) in a hash chain."""
+
+audit_heads = Table(
+    "audit_heads", metadata,
+    Column("topic", String(200), primary_key=True),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("last_offset", BigInteger, nullable=False),
+    Column("hash", String(64), nullable=False),
+    Column("records", BigInteger, nullable=False),
+)
+"""Head of each partition's chain: deleting the newest rows is detected too."""

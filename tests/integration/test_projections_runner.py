@@ -1,0 +1,278 @@
+"""Projection runners against a real broker and real databases (SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Sequence
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from contracts import topics
+from contracts.envelope import Envelope
+from contracts.kafka_binding import encode
+from projections.audit import AuditModel, AuditQuery, audit_records, verify_audit
+from projections.catalog import read_models
+from projections.database import migrate
+from projections.queries import invocation_status, list_circuits, search_tools, show_tool
+from projections.rebuild import rebuild
+from projections.runner import ProjectionRunner
+from projections.store import ReadModel, Record
+from projections.tables import audit_log, invocations, metadata
+from tests.projection_db import *  # noqa: F403 - fixtures
+from tests.projection_db import snapshot
+from tests.projection_events import at, captoken, circuit, invocation, lifecycle, published
+from toolexec.embedded_broker import ensure_topics
+
+pytestmark = [pytest.mark.integration]
+
+INVOCATIONS = 40
+
+
+def _models(prefix: str) -> dict[str, ReadModel]:
+    """Every read model, reading `prefix`-named copies of the toolexec topics."""
+    out: dict[str, ReadModel] = {}
+    for name, model in read_models().items():
+        if isinstance(model, AuditModel):
+            out[name] = AuditModel(tuple(f"{prefix}.{t}" for t in model.topics))
+        else:
+            out[name] = dataclasses.replace(model, topics=tuple(f"{prefix}.{t}"
+                                                                for t in model.topics))
+    return out
+
+
+def _log() -> list[Envelope]:
+    events = [published("grep", "1.0.0", tags=["text"], description="Find lines"),
+              published("grep", "1.1.0", tags=["text", "search"], description="Find lines"),
+              published("curl", "2.0.0", description="Fetch a URL"),
+              lifecycle("grep", "deprecated", "1.1.0", when=at(5)),
+              circuit("api.example", "closed", "open", failures=5, when=at(1)),
+              circuit("api.example", "open", "half_open", when=at(31)),
+              circuit("db.example", "closed", "open", failures=3, when=at(2))]
+    outcomes = ("completed", "failed", "denied", "completed")
+    for n in range(INVOCATIONS):
+        events += invocation(f"inv-{n:03}", "grep" if n % 2 else "curl",
+                             outcome=outcomes[n % 4], start=n,
+                             token=captoken("carol", f"j{n}") if n % 5 == 0 else None)
+    return events
+
+
+@pytest.fixture
+async def log_prefix(kafka_bootstrap: str) -> str:
+    """Fresh copies of the toolexec topics holding `_log()`, a duplicate and a bad record."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    partitions = {f"{prefix}.{t}": (4 if t == topics.INVOCATIONS else 1)
+                  for t in topics.ALL_TOPICS}
+    await ensure_topics(kafka_bootstrap, partitions)
+    events = _log()
+    await _produce(kafka_bootstrap, prefix, [*events, events[10]])  # one redelivery
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(f"{prefix}.{topics.INVOCATIONS}", b"not a cloudevent",
+                                     key=b"inv-000")
+    finally:
+        await producer.stop()
+    return prefix
+
+
+async def _produce(bootstrap: str, prefix: str, events: Sequence[Envelope]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        for event in events:
+            record = encode(event)
+            await producer.send(f"{prefix}.{topics.TOPIC_OF_TYPE[event.type]}", record.value,
+                                key=record.key, headers=record.headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def _run_to_end(runner: ProjectionRunner) -> None:
+    await runner.open()
+    try:
+        ends = await runner.end_offsets()
+        async with asyncio.timeout(30):
+            while not runner.reached(ends):
+                await runner.step()
+    finally:
+        await runner.close()
+
+
+async def test_incremental_runners_equal_a_rebuild_row_by_row(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    models = _models(log_prefix)
+    runners = [ProjectionRunner(engine, m, kafka_bootstrap, batch_size=37)
+               for m in models.values()]
+    for runner in runners:
+        await runner.start()
+    try:
+        assert all([await r.wait_caught_up(30) for r in runners])
+    finally:
+        for runner in runners:
+            await runner.stop()
+    incremental = {name: await snapshot(engine, m) for name, m in models.items()}
+    assert len(incremental["invocations"]["invocations"]) == INVOCATIONS
+    assert runners[1].stats.duplicates == 1 and runners[1].stats.undecodable == 1
+    for name, model in models.items():
+        report = await rebuild(engine, model, kafka_bootstrap)
+        assert report.records > 0
+        assert await snapshot(engine, model) == incremental[name], name
+
+
+async def test_read_side_queries_answer_from_the_tables(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    for model in _models(log_prefix).values():
+        await _run_to_end(ProjectionRunner(engine, model, kafka_bootstrap))
+    async with engine.connect() as conn:
+        assert [t["tool_id"] for t in await search_tools(conn, "LINES find")] == ["grep"]
+        grep = await show_tool(conn, "grep")
+        assert grep is not None and grep["current_version"] == "1.0.0"
+        assert [(v["version"], v["lifecycle"]) for v in grep["versions"]] == [
+            ("1.0.0", "active"), ("1.1.0", "deprecated")]
+        status = await invocation_status(conn, "inv-002")
+        assert status is not None and (status["status"], status["error_code"]) == (
+            "failed", "E3204")
+        assert [c["state"] for c in await list_circuits(conn)] == ["half_open", "open"]
+
+
+class _Crash(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class _CrashAfter:
+    """Wraps a read model; raises inside the transaction once `limit` records went in."""
+
+    inner: ReadModel
+    limit: int
+    seen: int = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    async def apply(self, conn: AsyncConnection, records: Sequence[Record]) -> None:
+        await self.inner.apply(conn, records)
+        self.seen += len(records)
+        if self.seen >= self.limit:
+            raise _Crash(f"killed after {self.seen} records")
+
+
+@pytest.mark.parametrize(("name", "limit", "batch"),
+                         [("invocations", 60, 25), ("audit", 60, 25), ("registry", 2, 1)])
+async def test_runner_killed_mid_batch_resumes_without_duplicate_or_gap(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str, name: str, limit: int,
+        batch: int) -> None:
+    model = _models(log_prefix)[name]
+    crashing = ProjectionRunner(engine, _CrashAfter(model, limit=limit), kafka_bootstrap,  # type: ignore[arg-type]
+                                batch_size=batch)
+    await crashing.open()
+    with pytest.raises(_Crash):
+        async with asyncio.timeout(30):
+            while True:
+                await crashing.step()
+    await crashing.close()
+    await _run_to_end(ProjectionRunner(engine, model, kafka_bootstrap, batch_size=batch))
+    resumed = await snapshot(engine, model)
+    await rebuild(engine, model, kafka_bootstrap)
+    rebuilt = await snapshot(engine, model)
+    for table in resumed:
+        assert len(resumed[table]) == len(rebuilt[table]), (table, [r for r in resumed[table] if r not in rebuilt[table]][:3], [r for r in rebuilt[table] if r not in resumed[table]][:3])
+    assert resumed == rebuilt
+    if name == "audit":
+        async with engine.connect() as conn:
+            assert (await verify_audit(conn)).ok
+
+
+async def test_runner_cancelled_inside_a_transaction_resumes_cleanly(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    model = _models(log_prefix)["audit"]
+    entered = asyncio.Event()
+
+    class Hanging(_CrashAfter):
+        async def apply(self, conn: AsyncConnection, records: Sequence[Record]) -> None:
+            await self.inner.apply(conn, records)
+            self.seen += len(records)
+            if self.seen >= self.limit:
+                entered.set()
+                await asyncio.Event().wait()
+
+    runner = ProjectionRunner(engine, Hanging(model, limit=30), kafka_bootstrap,  # type: ignore[arg-type]
+                              batch_size=20)
+    await runner.start()
+    await asyncio.wait_for(entered.wait(), 30)
+    await runner.stop()
+    await _run_to_end(ProjectionRunner(engine, model, kafka_bootstrap, batch_size=20))
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(func.count()).select_from(audit_log))).scalar_one()
+        assert (await verify_audit(conn)).ok
+    assert rows == len(_log())  # every decodable, distinct event exactly once
+
+
+async def test_audit_verify_names_the_modified_record(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    await _run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
+    topic = f"{log_prefix}.{topics.REGISTRY}"
+    async with engine.connect() as conn:
+        assert (await verify_audit(conn)).ok
+    async with engine.begin() as conn:
+        await conn.execute(update(audit_log).where(
+            (audit_log.c.topic == topic) & (audit_log.c.offset == 2)
+        ).values(document=audit_log.c.document + " "))
+    async with engine.connect() as conn:
+        assert (await verify_audit(conn)).ok  # whitespace is not content
+    async with engine.begin() as conn:
+        await conn.execute(update(audit_log).where(
+            (audit_log.c.topic == topic) & (audit_log.c.offset == 2)
+        ).values(document=func.replace(audit_log.c.document, "Fetch", "Fetched")))
+    async with engine.connect() as conn:
+        result = await verify_audit(conn)
+    assert not result.ok and result.broken is not None
+    assert (result.broken.topic, result.broken.offset) == (topic, 2)
+    assert "modified" in result.broken.reason
+
+
+@pytest.mark.parametrize("offset", [1, 3])
+async def test_audit_verify_detects_a_deleted_record(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str, offset: int) -> None:
+    await _run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
+    topic = f"{log_prefix}.{topics.REGISTRY}"  # offsets 0..3: the last one is the head
+    async with engine.begin() as conn:
+        await conn.execute(delete(audit_log).where(
+            (audit_log.c.topic == topic) & (audit_log.c.offset == offset)))
+    async with engine.connect() as conn:
+        result = await verify_audit(conn)
+    assert not result.ok and result.broken is not None and result.broken.topic == topic
+
+
+async def test_audit_replay_filters_in_log_order(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    await _run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
+    async with engine.connect() as conn:
+        one = [r async for r in audit_records(conn, AuditQuery(invocation_id="inv-005"))]
+        assert [r["type"] for r in one] == [
+            "tool.invoke.requested", "tool.chain.resolved", "tool.permission.decided",
+            "tool.execution.started", "tool.execution.finished", "tool.invoke.failed"]
+        assert one[0]["event"]["capsubject"] == "carol"
+        assert "captoken" not in one[0]["document"]
+        done = [r async for r in audit_records(conn, AuditQuery(type="tool.invoke.completed",
+                                                                tool_id="curl"))]
+        assert len(done) == INVOCATIONS // 4
+        window = [r async for r in audit_records(conn, AuditQuery(since=at(10), until=at(12)))]
+        assert {r["invocation_id"] for r in window} == {"inv-010", "inv-011", None} - {None}
+
+
+async def test_migrations_match_the_tables_and_run_twice(engine: AsyncEngine) -> None:
+    await migrate(engine)
+    async with engine.connect() as conn:
+        diff = await conn.run_sync(
+            lambda sync: compare_metadata(MigrationContext.configure(sync), metadata))
+        rows = (await conn.execute(select(func.count()).select_from(invocations))).scalar_one()
+    assert diff == [] and rows == 0

@@ -1,0 +1,87 @@
+"""Databases for the projection tests: SQLite files and a real PostgreSQL.
+
+PostgreSQL comes from `TOOLEXEC_TEST_DATABASE_URL` (a server URL; each test gets a
+fresh database on it) or from PyPI `pgserver`, started once per session. Tests on
+PostgreSQL are skipped, saying why, only when neither is available.
+Import the fixtures into a test module: ``from tests.projection_db import *``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import make_url, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from projections.database import make_engine, migrate
+from projections.store import ReadModel
+
+TEST_DATABASE_ENV = "TOOLEXEC_TEST_DATABASE_URL"
+
+__all__ = ["postgres_server_url", "database_url", "engine", "snapshot"]
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a PostgreSQL server's maintenance database (psycopg driver)."""
+    external = os.environ.get(TEST_DATABASE_ENV, "").strip()
+    if external:
+        yield external
+        return
+    try:
+        import pgserver  # type: ignore[import-untyped]
+    except ImportError:
+        pytest.skip("PostgreSQL tests need PyPI pgserver or TOOLEXEC_TEST_DATABASE_URL")
+    try:
+        server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    except Exception as error:  # noqa: BLE001 - any start failure means "skip, saying why"
+        pytest.skip(f"pgserver could not start PostgreSQL: {error}")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+def _fresh_postgres(server_url: str) -> str:
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    url = make_url(server_url.replace("postgresql+psycopg://", "postgresql://", 1))
+    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return url.set(drivername="postgresql+psycopg", database=name).render_as_string(
+        hide_password=False)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database: a SQLite file, then a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'projections.db'}"
+    return _fresh_postgres(request.getfixturevalue("postgres_server_url"))
+
+
+@pytest_asyncio.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on `database_url`, migrated to head."""
+    created = make_engine(database_url)
+    await migrate(created)
+    yield created
+    await created.dispose()
+
+
+async def snapshot(engine: AsyncEngine, model: ReadModel) -> dict[str, list[dict[str, Any]]]:
+    """Every row of `model`'s tables, ordered by primary key."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    async with engine.connect() as conn:
+        for table in model.tables:
+            result = await conn.execute(select(table).order_by(*table.primary_key.columns))
+            out[table.name] = [dict(row) for row in result.mappings()]
+    return out

@@ -1,0 +1,127 @@
+"""Event builders for the projection tests: a small, realistic log."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from contracts.envelope import Envelope, derived_event_id, new_envelope
+from contracts.errors import ErrorInfo
+from contracts.events import (
+    ChainLink,
+    ChainResolved,
+    CircuitStateChanged,
+    EventData,
+    ExecutionFinished,
+    ExecutionStarted,
+    InvokeCompleted,
+    InvokeFailed,
+    InvokeRequested,
+    PermissionDecided,
+    PublishedFile,
+    ToolLifecycleChanged,
+    ToolPublished,
+)
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+INTEGRITY = "sha256:" + "ab" * 32
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def envelope(data: EventData, key: str, *, when: datetime = T0, id: str | None = None,
+             cause: str | None = None, extensions: dict[str, str] | None = None) -> Envelope:
+    return new_envelope(data, source="urn:test", partitionkey=key, correlationid=key, time=when,
+                        id=id or derived_event_id(f"{key}:{cause}:{when}", data.EVENT_TYPE),
+                        causationid=cause, extensions=extensions)
+
+
+def published(tool_id: str, version: str, *, tags: list[str] | None = None,
+              description: str = "A tool", when: datetime = T0,
+              integrity: str = INTEGRITY) -> Envelope:
+    manifest: dict[str, Any] = {"tool_id": tool_id, "version": version, "tool_type": "script",
+                                "executor": "python_runtime", "description": description}
+    if tags is not None:
+        manifest["tags"] = tags
+    files = [PublishedFile(path="main.py", sha256="cd" * 32, is_executable=False, size=3,
+                           content_b64gz=base64.b64encode(b"gz-bytes").decode())]
+    data = ToolPublished(tool_id=tool_id, version=version, tool_type="script",
+                         executor="python_runtime", manifest=manifest, files=files,
+                         integrity=integrity, published_by="alice")
+    return envelope(data, tool_id, when=when, id=f"pub-{tool_id}-{version}-{integrity[-4:]}")
+
+
+def lifecycle(tool_id: str, state: str, version: str | None = None, *,
+              when: datetime = T0) -> Envelope:
+    data = ToolLifecycleChanged(tool_id=tool_id, version=version, lifecycle=state,
+                                reason="superseded")
+    return envelope(data, tool_id, when=when, id=f"life-{tool_id}-{version}-{state}-{when}")
+
+
+def captoken(sub: str, jti: str) -> str:
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'RS256'})}.{part({'sub': sub, 'jti': jti})}.c2ln"
+
+
+def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "completed",
+               start: float = 0.0, token: str | None = None,
+               parameters: dict[str, Any] | None = None) -> list[Envelope]:
+    """The events of one invocation, from request to its terminal event."""
+    link = ChainLink(tool_id=tool_id, version="1.0.0", integrity=INTEGRITY, tool_type="script",
+                     executor=None)
+    params = parameters or {"text": "hi"}
+    extensions = {"captoken": token} if token else None
+    requested = envelope(InvokeRequested(invocation_id=invocation_id, tool_id=tool_id,
+                                         parameters=params, requested_by="agent-7"),
+                         invocation_id, when=at(start), id=f"req-{invocation_id}",
+                         extensions=extensions)
+    events = [requested]
+
+    def follow(data: EventData, dt: float) -> None:
+        events.append(envelope(data, invocation_id, when=at(start + dt), cause=events[-1].id))
+
+    follow(ChainResolved(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                         chain=[link], parameters=params), 0.01)
+    if outcome == "denied":
+        follow(PermissionDecided(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                                 decision="deny", reason="no", enforced=True, chain=[link],
+                                 error=ErrorInfo(code="E3204", message="not in token")), 0.02)
+        follow(InvokeFailed(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                            error=ErrorInfo(code="E3204", message="not in token"),
+                            stage="authorize"), 0.03)
+        return events
+    follow(PermissionDecided(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                             decision="allow", reason="ok", enforced=True, subject="bob",
+                             token_jti="j1", chain=[link], parameters=params), 0.02)
+    follow(ExecutionStarted(invocation_id=invocation_id, attempt=1, tool_id=tool_id,
+                            version="1.0.0", primitive="subprocess", sandbox="none",
+                            plan_summary={"argv": ["python3", "main.py"]}), 0.03)
+    ok = outcome == "completed"
+    follow(ExecutionFinished(invocation_id=invocation_id, attempt=1, tool_id=tool_id,
+                             version="1.0.0", outcome="success" if ok else "failure",
+                             duration_ms=12.5,
+                             error=None if ok else ErrorInfo(code="E3401", message="exit 1")),
+           0.05)
+    if ok:
+        follow(InvokeCompleted(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                               result={"echo": "hi", "contact": "bob@example.com"},
+                               duration_ms=12.5, attempts=1), 0.06)
+    else:
+        follow(InvokeFailed(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                            error=ErrorInfo(code="E3401", message="exit 1"), stage="execute"),
+               0.06)
+    return events
+
+
+def circuit(service_id: str, from_state: str, to_state: str, *, failures: int = 0,
+            when: datetime = T0) -> Envelope:
+    data = CircuitStateChanged(service_id=service_id, from_state=from_state, to_state=to_state,
+                               failure_count=failures, success_count=0, since=when,
+                               reason="threshold")
+    return envelope(data, service_id, when=when, id=f"cb-{service_id}-{when}-{to_state}")

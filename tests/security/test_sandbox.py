@@ -1,0 +1,193 @@
+"""Hostile tools under the bubblewrap sandbox: each attempt is contained, reported,
+and leaves the host unchanged (spec 12.6.1)."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers.primitives import bubblewrap
+from consumers.primitives.file_store import ContentStore
+from consumers.primitives.subprocess_primitive import resolve_sandbox, run_subprocess
+from domain.model import NetworkPolicy, PrimitiveOutcome, ResourceLimits, SubprocessPlan, ToolFile
+
+pytestmark = [
+    pytest.mark.security,
+    pytest.mark.skipif(bubblewrap.bwrap_binary() is None, reason="bubblewrap not installed"),
+]
+
+
+def _plan(source: str, **changes: Any) -> SubprocessPlan:
+    content = textwrap.dedent(source).encode()
+    file = ToolFile("main.py", hashlib.sha256(content).hexdigest(), False, content)
+    return SubprocessPlan(argv=("python3", "main.py"), files=(file,), timeout_seconds=20,
+                          **changes)
+
+
+async def _run(tmp_path: Path, source: str, params: dict[str, Any] | None = None,
+               **changes: Any) -> PrimitiveOutcome:
+    return await run_subprocess(_plan(source, **changes), params or {},
+                                store=ContentStore(tmp_path / "cas"),
+                                work_root=tmp_path / "work", sandbox="bwrap")
+
+
+async def test_tool_runs_unprivileged_in_its_own_pid_namespace(tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, """
+        import json, os
+        print(json.dumps({"uid": os.getuid(), "pid": os.getpid()}))
+    """)
+    assert outcome.ok, outcome.error
+    assert outcome.sandbox == "bwrap"
+    seen = __import__("json").loads(outcome.stdout)
+    assert seen["uid"] == 65534 and seen["pid"] < 10  # pid 1 is bwrap's init
+
+
+async def test_reading_etc_shadow_fails(tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, "print(open('/etc/shadow').read())")
+    assert not outcome.ok and outcome.error["code"] == "E3401"
+    assert b"No such file" in outcome.stderr or b"Permission denied" in outcome.stderr
+
+
+async def test_reading_a_host_file_outside_its_dir_fails(tmp_path: Path) -> None:
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host secret")
+    outcome = await _run(tmp_path, f"print(open({str(secret)!r}).read())")
+    assert not outcome.ok
+    assert b"host secret" not in outcome.stdout
+
+
+async def test_writing_outside_its_temp_dir_fails_and_the_host_is_unchanged(
+        tmp_path: Path) -> None:
+    target = tmp_path / "escaped.txt"
+    outcome = await _run(tmp_path, f"""
+        import os
+        open("inside.txt", "w").write("fine")
+        for path in ({str(target)!r}, "/usr/escaped.txt", "/etc/escaped.txt"):
+            try:
+                open(path, "w").write("x")
+                print("WROTE", path)
+            except OSError as error:
+                print("refused", path, error.errno)
+    """)
+    assert outcome.ok, outcome.error
+    assert b"WROTE" not in outcome.stdout
+    assert not target.exists() and not Path("/usr/escaped.txt").exists()
+
+
+async def test_socket_to_loopback_fails_without_network_permission(tmp_path: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        outcome = await _run(tmp_path, f"""
+            import socket
+            socket.create_connection(("127.0.0.1", {port}), timeout=2)
+            print("CONNECTED")
+        """)
+    finally:
+        server.close()
+    assert not outcome.ok and b"CONNECTED" not in outcome.stdout
+
+
+async def test_network_policy_with_allowed_domains_shares_the_network(tmp_path: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        outcome = await _run(tmp_path, f"""
+            import socket
+            socket.create_connection(("127.0.0.1", {port}), timeout=2)
+            print("CONNECTED")
+        """, network=NetworkPolicy(allowed_domains=("127.0.0.1",), allowed_ports=(port,)))
+    finally:
+        server.close()
+    assert outcome.ok, outcome.error
+    assert b"CONNECTED" in outcome.stdout
+
+
+async def test_fork_bomb_is_contained_by_the_process_limit(tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, """
+        import os, time
+        count = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep(30)
+                    os._exit(0)
+                count += 1
+        except OSError as error:
+            print("stopped after", count, error.errno)
+    """, limits=ResourceLimits(max_processes=20))
+    assert outcome.ok, outcome.error
+    assert b"stopped after" in outcome.stdout
+    assert int(outcome.stdout.split()[2]) < 20
+
+
+async def test_sudo_does_not_escalate(tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, """
+        import os, subprocess, sys
+        for argv in (["sudo", "-n", "id", "-u"], ["su", "-c", "id -u"]):
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+                if done.returncode == 0 and done.stdout.strip() == "0":
+                    print("ROOT")
+            except (OSError, subprocess.SubprocessError):
+                pass
+        try:
+            os.setuid(0)
+            print("ROOT")
+        except PermissionError:
+            pass
+    """)
+    assert b"ROOT" not in outcome.stdout
+
+
+async def test_killing_the_parent_is_not_possible(tmp_path: Path) -> None:
+    import os
+    outcome = await _run(tmp_path, f"""
+        import os, signal
+        for pid in ({os.getpid()}, 1, os.getppid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                print("killed", pid)
+            except OSError as error:
+                print("refused", pid, error.errno)
+    """)
+    assert outcome.sandbox == "bwrap"  # and this test process is still alive
+
+
+async def test_missing_bwrap_fails_closed_with_E3405(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(bubblewrap, "bwrap_binary", lambda: None)
+    outcome = await _run(tmp_path, "print(1)")
+    assert not outcome.ok and outcome.error["code"] == "E3405"
+    assert resolve_sandbox("auto") == "rlimits"
+
+
+def test_auto_prefers_bwrap_when_installed() -> None:
+    assert resolve_sandbox("auto") == "bwrap"
+    assert resolve_sandbox("rlimits") == "rlimits"
+
+
+async def test_spawn_overhead_is_reported(tmp_path: Path) -> None:
+    """Not an assertion on speed: records bwrap vs rlimits spawn p50 in the output."""
+    store = ContentStore(tmp_path / "cas")
+    figures = {}
+    for sandbox in ("rlimits", "bwrap"):
+        samples = []
+        for _ in range(10):
+            started = time.perf_counter()
+            outcome = await run_subprocess(SubprocessPlan(argv=("/usr/bin/true",)), {},
+                                           store=store, work_root=tmp_path / "w",
+                                           sandbox=sandbox)
+            samples.append((time.perf_counter() - started) * 1000)
+            assert outcome.ok, outcome.error
+        figures[sandbox] = sorted(samples)[5]
+    print(f"spawn p50 ms: {figures}")

@@ -1,0 +1,259 @@
+"""CLI over the SQL read models: projections rebuild, audit replay|verify, search, show.
+
+Every command takes --json and exits 0 on success, 1 on a failure carrying an E3xxx
+code (or a broken audit chain), 2 on bad usage. The database is the one `toolexec up`
+uses (`TOOLEXEC_DATABASE_URL`, else SQLite under the state directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from projections.audit import AuditQuery, audit_records, verify_audit
+from projections.catalog import read_models
+from projections.database import make_engine, migrate
+from projections.queries import search_tools, show_tool
+from projections.rebuild import RebuildReport, rebuild
+from toolexec.runtime_file import read_runtime
+from toolexec.settings import Settings, consumer_kwargs
+
+err = Console(stderr=True)
+out = Console()
+T = TypeVar("T")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+projections_app = typer.Typer(help="SQL read models folded from the log.", no_args_is_help=True)
+audit_app = typer.Typer(help="The audit trail: replay and verify.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `projections`, `audit`, `search` and `show` to the toolexec CLI."""
+    app.add_typer(projections_app, name="projections")
+    app.add_typer(audit_app, name="audit")
+    app.command("search")(search)
+    app.command("show")(show)
+
+
+# --- plumbing ------------------------------------------------------------------------------
+
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, default=str))
+
+
+def _fail(code: str, message: str, as_json: bool, details: dict[str, Any] | None = None,
+          exit_code: int = 1) -> NoReturn:
+    if as_json:
+        _echo_json({"error": {"code": code, "message": message, "details": details or {}}})
+    else:
+        err.print(f"[red]{code}[/] {message}")
+    raise typer.Exit(exit_code)
+
+
+def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
+                 as_json: bool = False) -> T:
+    async def run() -> T:
+        engine = make_engine(settings.effective_database_url)
+        try:
+            await migrate(engine)
+            return await work(engine)
+        finally:
+            await engine.dispose()
+
+    if not settings.database_url:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return asyncio.run(run())
+    except (SQLAlchemyError, OSError) as error:  # boundary: the store is down or unreadable
+        _fail("E3001", f"projection store unavailable: {error}"[:500], as_json)
+
+
+def _bootstrap(settings: Settings, as_json: bool) -> str:
+    if settings.kafka_bootstrap:
+        return settings.kafka_bootstrap
+    running = read_runtime(settings)
+    if running is None:
+        _fail("E3801", "no broker: start `toolexec up` or set TOOLEXEC_KAFKA_BOOTSTRAP",
+              as_json)
+    return str(running["kafka_bootstrap"])
+
+
+# --- projections rebuild -----------------------------------------------------------------
+
+@projections_app.command("rebuild")
+def rebuild_command(
+    name: Annotated[str | None, typer.Argument(help="read model; all when omitted")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Drop a read model and replay it from offset 0, showing progress and events/s."""
+    models = read_models()
+    if name is not None and name not in models:
+        _fail("usage", f"unknown read model {name!r}; one of {', '.join(models)}", as_json,
+              exit_code=2)
+    chosen = [models[name]] if name else list(models.values())
+    settings = Settings()
+    bootstrap = _bootstrap(settings, as_json)
+
+    async def work(engine: AsyncEngine) -> list[RebuildReport]:
+        reports = []
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[rate]:>8.0f} events/s"), TimeElapsedColumn(),
+                      console=err, disable=as_json or not err.is_terminal) as progress:
+            for model in chosen:
+                task = progress.add_task(model.name, total=None, rate=0.0)
+                started = asyncio.get_running_loop().time()
+
+                def update(done: int, total: int, task: Any = task, started: float = started
+                           ) -> None:
+                    elapsed = asyncio.get_running_loop().time() - started
+                    progress.update(task, completed=done, total=max(total, done),
+                                    rate=done / elapsed if elapsed > 0 else 0.0)
+
+                reports.append(await rebuild(engine, model, bootstrap,
+                                             consumer_options=consumer_kwargs(settings),
+                                             progress=update))
+        return reports
+
+    reports = _with_engine(settings, work, as_json)
+    rows = [{"name": r.name, "records": r.records, "applied": r.applied,
+             "undecodable": r.undecodable, "seconds": round(r.seconds, 3),
+             "events_per_second": round(r.events_per_second, 1)} for r in reports]
+    if as_json:
+        _echo_json({"rebuilt": rows})
+        return
+    for row in rows:
+        out.print(f"{row['name']}: {row['records']} records in {row['seconds']} s "
+                  f"({row['events_per_second']:.0f} events/s), {row['undecodable']} undecodable")
+
+
+# --- audit -------------------------------------------------------------------------------
+
+def _moment(text: str | None, as_json: bool) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        _fail("usage", f"not an ISO 8601 time: {text!r}", as_json, exit_code=2)
+    if moment.utcoffset() is None:
+        _fail("usage", f"time needs an offset (e.g. Z): {text!r}", as_json, exit_code=2)
+    return moment
+
+
+@audit_app.command("replay")
+def replay(
+    since: Annotated[str | None, typer.Option(help="from this time (ISO 8601, inclusive)")] = None,
+    until: Annotated[str | None, typer.Option(help="before this time (ISO 8601)")] = None,
+    event_type: Annotated[str | None, typer.Option("--type", help="event type")] = None,
+    invocation: Annotated[str | None, typer.Option(help="invocation id")] = None,
+    tool: Annotated[str | None, typer.Option(help="tool id")] = None,
+    output: Annotated[str, typer.Option("--format", help="jsonl | table")] = "jsonl",
+    as_json: JsonFlag = False,
+) -> None:
+    """Stream matching audit records (redacted CloudEvents) in time order."""
+    if output not in ("jsonl", "table"):
+        _fail("usage", "--format is jsonl or table", as_json, exit_code=2)
+    query = AuditQuery(since=_moment(since, as_json), until=_moment(until, as_json),
+                       type=event_type, invocation_id=invocation, tool_id=tool)
+    table = Table("time", "type", "invocation", "tool", "topic/partition@offset")
+
+    async def work(engine: AsyncEngine) -> int:
+        count = 0
+        async with engine.connect() as conn:
+            async for record in audit_records(conn, query):
+                count += 1
+                if output == "jsonl" or as_json:
+                    sys.stdout.write(record["document"] + "\n")
+                else:
+                    table.add_row(record["time"], record["type"], record["invocation_id"] or "",
+                                  record["tool_id"] or "",
+                                  f"{record['topic']}/{record['partition']}@{record['offset']}")
+        return count
+
+    count = _with_engine(Settings(), work, as_json)
+    if output == "table" and not as_json:
+        out.print(table)
+        err.print(f"{count} record(s)")
+
+
+@audit_app.command("verify")
+def verify(as_json: JsonFlag = False) -> None:
+    """Re-walk every hash chain of the audit trail; name the first broken record."""
+    async def work(engine: AsyncEngine) -> Any:
+        async with engine.connect() as conn:
+            return await verify_audit(conn)
+
+    result = _with_engine(Settings(), work, as_json)
+    broken = None if result.broken is None else {
+        "topic": result.broken.topic, "partition": result.broken.partition,
+        "offset": result.broken.offset, "event_id": result.broken.event_id,
+        "reason": result.broken.reason}
+    if as_json:
+        _echo_json({"ok": result.ok, "records": result.records, "chains": result.chains,
+                    "broken": broken})
+    elif broken is None:
+        out.print(f"audit verified: {result.records} record(s) in {result.chains} chain(s)")
+    else:
+        err.print(f"[red]audit broken[/] at {broken['topic']}/{broken['partition']}"
+                  f"@{broken['offset']} (event {broken['event_id']}): {broken['reason']}")
+    raise typer.Exit(0 if result.ok else 1)
+
+
+# --- registry ----------------------------------------------------------------------------
+
+def search(
+    query: Annotated[str, typer.Argument(help="words that must all appear")],
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """Search published tools by id, type, description and tags."""
+    async def work(engine: AsyncEngine) -> list[dict[str, Any]]:
+        async with engine.connect() as conn:
+            return await search_tools(conn, query, limit=limit)
+
+    tools = _with_engine(Settings(), work, as_json)
+    if as_json:
+        _echo_json({"tools": tools})
+        return
+    table = Table("tool", "version", "type", "lifecycle", "description")
+    for tool in tools:
+        table.add_row(tool["tool_id"], tool["current_version"] or tool["latest_version"],
+                      tool["tool_type"], tool["lifecycle"], tool["description"])
+    out.print(table)
+
+
+def show(
+    tool_id: Annotated[str, typer.Argument(metavar="TOOL", help="tool id")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show one tool: current version, tags and every version with its integrity."""
+    async def work(engine: AsyncEngine) -> dict[str, Any] | None:
+        async with engine.connect() as conn:
+            return await show_tool(conn, tool_id)
+
+    tool = _with_engine(Settings(), work, as_json)
+    if tool is None:
+        _fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})
+    if as_json:
+        _echo_json({"tool": tool})
+        return
+    out.print(f"[bold]{tool['tool_id']}[/] ({tool['tool_type']}) current "
+              f"{tool['current_version'] or '-'}, {tool['lifecycle']}: {tool['description']}")
+    if tool["tags"]:
+        out.print("tags: " + ", ".join(tool["tags"]))
+    table = Table("version", "lifecycle", "integrity", "published")
+    for version in tool["versions"]:
+        table.add_row(version["version"], version["lifecycle"], version["integrity"],
+                      version["published_at"])
+    out.print(table)

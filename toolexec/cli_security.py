@@ -1,0 +1,129 @@
+"""CLI commands for capability tokens and policies: `token issue`, `policy apply`."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from consumers.policy_engine import cedar_text_from_json, compile_policies
+from contracts.envelope import Envelope, new_envelope
+from contracts.events import PolicyUpdated
+from domain.errors import AuthorizationError
+from toolexec.client import InvocationClient
+from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
+from toolexec.runtime_file import read_runtime
+from toolexec.settings import Settings
+
+err = Console(stderr=True)
+out = Console()
+SOURCE = "urn:toolexec:cli"
+
+token_app = typer.Typer(no_args_is_help=True, help="Capability tokens (RS256 JWT).")
+policy_app = typer.Typer(no_args_is_help=True, help="ABAC policies (Cedar).")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(token_app, name="token")
+    app.add_typer(policy_app, name="policy")
+
+
+def _tool_grant(text: str) -> tuple[str, str]:
+    tool_id, _, version_range = text.partition("@")
+    if not tool_id:
+        raise typer.BadParameter(f"--tool expects ID[@RANGE], got {text!r}")
+    return tool_id, version_range or "*"
+
+
+@token_app.command("issue")
+def issue(
+    sub: Annotated[str, typer.Option("--sub", help="agent DID (the token subject)")],
+    tool: Annotated[list[str], typer.Option("--tool", help="ID[@RANGE], repeatable")],
+    ttl: Annotated[int, typer.Option("--ttl", min=1, help="lifetime in seconds")] = 900,
+    key: Annotated[Path | None, typer.Option("--key", help="RSA private key (PEM); "
+                                                "default: the embedded dev key")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Sign a capability token granting the given tools (RS256)."""
+    grants = [_tool_grant(t) for t in tool]
+    settings = Settings()
+    key_path = key or ensure_dev_keys(Path(settings.state_dir)).private
+    if not key_path.exists():
+        err.print(f"[red]bad usage:[/] {key_path} does not exist")
+        raise typer.Exit(2)
+    now = int(time.time())
+    jti = str(uuid.uuid4())
+    token = issue_token(load_private_key(key_path), subject=sub, tools=grants,
+                        ttl_seconds=ttl, now=now, jti=jti)
+    if as_json:
+        out.print_json(data={"token": token, "sub": sub, "jti": jti, "iat": now,
+                             "exp": now + ttl, "tools": [{"tool_id": t, "version_range": r}
+                                                         for t, r in grants]})
+    else:
+        out.print(token, markup=False, highlight=False, soft_wrap=True)
+
+
+def policy_event(text: str, *, policy_set_id: str, version: str | None = None) -> Envelope:
+    """A `policy.updated` for Cedar policy text; the version defaults to a content hash."""
+    version = version or "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    data = PolicyUpdated(policy_set_id=policy_set_id, version=version, policies=text)
+    return new_envelope(data, source=SOURCE, partitionkey=policy_set_id,
+                        correlationid=policy_set_id, id=str(uuid.uuid4()),
+                        time=datetime.now(UTC))
+
+
+def read_policy_file(path: Path) -> str:
+    """Cedar text of a `.cedar` file, or of a JSON list of Cedar JSON policies."""
+    raw = path.read_text()
+    if path.suffix == ".json":
+        loaded = json.loads(raw)
+        return cedar_text_from_json(loaded if isinstance(loaded, list) else [loaded])
+    return raw
+
+
+@policy_app.command("apply")
+def apply(
+    file: Annotated[Path, typer.Argument(help="Cedar policy file (.cedar, or .json)")],
+    set_id: Annotated[str | None, typer.Option("--set", help="policy set id "
+                                                "(default: the file name)")] = None,
+    version: Annotated[str | None, typer.Option("--version", help="default: content hash")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Validate a policy file and emit policy.updated to the running system."""
+    if not file.exists():
+        err.print(f"[red]bad usage:[/] {file} does not exist")
+        raise typer.Exit(2)
+    try:
+        text = read_policy_file(file)
+        compile_policies(text)
+    except (AuthorizationError, ValueError) as error:
+        code = getattr(error, "code", "E3206")
+        err.print(f"[red]{code}[/] {file}: {error}")
+        raise typer.Exit(1) from error
+    settings = Settings()
+    bootstrap = settings.kafka_bootstrap or (read_runtime(settings) or {}).get("kafka_bootstrap")
+    if not bootstrap:
+        err.print("[red]E3001[/] no running toolexec found: start `toolexec up` first "
+                  "or set TOOLEXEC_KAFKA_BOOTSTRAP")
+        raise typer.Exit(1)
+    event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
+    asyncio.run(_send(bootstrap, event))
+    data = event.data
+    if as_json:
+        out.print_json(data={"type": event.type, "policy_set_id": data.policy_set_id,
+                             "version": data.version, "event_id": event.id})
+    else:
+        err.print(f"applied policy set {data.policy_set_id} version {data.version}")
+
+
+async def _send(bootstrap: str, event: Envelope) -> None:
+    async with InvocationClient(bootstrap) as client:
+        await client.send(event)

@@ -1,0 +1,107 @@
+"""Capability-token keys: the embedded dev key pair, signing, and verification keys.
+
+The embedded profile makes an RSA key pair under `<state_dir>/keys/` on first start
+(`private.pem` mode 0600, `public.pem`), so `toolexec token issue` works with no setup
+and `toolexec up` accepts the tokens it signs. Verification keys are read from PEM
+files or JWKS files (`{"keys": [...]}`, `.json`/`.jwks`), every file listed in
+`TOOLEXEC_TOKEN_PUBLIC_KEYS` (rotation: list old and new), plus the dev public key
+in the embedded profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from domain.capability import ALGORITHM
+from toolexec.settings import Settings
+
+KEY_BITS = 2048
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """Paths of a PEM key pair."""
+
+    private: Path
+    public: Path
+
+
+def dev_key_pair(state_dir: Path) -> KeyPair:
+    return KeyPair(state_dir / "keys" / "private.pem", state_dir / "keys" / "public.pem")
+
+
+def ensure_dev_keys(state_dir: Path) -> KeyPair:
+    """The embedded profile's key pair, created on first call."""
+    pair = dev_key_pair(state_dir)
+    if pair.private.exists() and pair.public.exists():
+        return pair
+    pair.private.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
+    private_pem = key.private_bytes(serialization.Encoding.PEM,
+                                    serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+    fd = os.open(pair.private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(private_pem)
+    pair.public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return pair
+
+
+def load_private_key(path: Path) -> Any:
+    return serialization.load_pem_private_key(path.read_bytes(), password=None)
+
+
+def load_public_keys(paths: Iterable[Path]) -> list[Any]:
+    """RSA public keys from PEM files and JWKS files (every RSA key of a set)."""
+    keys: list[Any] = []
+    for path in paths:
+        raw = path.read_bytes()
+        if raw.lstrip().startswith(b"{"):
+            document = json.loads(raw)
+            entries = document.get("keys", [document])
+            keys.extend(jwt.PyJWK(entry, algorithm=ALGORITHM).key for entry in entries
+                        if entry.get("kty") == "RSA")
+        else:
+            keys.append(serialization.load_pem_public_key(raw))
+    return keys
+
+
+def verification_keys(settings: Settings) -> list[Any]:
+    """Keys accepted for capability tokens: the configured files, plus the dev public
+    key in the embedded profile when it exists. Read on each call (rotation)."""
+    paths = list(settings.token_public_keys)
+    dev = dev_key_pair(Path(settings.state_dir)).public
+    if settings.embedded and dev.exists():
+        paths.append(dev)
+    return load_public_keys(paths)
+
+
+def issue_token(private_key: Any, *, subject: str, tools: Sequence[tuple[str, str]],
+                ttl_seconds: int, now: int, jti: str | None = None) -> str:
+    """Sign an RS256 capability token granting `tools` [(tool_id, version_range)]."""
+    claims = {
+        "sub": subject, "iat": now, "exp": now + ttl_seconds, "jti": jti or str(uuid.uuid4()),
+        "tools": [{"tool_id": tool_id, "version_range": version_range}
+                  for tool_id, version_range in tools],
+    }
+    return jwt.encode(claims, private_key, algorithm=ALGORITHM)
+
+
+def jwks_of(public_keys: Iterable[Any]) -> dict[str, Any]:
+    """A JWKS document of RSA public keys (for publishing the verification keys)."""
+    entries = []
+    for key in public_keys:
+        entry = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key))
+        entries.append({**entry, "alg": ALGORITHM, "use": "sig"})
+    return {"keys": entries}
