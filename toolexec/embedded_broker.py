@@ -51,6 +51,9 @@ _READY_MARKER = b"ready in "
 _BIND_FAILURE_MARKERS = (b"Address in use", b"panicked at")
 
 
+MEMORY_STORAGE = "memory://tansu/"
+
+
 class EmbeddedBrokerError(RuntimeError):
     """The embedded broker could not be started (the message ends with its log tail)."""
 
@@ -149,6 +152,7 @@ class EmbeddedBroker:
     def __init__(self, topics: Mapping[str, int] | Iterable[str] = (), *,
                  log_dir: Path | str | None = None, default_partitions: int = 1,
                  port: int | None = None, binary: str | None = None,
+                 storage_engine: str = MEMORY_STORAGE, cluster_id: str | None = None,
                  startup_timeout: float = 20.0, stop_grace: float = 5.0) -> None:
         if isinstance(topics, Mapping):
             self.topics: dict[str, int] = dict(topics)
@@ -159,6 +163,12 @@ class EmbeddedBroker:
         self.stop_grace = stop_grace
         self._requested_port = port
         self._binary = binary
+        self.storage_engine = storage_engine
+        """Tansu storage URL: memory (default; a restart loses the log) or
+        `postgres://...` for a log that survives restarts."""
+        self.cluster_id = cluster_id or f"toolexec-{secrets.token_hex(8)}"
+        """Cluster id the broker reports in metadata; random per instance by default,
+        so a new in-memory log is told apart from the one before it."""
         self._port: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[..., None] | None = None
@@ -275,7 +285,8 @@ class EmbeddedBroker:
             began = time.monotonic()
             self._process = subprocess.Popen(
                 [binary, "broker", "--listener-url", listener,
-                 "--advertised-listener-url", listener, "--storage-engine", "memory://tansu/"],
+                 "--advertised-listener-url", listener, "--storage-engine", self.storage_engine,
+                 "--cluster-id", self.cluster_id],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
             )
