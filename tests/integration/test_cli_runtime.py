@@ -7,23 +7,16 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.cli_process import REPO, start_up, stop, toolexec
+
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 TOOLS = Path(__file__).parent / "tools"
-
-
-def toolexec(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
-    return subprocess.run([sys.executable, "-m", "toolexec.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_run_without_a_running_system_starts_one_for_the_call(tmp_path: Path) -> None:
@@ -46,21 +39,9 @@ def test_run_with_bad_params_json_is_bad_usage(tmp_path: Path) -> None:
 
 @pytest.fixture
 def running_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
-    process = subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", "--tools", str(TOOLS)],
-                               cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    runtime = tmp_path / ".toolexec" / "runtime.json"
-    deadline = time.monotonic() + 60
-    while not runtime.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"toolexec up did not start: {process.communicate()[1]}")
-        time.sleep(0.1)
+    process = start_up(tmp_path, "--tools", str(TOOLS))
     yield process, tmp_path
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    stop(process)
 
 
 def test_up_serves_runs_and_publishes_then_stops_cleanly(running_up) -> None:
