@@ -1,17 +1,22 @@
 """Claim stores: the executor's idempotency record of `invocation_id/attempt`.
 
-`SqliteClaims` is durable (embedded profile: a file under the state dir), so an
-executor restarted after a crash knows which attempts were started and not
-finished. `InMemoryClaims` serves tests and single-shot runs. Both apply the pure
-decision of `domain.claims` atomically.
+`RedisClaims` is the production store, shared by every executor replica (SET NX for
+the claim, an optimistic transaction for a take-over). `SqliteClaims` is durable on
+one host (embedded profile: a file under the state dir), so an executor restarted
+after a crash knows which attempts were started and not finished. `InMemoryClaims`
+serves tests and single-shot runs. All apply the pure decision of `domain.claims`
+atomically.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 from domain.claims import ClaimDecision, ClaimRecord, ClaimStatus, decide, take_over
 
@@ -24,6 +29,13 @@ CREATE TABLE IF NOT EXISTS claims (
     conclusion BLOB
 )
 """
+REDIS_PREFIX = "toolexec:claim:"
+REDIS_TTL_SECONDS = 7 * 24 * 3600
+"""Claims outlive any redelivery window; then Redis forgets them."""
+
+
+def _finished(row: ClaimRecord, conclusion: bytes | None) -> ClaimRecord:
+    return ClaimRecord(row.key, row.owner, row.lease_until, True, conclusion)
 
 
 class InMemoryClaims:
@@ -41,14 +53,17 @@ class InMemoryClaims:
             self.rows[key] = decision.record
         return decision
 
-    async def take_over(self, key: str, *, now: float, lease_seconds: float) -> None:
-        self.rows[key] = take_over(self.rows[key], owner=self.owner, now=now,
-                                    lease_seconds=lease_seconds)
+    async def take_over(self, found: ClaimRecord, *, now: float, lease_seconds: float) -> bool:
+        if self.rows.get(found.key) != found:
+            return False
+        self.rows[found.key] = take_over(found, owner=self.owner, now=now,
+                                         lease_seconds=lease_seconds)
+        return True
 
     async def finish(self, key: str, conclusion: bytes | None = None) -> None:
         row = self.rows.get(key)
         if row is not None:
-            self.rows[key] = ClaimRecord(row.key, row.owner, row.lease_until, True, conclusion)
+            self.rows[key] = _finished(row, conclusion)
 
 
 class SqliteClaims:
@@ -69,10 +84,9 @@ class SqliteClaims:
     async def claim(self, key: str, *, now: float, lease_seconds: float) -> ClaimDecision:
         return await asyncio.to_thread(self._claim, key, now, lease_seconds)
 
-    async def take_over(self, key: str, *, now: float, lease_seconds: float) -> None:
-        await asyncio.to_thread(self._write, take_over(
-            ClaimRecord(key, "", 0.0, False), owner=self.owner, now=now,
-            lease_seconds=lease_seconds))
+    async def take_over(self, found: ClaimRecord, *, now: float, lease_seconds: float) -> bool:
+        fresh = take_over(found, owner=self.owner, now=now, lease_seconds=lease_seconds)
+        return await asyncio.to_thread(self._take_over, found, fresh)
 
     async def finish(self, key: str, conclusion: bytes | None = None) -> None:
         await asyncio.to_thread(self._finish, key, conclusion)
@@ -92,25 +106,96 @@ class SqliteClaims:
                 decision = decide(existing, key=key, owner=self.owner, now=now,
                                   lease_seconds=lease_seconds)
                 if decision.status is ClaimStatus.ACQUIRED and decision.record is not None:
-                    self._upsert(decision.record)
+                    record = decision.record
+                    self._db.execute(
+                        "INSERT INTO claims (key, owner, lease_until, finished) "
+                        "VALUES (?, ?, ?, 0)", (record.key, record.owner, record.lease_until))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
         return decision
 
-    def _write(self, record: ClaimRecord) -> None:
+    def _take_over(self, found: ClaimRecord, fresh: ClaimRecord) -> bool:
         with self._lock:
-            self._upsert(record)
-
-    def _upsert(self, record: ClaimRecord) -> None:
-        self._db.execute(
-            "INSERT INTO claims (key, owner, lease_until, finished) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET owner = excluded.owner, "
-            "lease_until = excluded.lease_until, finished = excluded.finished",
-            (record.key, record.owner, record.lease_until, int(record.finished)))
+            cursor = self._db.execute(
+                "UPDATE claims SET owner = ?, lease_until = ? "
+                "WHERE key = ? AND owner = ? AND lease_until = ? AND finished = 0",
+                (fresh.owner, fresh.lease_until, found.key, found.owner, found.lease_until))
+            return cursor.rowcount == 1
 
     def _finish(self, key: str, conclusion: bytes | None) -> None:
         with self._lock:
             self._db.execute("UPDATE claims SET finished = 1, conclusion = ? WHERE key = ?",
                              (conclusion, key))
+
+
+class RedisClaims:
+    """ClaimStore on Redis, shared by every executor replica (production profile).
+
+    `client` is a `redis.asyncio.Redis`. A claim is one JSON value per key, created
+    with SET NX; a take-over replaces it only if it is still the abandoned value read
+    (WATCH/MULTI), so two executors never both take over one attempt.
+    """
+
+    def __init__(self, client: Any, owner: str, *, prefix: str = REDIS_PREFIX,
+                 ttl_seconds: int = REDIS_TTL_SECONDS) -> None:
+        self.owner = owner
+        self._redis = client
+        self._prefix = prefix
+        self._ttl = ttl_seconds
+
+    async def claim(self, key: str, *, now: float, lease_seconds: float) -> ClaimDecision:
+        while True:
+            fresh = decide(None, key=key, owner=self.owner, now=now, lease_seconds=lease_seconds)
+            assert fresh.record is not None
+            if await self._redis.set(self._prefix + key, _dump(fresh.record), nx=True,
+                                     ex=self._ttl):
+                return fresh
+            raw = await self._redis.get(self._prefix + key)
+            if raw is not None:  # None: it expired between the two calls, try again
+                return decide(_load(raw), key=key, owner=self.owner, now=now,
+                              lease_seconds=lease_seconds)
+
+    async def take_over(self, found: ClaimRecord, *, now: float, lease_seconds: float) -> bool:
+        from redis.exceptions import WatchError
+
+        fresh = take_over(found, owner=self.owner, now=now, lease_seconds=lease_seconds)
+        name = self._prefix + found.key
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(name)
+                raw = await pipe.get(name)
+                if raw is None or _load(raw) != found:
+                    return False
+                pipe.multi()
+                pipe.set(name, _dump(fresh), ex=self._ttl)
+                await pipe.execute()
+            except WatchError:
+                return False
+        return True
+
+    async def finish(self, key: str, conclusion: bytes | None = None) -> None:
+        name = self._prefix + key
+        raw = await self._redis.get(name)
+        if raw is not None:
+            await self._redis.set(name, _dump(_finished(_load(raw), conclusion)), ex=self._ttl)
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+def _dump(record: ClaimRecord) -> str:
+    conclusion = (None if record.conclusion is None
+                  else base64.b64encode(record.conclusion).decode("ascii"))
+    return json.dumps({"key": record.key, "owner": record.owner,
+                       "lease_until": record.lease_until, "finished": record.finished,
+                       "conclusion": conclusion}, separators=(",", ":"))
+
+
+def _load(raw: bytes | str) -> ClaimRecord:
+    data = json.loads(raw)
+    conclusion = data.get("conclusion")
+    return ClaimRecord(data["key"], data["owner"], float(data["lease_until"]),
+                       bool(data["finished"]),
+                       None if conclusion is None else base64.b64decode(conclusion))

@@ -177,9 +177,10 @@ async def _claim(key: str, timeout: float, idempotent: bool, deps: ExecuteDeps) 
         if claim.status is ClaimStatus.HELD_ELSEWHERE and claim.record is not None:
             await deps.sleep(min(max(claim.record.lease_until - now, 0.05), 1.0))
             continue
-        if claim.status is ClaimStatus.ABANDONED and idempotent:
-            await deps.claims.take_over(key, now=now, lease_seconds=timeout)
-            return ClaimDecision(ClaimStatus.ACQUIRED, claim.record)
+        if claim.status is ClaimStatus.ABANDONED and idempotent and claim.record is not None:
+            if await deps.claims.take_over(claim.record, now=now, lease_seconds=timeout):
+                return ClaimDecision(ClaimStatus.ACQUIRED, claim.record)
+            continue  # another executor took it over first: its lease is waited out
         return claim
 
 

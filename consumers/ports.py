@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from contracts.envelope import Envelope
-from domain.claims import ClaimDecision
+from domain.claims import ClaimDecision, ClaimRecord
 from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
 
 
@@ -63,7 +63,10 @@ class ClaimStore(Protocol):
 
     async def claim(self, key: str, *, now: float, lease_seconds: float) -> ClaimDecision: ...
 
-    async def take_over(self, key: str, *, now: float, lease_seconds: float) -> None: ...
+    async def take_over(self, found: ClaimRecord, *, now: float, lease_seconds: float) -> bool:
+        """Replace the abandoned claim `found`; False when it changed meanwhile (another
+        executor took it over first)."""
+        ...
 
     async def finish(self, key: str, conclusion: bytes | None = None) -> None: ...
 

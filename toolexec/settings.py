@@ -47,7 +47,8 @@ class Settings(BaseSettings):
     database_url: str | None = None
     """SQLAlchemy URL of the projection store; None = SQLite under `state_dir`."""
     redis_url: str | None = None
-    """Redis for shared caches and idempotency claims; None = in-process."""
+    """Redis for the executor's idempotency claims, shared by every replica
+    (e.g. `redis://host:6379/0`); None = SQLite under `state_dir`."""
     state_dir: Path = Path(".toolexec")
     """Runtime state of the embedded profile: SQLite, caches, logs, runtime.json."""
     tools_dir: Path = Path(".ai/tools")

@@ -23,7 +23,7 @@ from faststream.kafka import KafkaBroker
 
 from consumers import authorize, circuits, execute, finalize, resolve
 from consumers.admission import AttemptGate
-from consumers.claim_store import SqliteClaims
+from consumers.claim_store import RedisClaims, SqliteClaims
 from consumers.deadletter import DeadLetters
 from consumers.pipeline import (
     Attached,
@@ -81,6 +81,16 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def _claim_store(settings: Settings, state: Path, *, owner: str) -> SqliteClaims | RedisClaims:
+    """Redis when configured (shared by every replica), else SQLite under the state dir
+    (durable across restarts of this host's executor)."""
+    if settings.redis_url:
+        import redis.asyncio
+
+        return RedisClaims(redis.asyncio.Redis.from_url(settings.redis_url), owner)
+    return SqliteClaims(state / "claims.sqlite3", owner=owner)
+
+
 @dataclass
 class Stack:
     """A running toolexec: broker connection, registry view and (optionally) consumers."""
@@ -97,7 +107,7 @@ class Stack:
     broker: KafkaBroker | None = field(default=None, init=False)
     _offsets: AIOKafkaConsumer | None = field(default=None, init=False)
     _primitives: Primitives | None = field(default=None, init=False)
-    _claims: SqliteClaims | None = field(default=None, init=False)
+    _claims: SqliteClaims | RedisClaims | None = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
     _attached: list[Attached] = field(default_factory=list, init=False)
     _read_models: Stoppable | None = field(default=None, init=False)
@@ -161,7 +171,9 @@ class Stack:
             self.broker = None
         if self._primitives is not None:
             await self._primitives.aclose()
-        if self._claims is not None:
+        if isinstance(self._claims, RedisClaims):
+            await self._claims.aclose()
+        elif self._claims is not None:
             self._claims.close()
         if self._offsets is not None:
             await self._offsets.stop()
@@ -230,7 +242,7 @@ class Stack:
     def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
         self._primitives = Primitives(ContentStore(state / "cas"), state / "work",
                                       sandbox=resolve_sandbox(self.settings.effective_sandbox))
-        self._claims = SqliteClaims(state / "claims.sqlite3", owner=f"executor-{uuid.uuid4()}")
+        self._claims = _claim_store(self.settings, state, owner=f"executor-{uuid.uuid4()}")
         publish = self.publish
         env_snapshot = dict(os.environ)
         deps = PipelineDeps(

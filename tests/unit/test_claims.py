@@ -4,8 +4,33 @@ from pathlib import Path
 
 import pytest
 
-from consumers.claim_store import InMemoryClaims, SqliteClaims
+from consumers.claim_store import InMemoryClaims, RedisClaims, SqliteClaims
 from domain.claims import LEASE_GRACE_SECONDS, ClaimRecord, ClaimStatus, decide
+
+STORES = ["memory", "sqlite", "redis"]
+
+
+@pytest.fixture
+async def store_factory(request: pytest.FixtureRequest, tmp_path: Path):
+    """Stores of one kind that share their rows: factory(owner) -> ClaimStore."""
+    kind = request.param
+    rows: dict[str, ClaimRecord] = {}
+    opened = []
+
+    def make(owner: str):
+        if kind == "memory":
+            return InMemoryClaims(owner, rows)
+        if kind == "sqlite":
+            return SqliteClaims(tmp_path / "claims.sqlite3", owner=owner)
+        import redis.asyncio
+
+        url = request.getfixturevalue("redis_url")
+        client = redis.asyncio.Redis.from_url(url)
+        opened.append(client)
+        return RedisClaims(client, owner, prefix=f"test:{tmp_path.name}:")
+    yield make
+    for client in opened:
+        await client.aclose()
 
 
 def test_first_delivery_acquires_the_claim() -> None:
@@ -34,14 +59,29 @@ def test_live_lease_of_another_owner_is_waited_out_then_abandoned() -> None:
         is ClaimStatus.ABANDONED
 
 
-@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
-async def test_stores_apply_the_decision_atomically(store_kind: str, tmp_path: Path) -> None:
-    first = (InMemoryClaims("a") if store_kind == "memory"
-             else SqliteClaims(tmp_path / "claims.sqlite3", owner="a"))
+@pytest.mark.parametrize("store_factory", STORES, indirect=True)
+async def test_stores_apply_the_decision_atomically(store_factory) -> None:
+    first = store_factory("a")
     assert (await first.claim("i/1", now=0, lease_seconds=1)).status is ClaimStatus.ACQUIRED
     assert (await first.claim("i/1", now=0, lease_seconds=1)).status is ClaimStatus.RUNNING_HERE
+    assert (await store_factory("b").claim("i/1", now=0, lease_seconds=1)).status \
+        is ClaimStatus.HELD_ELSEWHERE
     await first.finish("i/1")
     assert (await first.claim("i/1", now=0, lease_seconds=1)).status is ClaimStatus.FINISHED
+
+
+@pytest.mark.parametrize("store_factory", STORES, indirect=True)
+async def test_only_one_executor_takes_over_an_abandoned_claim(store_factory) -> None:
+    await store_factory("dead").claim("i/1", now=0, lease_seconds=1)
+    late = 1 + LEASE_GRACE_SECONDS + 1
+    b, c = store_factory("b"), store_factory("c")
+    seen_b = await b.claim("i/1", now=late, lease_seconds=1)
+    seen_c = await c.claim("i/1", now=late, lease_seconds=1)
+    assert seen_b.status is seen_c.status is ClaimStatus.ABANDONED
+    assert await b.take_over(seen_b.record, now=late, lease_seconds=1) is True
+    assert await c.take_over(seen_c.record, now=late, lease_seconds=1) is False
+    assert (await b.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.RUNNING_HERE
+    assert (await c.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.HELD_ELSEWHERE
 
 
 async def test_sqlite_claims_survive_a_restart_and_expire(tmp_path: Path) -> None:
@@ -52,23 +92,17 @@ async def test_sqlite_claims_survive_a_restart_and_expire(tmp_path: Path) -> Non
     assert (await after.claim("i/1", now=1, lease_seconds=1)).status is ClaimStatus.HELD_ELSEWHERE
     late = 1 + LEASE_GRACE_SECONDS + 1
     assert (await after.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.ABANDONED
-    await after.take_over("i/1", now=late, lease_seconds=1)
+    abandoned = await after.claim("i/1", now=late, lease_seconds=1)
+    assert await after.take_over(abandoned.record, now=late, lease_seconds=1)
     assert (await after.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.RUNNING_HERE
 
 
-@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
-async def test_finished_claim_keeps_its_conclusion_across_restarts(store_kind: str,
-                                                                   tmp_path: Path) -> None:
-    rows: dict[str, ClaimRecord] = {}
-
-    def store(owner: str) -> InMemoryClaims | SqliteClaims:
-        return (InMemoryClaims(owner, rows) if store_kind == "memory"
-                else SqliteClaims(tmp_path / "claims.sqlite3", owner=owner))
-
-    before = store("old")
+@pytest.mark.parametrize("store_factory", STORES, indirect=True)
+async def test_finished_claim_keeps_its_conclusion_across_restarts(store_factory) -> None:
+    before = store_factory("old")
     await before.claim("i/1", now=0, lease_seconds=1)
     await before.finish("i/1", b'{"the": "event"}')
-    found = await store("new").claim("i/1", now=1e9, lease_seconds=1)
+    found = await store_factory("new").claim("i/1", now=1e9, lease_seconds=1)
     assert found.status is ClaimStatus.FINISHED
     assert found.record is not None and found.record.conclusion == b'{"the": "event"}'
 
