@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from consumers.canaries import CanarySlots, LocalCanaries
 from consumers.ports import Clock
 from domain.circuit import Admission, CircuitConfig
 from domain.deadline import effective_timeout, ensure_not_expired, remaining
@@ -55,6 +56,8 @@ class AttemptGate:
 
     circuits: CircuitGate | None = None
     rate_limits: RateLimits = field(default_factory=RateLimits)
+    canaries: CanarySlots = field(default_factory=LocalCanaries)
+    """Caps half-open canaries across replicas (Redis in production)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ async def enter_attempt(gate: AttemptGate, manifest: Mapping[str, Any],
     now = clock()
     ensure_not_expired(deadline, now)
     service = manifest.get("external_service") or None
-    canary = _admit(gate, service, manifest, now)
+    canary = await _admit(gate, service, manifest, now)
     try:
         limit = RateLimitConfig.from_manifest(manifest)
         if limit is not None:
@@ -85,30 +88,41 @@ async def enter_attempt(gate: AttemptGate, manifest: Mapping[str, Any],
                 now = clock()
         timeout = effective_timeout(plan_timeout, deadline, now)
     except BaseException:
-        if canary is not None and gate.circuits is not None:
-            gate.circuits.end_canary(canary)
+        if canary is not None:
+            await _release(gate, canary)
         raise
     return AttemptPass(timeout, timeout < plan_timeout, canary)
 
 
-def _admit(gate: AttemptGate, service: str | None, manifest: Mapping[str, Any],
-           now: datetime) -> str | None:
+async def _admit(gate: AttemptGate, service: str | None, manifest: Mapping[str, Any],
+                 now: datetime) -> str | None:
     """Ask the breaker; returns the service when a canary slot was taken."""
     if service is None or gate.circuits is None:
         return None
-    admission = gate.circuits.admit(service, now, CircuitConfig.from_manifest(manifest))
+    config = CircuitConfig.from_manifest(manifest)
+    admission = gate.circuits.admit(service, now, config)
     if not admission.allowed:
         raise admission.error(service)
-    if admission.canary:
-        gate.circuits.begin_canary(service)
-        return service
-    return None
+    if not admission.canary:
+        return None
+    if not await gate.canaries.acquire(service, config.half_open_max_calls):
+        raise Admission(False, "half_open", reason=(
+            f"{config.half_open_max_calls} canary call(s) already in flight "
+            "across executors")).error(service)
+    gate.circuits.begin_canary(service)
+    return service
 
 
-def leave_attempt(gate: AttemptGate, passed: AttemptPass) -> None:
+async def _release(gate: AttemptGate, service: str) -> None:
+    if gate.circuits is not None:
+        gate.circuits.end_canary(service)
+    await gate.canaries.release(service)
+
+
+async def leave_attempt(gate: AttemptGate, passed: AttemptPass) -> None:
     """Give back the canary slot the attempt held (call once the attempt ended)."""
-    if passed.canary_service is not None and gate.circuits is not None:
-        gate.circuits.end_canary(passed.canary_service)
+    if passed.canary_service is not None:
+        await _release(gate, passed.canary_service)
 
 
 def outcome_past_deadline(outcome: PrimitiveOutcome, passed: AttemptPass) -> PrimitiveOutcome:

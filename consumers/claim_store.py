@@ -181,9 +181,6 @@ class RedisClaims:
         if raw is not None:
             await self._redis.set(name, _dump(_finished(_load(raw), conclusion)), ex=self._ttl)
 
-    async def aclose(self) -> None:
-        await self._redis.aclose()
-
 
 def _dump(record: ClaimRecord) -> str:
     conclusion = (None if record.conclusion is None

@@ -138,7 +138,7 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
                 deps, dataclasses.replace(resolved_plan, timeout_seconds=passed.timeout_seconds),
                 decision.parameters)
         finally:
-            leave_attempt(deps.gate, passed)
+            await leave_attempt(deps.gate, passed)
         outcome = outcome_past_deadline(outcome, passed)
         retry = attempt < policy.max_attempts and is_retriable(outcome, policy)
         finished = _finished(decision, attempt, outcome, manifest, secret_values, final=not retry)

@@ -23,6 +23,7 @@ from faststream.kafka import KafkaBroker
 
 from consumers import authorize, circuits, execute, finalize, resolve
 from consumers.admission import AttemptGate
+from consumers.canaries import CanarySlots, LocalCanaries, RedisCanaries
 from consumers.claim_store import RedisClaims, SqliteClaims
 from consumers.deadletter import DeadLetters
 from consumers.pipeline import (
@@ -81,16 +82,6 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _claim_store(settings: Settings, state: Path, *, owner: str) -> SqliteClaims | RedisClaims:
-    """Redis when configured (shared by every replica), else SQLite under the state dir
-    (durable across restarts of this host's executor)."""
-    if settings.redis_url:
-        import redis.asyncio
-
-        return RedisClaims(redis.asyncio.Redis.from_url(settings.redis_url), owner)
-    return SqliteClaims(state / "claims.sqlite3", owner=owner)
-
-
 @dataclass
 class Stack:
     """A running toolexec: broker connection, registry view and (optionally) consumers."""
@@ -108,6 +99,7 @@ class Stack:
     _offsets: AIOKafkaConsumer | None = field(default=None, init=False)
     _primitives: Primitives | None = field(default=None, init=False)
     _claims: SqliteClaims | RedisClaims | None = field(default=None, init=False)
+    _redis: Any = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
     _attached: list[Attached] = field(default_factory=list, init=False)
     _read_models: Stoppable | None = field(default=None, init=False)
@@ -171,10 +163,11 @@ class Stack:
             self.broker = None
         if self._primitives is not None:
             await self._primitives.aclose()
-        if isinstance(self._claims, RedisClaims):
-            await self._claims.aclose()
-        elif self._claims is not None:
+        if isinstance(self._claims, SqliteClaims):
             self._claims.close()
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
         if self._offsets is not None:
             await self._offsets.stop()
             self._offsets = None
@@ -242,7 +235,16 @@ class Stack:
     def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
         self._primitives = Primitives(ContentStore(state / "cas"), state / "work",
                                       sandbox=resolve_sandbox(self.settings.effective_sandbox))
-        self._claims = _claim_store(self.settings, state, owner=f"executor-{uuid.uuid4()}")
+        owner = f"executor-{uuid.uuid4()}"
+        canaries: CanarySlots = LocalCanaries()
+        if self.settings.redis_url:  # shared by every replica
+            import redis.asyncio
+
+            self._redis = redis.asyncio.Redis.from_url(self.settings.redis_url)
+            self._claims = RedisClaims(self._redis, owner)
+            canaries = RedisCanaries(self._redis)
+        else:  # durable across restarts of this host's executor
+            self._claims = SqliteClaims(state / "claims.sqlite3", owner=owner)
         publish = self.publish
         env_snapshot = dict(os.environ)
         deps = PipelineDeps(
@@ -259,7 +261,7 @@ class Stack:
             execute=execute.ExecuteDeps(
                 registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
                 claims=self._claims, secrets=env_snapshot.get, random=random.random,
-                gate=AttemptGate(circuits=self.circuits)),
+                gate=AttemptGate(circuits=self.circuits, canaries=canaries)),
             finalize=finalize.FinalizeDeps(publish=publish, clock=utc_now),
             dead_letters=DeadLetters(publish, utc_now),
             clock=utc_now,

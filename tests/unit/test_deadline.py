@@ -111,7 +111,7 @@ def test_a_half_open_attempt_holds_a_canary_slot_until_it_leaves() -> None:
     passed = enter(gate, clock)
     assert passed.canary_service == "mail"
     assert not view.admit("mail", NOW, CircuitConfig.from_manifest(API)).allowed
-    leave_attempt(gate, passed)
+    asyncio.run(leave_attempt(gate, passed))
     assert view.admit("mail", NOW, CircuitConfig.from_manifest(API)).allowed
 
 
