@@ -25,6 +25,7 @@ from contracts.events import ChainResolved, InvokeRequested, PermissionDecided
 from domain.capability import Capability, authorise
 from domain.errors import AuthorizationError
 from domain.policy import (
+    EXTERNAL_VERSION,
     AccessRequest,
     DecisionCache,
     DefaultDecision,
@@ -32,6 +33,7 @@ from domain.policy import (
     PolicyDecision,
     PolicyEvaluator,
     ToolResource,
+    cache_key,
     decide,
 )
 
@@ -54,6 +56,12 @@ class PendingTokens:
         if invocation_id not in self._tokens:
             return False, None
         return True, self._tokens.pop(invocation_id)
+
+
+class ExternalEngine(Protocol):
+    """An external ABAC engine (consumers.abac_client.HttpAbac)."""
+
+    async def evaluate(self, request: AccessRequest) -> PolicyDecision: ...
 
 
 class PolicySource(Protocol):
@@ -81,6 +89,8 @@ class AuthorizeDeps:
     default_decision: DefaultDecision = "allow"
     policy_wait_seconds: float = 10.0
     """Bound on waiting for the policy view to load before the first decision."""
+    external: ExternalEngine | None = None
+    """When set, this engine decides instead of the in-process policies."""
 
 
 async def on_invoke_requested(event: Envelope, deps: AuthorizeDeps) -> None:
@@ -111,10 +121,14 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
             )
         capability = authorise(token, deps.public_keys(), tool_id=resolved.tool_id,
                                version=resolved.version, now=int(now.timestamp()))
-        if deps.policies is not None and not await deps.policies.ready(deps.policy_wait_seconds):
-            raise AuthorizationError("the policy view has not loaded the policies yet",
-                                     code="E3205")
-        policy = _policy_decision(capability, resolved, deps, now=now.timestamp())
+        if deps.external is not None:
+            policy = await _external_decision(capability, resolved, deps, now=now.timestamp())
+        else:
+            if deps.policies is not None and not await deps.policies.ready(
+                    deps.policy_wait_seconds):
+                raise AuthorizationError("the policy view has not loaded the policies yet",
+                                         code="E3205")
+            policy = _policy_decision(capability, resolved, deps, now=now.timestamp())
     except AuthorizationError as error:
         decision = PermissionDecided(decision="deny", reason=error.message, enforced=True,
                                      error=error_info(error),
@@ -151,6 +165,25 @@ def _policy_decision(capability: Capability, resolved: ChainResolved, deps: Auth
             f"denied by policy: {decision.reason}", code="E3206",
             details={"policy_version": decision.policy_version,
                      "policy_ids": list(decision.policy_ids), "subject": capability.subject})
+    return decision
+
+
+async def _external_decision(capability: Capability, resolved: ChainResolved,
+                             deps: AuthorizeDeps, *, now: float) -> PolicyDecision:
+    """The external engine's decision, through the decision cache; E3206 on deny."""
+    assert deps.external is not None
+    request = AccessRequest.build(capability.subject, _resource(resolved, deps, None),
+                                  resolved.parameters, now=int(now))
+    key = cache_key(request, EXTERNAL_VERSION)
+    decision = deps.cache.get(key, now=now) if deps.cache is not None else None
+    if decision is None:
+        decision = await deps.external.evaluate(request)
+        if deps.cache is not None:
+            deps.cache.put(key, decision, now=now)
+    if not decision.allowed:
+        raise AuthorizationError(
+            f"denied by the ABAC engine: {decision.reason}", code="E3206",
+            details={"policy_version": EXTERNAL_VERSION, "subject": capability.subject})
     return decision
 
 

@@ -111,6 +111,10 @@ class PolicyEvaluator(Protocol):
 
 CacheKey = tuple[str, str, str, str, tuple[str, ...]]
 
+EXTERNAL_VERSION = "external"
+"""The policy version of decisions made by an external ABAC engine (its policies are
+not in the log; cached decisions of it expire by TTL only)."""
+
 
 def cache_key(request: AccessRequest, policy_version: str) -> CacheKey:
     """(subject, tool, version, policy version, parameter keys)."""

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     policy_default: Literal["allow", "deny"] = "allow"
     """Decision when no Cedar policy was ever applied (with policies, Cedar denies by
     default)."""
+    abac_url: str | None = None
+    """External ABAC engine (`POST {abac_url}/v1/authorize`) deciding instead of the
+    in-process Cedar policies; unreachable -> E3205."""
     decision_cache_ttl_seconds: float = 300.0
     """How long a policy decision is reused for the same (subject, tool, version,
     policy version); every policy.updated clears the cache."""
@@ -92,7 +95,7 @@ class Settings(BaseSettings):
     """Largest record toolexec produces; bigger tool publications are rejected (E3105)."""
 
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
-                     "require_auth", "sandbox", mode="before")
+                     "require_auth", "sandbox", "abac_url", mode="before")
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:
         # `TOOLEXEC_KAFKA_BOOTSTRAP=` in a shell or compose file means "not set".

@@ -22,6 +22,7 @@ from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
 from consumers import authorize, circuits, execute, finalize, resolve
+from consumers.abac_client import HttpAbac
 from consumers.admission import AttemptGate
 from consumers.canaries import CanarySlots, LocalCanaries, RedisCanaries
 from consumers.claim_store import RedisClaims, SqliteClaims
@@ -100,6 +101,7 @@ class Stack:
     _primitives: Primitives | None = field(default=None, init=False)
     _claims: SqliteClaims | RedisClaims | None = field(default=None, init=False)
     _redis: Any = field(default=None, init=False)
+    _abac: HttpAbac | None = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
     _attached: list[Attached] = field(default_factory=list, init=False)
     _read_models: Stoppable | None = field(default=None, init=False)
@@ -168,6 +170,9 @@ class Stack:
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
+        if self._abac is not None:
+            await self._abac.aclose()
+            self._abac = None
         if self._offsets is not None:
             await self._offsets.stop()
             self._offsets = None
@@ -235,6 +240,8 @@ class Stack:
     def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
         self._primitives = Primitives(ContentStore(state / "cas"), state / "work",
                                       sandbox=resolve_sandbox(self.settings.effective_sandbox))
+        if self.settings.abac_url:
+            self._abac = HttpAbac(self.settings.abac_url)
         owner = f"executor-{uuid.uuid4()}"
         canaries: CanarySlots = LocalCanaries()
         if self.settings.redis_url:  # shared by every replica
@@ -257,7 +264,7 @@ class Stack:
                 public_keys=lambda: keys.verification_keys(self.settings),
                 pending=authorize.PendingTokens(), registry=self.registry,
                 policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
-                default_decision=self.settings.policy_default),
+                default_decision=self.settings.policy_default, external=self._abac),
             execute=execute.ExecuteDeps(
                 registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
                 claims=self._claims, secrets=env_snapshot.get, random=random.random,

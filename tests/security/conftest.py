@@ -60,8 +60,8 @@ def unsigned(**changes: Any) -> str:
 
 def build_secure_harness(public_keys: list[Any], *,
                          secrets: Callable[[str], str | None] = lambda name: None,
-                         runner: Any = None) -> tuple[Harness, KafkaBroker, PolicyView,
-                                                      DecisionCache]:
+                         runner: Any = None, external: Any = None,
+                         ) -> tuple[Harness, KafkaBroker, PolicyView, DecisionCache]:
     """The pipeline on TestKafkaBroker with require_auth on and Cedar policies wired."""
     broker = KafkaBroker("localhost:9092", apply_types=False, decoder=passthrough_decoder)
     registry = FakeRegistry()
@@ -89,7 +89,7 @@ def build_secure_harness(public_keys: list[Any], *,
         authorize=authorize.AuthorizeDeps(
             publish=publish, clock=clock, require_auth=True, public_keys=lambda: public_keys,
             pending=authorize.PendingTokens(), registry=registry, policies=view,
-            evaluator=CedarEvaluator(), cache=cache),
+            evaluator=CedarEvaluator(), cache=cache, external=external),
         execute=execute.ExecuteDeps(registry=registry, publish=publish, clock=clock,
                                     runner=runner, claims=claims_store, secrets=secrets,
                                     random=lambda: 0.0, sleep=no_sleep),
