@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from consumers.primitives.http_pool import ShardedClients
 from domain.model import SubprocessPlan
 from toolexec.bench_env import API_PARAMS, API_TOOL, SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment
 from toolexec.bench_env import script_plan as build_script_plan
@@ -185,14 +186,22 @@ async def api_throughput(env: BenchEnvironment, *, concurrency: int,
                          seconds: float) -> ScenarioResult:
     """Scenario 2: closed-loop API-tool invocations vs httpx straight to the server."""
     url = f"http://{env.http_host}/item/{API_PARAMS['word']}"
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits) as http:
-        async def direct() -> bool:
-            response = await http.get(url)
-            return response.status_code == 200
+    # The baseline uses httpx as the executor does (sharded clients): one client with
+    # 50 requests in flight is several times slower (see consumers.primitives.http_pool).
+    http = ShardedClients(lambda n: httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)),
+        max_connections=concurrency)
 
+    async def direct() -> bool:
+        with http.lease() as client:
+            response = await client.get(url)
+        return response.status_code == 200
+
+    try:
         await closed_loop(direct, concurrency=concurrency, seconds=min(1.0, seconds))
         base = await closed_loop(direct, concurrency=concurrency, seconds=seconds)
+    finally:
+        await http.aclose()
     pipeline = pipeline_call(env, API_TOOL, API_PARAMS)
     await closed_loop(pipeline, concurrency=concurrency, seconds=min(1.0, seconds))
     measured = await closed_loop(pipeline, concurrency=concurrency, seconds=seconds)

@@ -42,6 +42,7 @@ from urllib.parse import quote, quote_plus, urlencode
 
 import httpx
 
+from consumers.primitives.http_pool import ShardedClients
 from domain.errors import NetworkPolicyViolation, ToolexecError, ValidationFailed
 from domain.model import HttpPlan, NetworkPolicy, PrimitiveOutcome
 
@@ -56,18 +57,21 @@ _REDACTED = "[REDACTED]"
 SecretLookup = Callable[[str], str | None]
 
 
+def _client(connections: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        trust_env=False, follow_redirects=False,
+        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+        headers={"user-agent": "toolexec-http-client"},
+    )
+
+
 class HttpPrimitive:
-    """Sends HTTP plans on one shared httpx.AsyncClient (pooled, sized for ~100
-    concurrent requests, no environment proxies, no redirects, no cookie jar)."""
+    """Sends HTTP plans on shared, pooled httpx clients (~100 concurrent requests in
+    all, no environment proxies, no redirects, no cookie jar)."""
 
     def __init__(self, *, max_connections: int = 100) -> None:
-        self._client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections),
-            trust_env=False, follow_redirects=False,
-            cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
-            headers={"user-agent": "toolexec-http-client"},
-        )
+        self._clients = ShardedClients(_client, max_connections=max_connections)
 
     async def run(self, plan: HttpPlan, params: Mapping[str, Any], *,
                   secrets: SecretLookup) -> PrimitiveOutcome:
@@ -89,7 +93,7 @@ class HttpPrimitive:
 
     async def aclose(self) -> None:
         """Close the pooled connections."""
-        await self._client.aclose()
+        await self._clients.aclose()
 
     def _build(self, plan: HttpPlan, params: Mapping[str, Any], secrets: SecretLookup,
                revealed: list[str]) -> httpx.Request:
@@ -108,8 +112,8 @@ class HttpPrimitive:
         if query:
             url += ("&" if "?" in url else "?") + urlencode(query, quote_via=quote_plus)
         try:
-            return self._client.build_request(method, url, headers=headers, json=body,
-                                              timeout=plan.timeout_seconds)
+            return self._clients.clients[0].build_request(
+                method, url, headers=headers, json=body, timeout=plan.timeout_seconds)
         except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError, TypeError) as error:
             raise ToolexecError(f"the request cannot be built: {type(error).__name__}",
                                 code="E3401",
@@ -118,12 +122,13 @@ class HttpPrimitive:
     async def _send(self, request: httpx.Request, plan: HttpPlan,
                     started: float) -> PrimitiveOutcome:
         try:
-            async with asyncio.timeout(plan.timeout_seconds):
-                response = await self._client.send(request, stream=True)
-                try:
-                    body, truncated = await _read_capped(response)
-                finally:
-                    await response.aclose()
+            with self._clients.lease() as client:
+                async with asyncio.timeout(plan.timeout_seconds):
+                    response = await client.send(request, stream=True)
+                    try:
+                        body, truncated = await _read_capped(response)
+                    finally:
+                        await response.aclose()
         except (TimeoutError, httpx.TimeoutException):
             raise ToolexecError(f"{request.url.host} did not answer within "
                                 f"{plan.timeout_seconds:g}s", code="E3503",
