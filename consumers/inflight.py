@@ -98,6 +98,15 @@ class InFlight:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def skip(self, record: Any, commit: Commit) -> None:
+        """A record with nothing to do: done at once, in order with the others."""
+        tp = TopicPartition(record.topic, record.partition)
+        window = self._windows.setdefault(tp, PartitionWindow())
+        window.start(record.offset)
+        position = window.finish(record.offset)
+        if position is not None:
+            await commit({tp: position})
+
     async def _run(self, tp: TopicPartition, window: PartitionWindow, offset: int,
                    work: Callable[[], Awaitable[None]], commit: Commit) -> None:
         try:

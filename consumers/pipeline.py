@@ -148,6 +148,10 @@ def attach_step(broker: KafkaBroker, step: Step, deps: PipelineDeps, *,
             for tp, position in positions.items():
                 committer.done(consumer.commit, tp, position)
 
+        ce_type = header_type(record.headers)
+        if ce_type is not None and ce_type not in step.handlers:
+            await inflight.skip(record, commit)  # no task for records of other steps
+            return
         await inflight.submit(record, lambda: process_record(record, step, deps), commit)
 
     return Attached(committer, inflight)

@@ -74,3 +74,27 @@ async def test_limit_bounds_the_work_in_flight() -> None:
 async def _submit_all(inflight: InFlight, work, commit, count: int) -> None:
     for n in range(count):
         await inflight.submit(SimpleNamespace(topic="t", partition=1, offset=n), work, commit)
+
+
+async def test_a_skipped_record_commits_only_after_the_records_before_it() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from consumers.inflight import InFlight
+
+    commits: list[dict] = []
+
+    async def commit(positions: dict) -> None:
+        commits.append({tp.partition: p for tp, p in positions.items()})
+
+    release = asyncio.Event()
+    inflight = InFlight(4)
+    await inflight.submit(SimpleNamespace(topic="t", partition=0, offset=0),
+                          release.wait, commit)
+    await inflight.skip(SimpleNamespace(topic="t", partition=0, offset=1), commit)
+    assert commits == []  # offset 0 still runs
+    release.set()
+    await inflight.drain()
+    assert commits == [{0: 2}]
+    await inflight.skip(SimpleNamespace(topic="t", partition=0, offset=2), commit)
+    assert commits == [{0: 2}, {0: 3}]
