@@ -22,7 +22,7 @@ from consumers.events import derive, error_info, failed
 from consumers.ports import Clock, Publish, RegistryReader
 from contracts.envelope import Envelope
 from contracts.events import ChainResolved, InvokeRequested, PermissionDecided
-from domain.capability import Capability, authorise
+from domain.capability import Capability, VerifiedTokens, authorise
 from domain.errors import AuthorizationError
 from domain.policy import (
     EXTERNAL_VERSION,
@@ -91,6 +91,8 @@ class AuthorizeDeps:
     """Bound on waiting for the policy view to load before the first decision."""
     external: ExternalEngine | None = None
     """When set, this engine decides instead of the in-process policies."""
+    verified: VerifiedTokens | None = None
+    """Tokens already verified (repeated tokens skip the RSA verification)."""
 
 
 async def on_invoke_requested(event: Envelope, deps: AuthorizeDeps) -> None:
@@ -120,7 +122,8 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
                 code="E3203",
             )
         capability = authorise(token, deps.public_keys(), tool_id=resolved.tool_id,
-                               version=resolved.version, now=int(now.timestamp()))
+                               version=resolved.version, now=int(now.timestamp()),
+                               verified=deps.verified)
         if deps.external is not None:
             policy = await _external_decision(capability, resolved, deps, now=now.timestamp())
         else:

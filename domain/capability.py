@@ -7,8 +7,9 @@ checked here rather than by PyJWT's own clock.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
@@ -44,6 +45,11 @@ def verify_token(token: str, public_keys: Sequence[Any], *, now: int) -> Capabil
     E3203 malformed (also: wrong algorithm, missing claims), E3202 bad signature,
     E3201 expired. `alg: none` and HS256 are refused before any key is tried.
     """
+    return _capability_from(_checked_claims(token, public_keys), now)
+
+
+def _checked_claims(token: str, public_keys: Sequence[Any]) -> dict[str, Any]:
+    """The claims of `token` once its algorithm and signature are checked."""
     try:
         header = jwt.get_unverified_header(token)
     except jwt.PyJWTError as exc:
@@ -52,8 +58,7 @@ def verify_token(token: str, public_keys: Sequence[Any], *, now: int) -> Capabil
         raise _fail("E3203", f"token algorithm {header.get('alg')!r} is not accepted; RS256 only")
     if not public_keys:
         raise _fail("E3202", "no verification key is configured")
-    claims = _decode_with_any(token, public_keys)
-    return _capability_from(claims, now)
+    return _decode_with_any(token, public_keys)
 
 
 def _decode_with_any(token: str, public_keys: Sequence[Any]) -> dict[str, Any]:
@@ -95,13 +100,51 @@ def _capability_from(claims: dict[str, Any], now: int) -> Capability:
     )
 
 
+@dataclass
+class VerifiedTokens:
+    """Claims of tokens whose signature was already verified, so an agent presenting
+    the same token again costs a lookup instead of an RSA verification (~0.2 ms).
+
+    Keyed by the token text and the fingerprints of the keys it was checked against:
+    a rotated key set misses. Expiry is checked again on every use.
+    """
+
+    limit: int = 10_000
+    hits: int = 0
+    misses: int = 0
+    _claims: OrderedDict[tuple[str, tuple[int, ...]], dict[str, Any]] = field(
+        default_factory=OrderedDict)
+
+    def verify(self, token: str, public_keys: Sequence[Any], *, now: int) -> Capability:
+        key = (token, tuple(_fingerprint(k) for k in public_keys))
+        claims = self._claims.get(key)
+        if claims is None:
+            self.misses += 1
+            claims = self._claims[key] = _checked_claims(token, public_keys)
+            while len(self._claims) > self.limit:
+                self._claims.popitem(last=False)
+        else:
+            self.hits += 1
+        return _capability_from(claims, now)
+
+
+def _fingerprint(public_key: Any) -> int:
+    try:
+        numbers = public_key.public_numbers()
+        return hash((numbers.n, numbers.e))
+    except AttributeError:  # not an RSA key: it can verify no RS256 token anyway
+        return hash(repr(public_key))
+
+
 def authorise(token: str | None, public_keys: Sequence[Any], *, tool_id: str, version: str,
-              now: int) -> Capability:
+              now: int, verified: VerifiedTokens | None = None) -> Capability:
     """Verify `token` and check it grants `tool_id@version` (E3204 otherwise).
-    A missing token is refused like a malformed one (E3203)."""
+    A missing token is refused like a malformed one (E3203). With `verified`, a token
+    seen before is not verified again."""
     if not token:
         raise _fail("E3203", "capability token required but none was presented")
-    capability = verify_token(token, public_keys, now=now)
+    capability = (verified.verify(token, public_keys, now=now) if verified is not None
+                  else verify_token(token, public_keys, now=now))
     if not capability.allows(tool_id, version):
         raise _fail("E3204", f"tool {tool_id}@{version} is not in the capability token")
     return capability

@@ -63,18 +63,29 @@ def load_private_key(path: Path) -> Any:
 
 
 def load_public_keys(paths: Iterable[Path]) -> list[Any]:
-    """RSA public keys from PEM files and JWKS files (every RSA key of a set)."""
+    """RSA public keys from PEM files and JWKS files (every RSA key of a set). A file
+    is parsed again only when its size or modification time changed (rotation)."""
     keys: list[Any] = []
     for path in paths:
-        raw = path.read_bytes()
-        if raw.lstrip().startswith(b"{"):
-            document = json.loads(raw)
-            entries = document.get("keys", [document])
-            keys.extend(jwt.PyJWK(entry, algorithm=ALGORITHM).key for entry in entries
-                        if entry.get("kty") == "RSA")
-        else:
-            keys.append(serialization.load_pem_public_key(raw))
+        stat = path.stat()
+        cache_key = (str(path), stat.st_mtime_ns, stat.st_size)
+        loaded = _LOADED.get(cache_key)
+        if loaded is None:
+            loaded = _LOADED[cache_key] = _parse_public_keys(path.read_bytes())
+        keys.extend(loaded)
     return keys
+
+
+_LOADED: dict[tuple[str, int, int], list[Any]] = {}
+
+
+def _parse_public_keys(raw: bytes) -> list[Any]:
+    if raw.lstrip().startswith(b"{"):
+        document = json.loads(raw)
+        entries = document.get("keys", [document])
+        return [jwt.PyJWK(entry, algorithm=ALGORITHM).key for entry in entries
+                if entry.get("kty") == "RSA"]
+    return [serialization.load_pem_public_key(raw)]
 
 
 def verification_keys(settings: Settings) -> list[Any]:

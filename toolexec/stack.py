@@ -42,6 +42,7 @@ from consumers.primitives.subprocess_primitive import resolve_sandbox
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode, encode
+from domain.capability import VerifiedTokens
 from domain.policy import DecisionCache
 from projections.circuit_view import CircuitView
 from projections.policy_view import PolicyView
@@ -264,7 +265,8 @@ class Stack:
                 public_keys=lambda: keys.verification_keys(self.settings),
                 pending=authorize.PendingTokens(), registry=self.registry,
                 policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
-                default_decision=self.settings.policy_default, external=self._abac),
+                default_decision=self.settings.policy_default, external=self._abac,
+                verified=VerifiedTokens()),
             execute=execute.ExecuteDeps(
                 registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
                 claims=self._claims, secrets=env_snapshot.get, random=random.random,

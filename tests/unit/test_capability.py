@@ -105,3 +105,42 @@ def test_hs256_with_the_public_key_as_secret_is_rejected(keys) -> None:
 def test_token_without_exp_is_rejected(keys) -> None:
     private, public = keys
     assert _code(lambda: verify_token(_token(private, exp=None), [public], now=NOW)) == "E3203"
+
+
+def test_a_token_seen_before_is_not_verified_again(keys) -> None:
+    from domain.capability import VerifiedTokens
+
+    private, public = keys
+    verified = VerifiedTokens()
+    token = _token(private)
+    for _ in range(3):
+        authorise(token, [public], tool_id="hello", version="1.0.0", now=NOW, verified=verified)
+    assert (verified.misses, verified.hits) == (1, 2)
+
+
+def test_a_cached_token_still_expires_and_still_names_its_tools(keys) -> None:
+    from domain.capability import VerifiedTokens
+
+    private, public = keys
+    verified = VerifiedTokens()
+    token = _token(private)
+    verified.verify(token, [public], now=NOW)
+    assert _code(lambda: verified.verify(token, [public], now=NOW + 301)) == "E3201"
+    assert _code(lambda: authorise(token, [public], tool_id="other", version="1.0.0", now=NOW,
+                                   verified=verified)) == "E3204"
+
+
+def test_a_rotated_key_set_verifies_cached_tokens_again(keys) -> None:
+    from domain.capability import VerifiedTokens
+
+    private, public = keys
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
+    verified = VerifiedTokens()
+    token = _token(private)
+    verified.verify(token, [public], now=NOW)
+    # The signing key was retired: the cached verification does not carry over.
+    assert _code(lambda: verified.verify(token, [other], now=NOW)) == "E3202"
+    # A forged token never enters the cache.
+    forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    assert _code(lambda: verified.verify(forged, [public], now=NOW)) in ("E3202", "E3203")
+    assert verified.misses == 3 and verified.hits == 0
