@@ -70,9 +70,10 @@ class Settings(BaseSettings):
     decision_cache_ttl_seconds: float = 300.0
     """How long a policy decision is reused for the same (subject, tool, version,
     policy version); every policy.updated clears the cache."""
-    sandbox: Literal["auto", "bwrap", "rlimits", "none"] | None = None
-    """Subprocess sandbox; None = the profile default: "auto" embedded (bubblewrap when
-    installed, else rlimits), "bwrap" in production (no bubblewrap -> E3405)."""
+    sandbox: Literal["auto", "bwrap", "landlock", "rlimits", "none"] | None = None
+    """Subprocess sandbox; None = "auto": bubblewrap when installed, else Landlock when
+    the kernel supports it, else (embedded) rlimits or (production) E3405 on every run.
+    `rlimits` is the explicit opt-out; `bwrap` / `landlock` force one sandbox."""
     strict_chain: bool = True
     """Fail resolution when a parent does not validate its child."""
     log_json: bool = False
@@ -120,10 +121,13 @@ class Settings(BaseSettings):
 
     @property
     def effective_sandbox(self) -> str:
-        """`sandbox`, or the profile default."""
-        if self.sandbox is not None:
-            return self.sandbox
-        return "auto" if self.embedded else "bwrap"
+        """`sandbox`, or "auto"."""
+        return self.sandbox if self.sandbox is not None else "auto"
+
+    @property
+    def sandbox_strict(self) -> bool:
+        """Whether "auto" fails closed when no sandbox is available (production)."""
+        return not self.embedded
 
     @property
     def runtime_file(self) -> Path:

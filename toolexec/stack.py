@@ -38,7 +38,7 @@ from consumers.pipeline import (
 from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
-from consumers.primitives.subprocess_primitive import resolve_sandbox
+from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbox
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode, encode
@@ -239,8 +239,13 @@ class Stack:
             view.advance(record.partition, record.offset)
 
     def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
+        sandbox = resolve_sandbox(self.settings.effective_sandbox,
+                                  strict=self.settings.sandbox_strict)
+        if sandbox in ("rlimits", NO_SANDBOX) and self.settings.effective_sandbox == "auto":
+            log.warning("sandbox.unavailable", sandbox=sandbox,
+                        reason="neither bubblewrap nor Landlock is available")
         self._primitives = Primitives(ContentStore(state / "cas"), state / "work",
-                                      sandbox=resolve_sandbox(self.settings.effective_sandbox))
+                                      sandbox=sandbox)
         if self.settings.abac_url:
             self._abac = HttpAbac(self.settings.abac_url)
         owner = f"executor-{uuid.uuid4()}"
