@@ -47,8 +47,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     """SQLAlchemy URL of the projection store; None = SQLite under `state_dir`."""
     redis_url: str | None = None
-    """Redis for the executor's idempotency claims, shared by every replica
-    (e.g. `redis://host:6379/0`); None = SQLite under `state_dir`."""
+    """Redis shared by every replica for the executor's idempotency claims and the
+    authorize step's decision cache (e.g. `redis://host:6379/0`); None = SQLite claims
+    under `state_dir` and an in-process decision cache."""
     state_dir: Path = Path(".toolexec")
     """Runtime state of the embedded profile: SQLite, caches, logs, runtime.json."""
     tools_dir: Path = Path(".ai/tools")
@@ -69,7 +70,7 @@ class Settings(BaseSettings):
     in-process Cedar policies; unreachable -> E3205."""
     decision_cache_ttl_seconds: float = 300.0
     """How long a policy decision is reused for the same (subject, tool, version,
-    policy version); every policy.updated clears the cache."""
+    policy version); every policy.updated clears the cache (in Redis too)."""
     sandbox: Literal["auto", "bwrap", "landlock", "rlimits", "none"] | None = None
     """Subprocess sandbox; None = "auto": bubblewrap when installed, else Landlock when
     the kernel supports it, else (embedded) rlimits or (production) E3405 on every run.
