@@ -12,6 +12,12 @@ A decision is keyed by (subject, tool, version, policy version, parameter keys)
   decisions of an external ABAC engine, whose key has no policy version). There is no
   other channel between replicas than the log.
 
+Limits: a purge that fails (Redis down) is not retried, so decisions of an external
+engine may then live until their TTL; and policy text re-applied under an unchanged
+version id (`toolexec policy apply` versions by content hash unless told otherwise)
+relies on the purge alone, so a replica that has not folded it yet may write one
+last decision under the old text.
+
 Redis is an optimisation, never a dependency of a decision: when it fails (down,
 timeout, bad data) the step evaluates the policies as if the entry were missing,
 says so in one warning log line per outage, and retries Redis after

@@ -17,7 +17,13 @@ import pytest
 from consumers.primitives import bubblewrap, landlock, landlock_exec
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbox, run_subprocess
-from domain.model import NetworkPolicy, PrimitiveOutcome, SubprocessPlan, ToolFile
+from domain.model import (
+    NetworkPolicy,
+    PrimitiveOutcome,
+    ResourceLimits,
+    SubprocessPlan,
+    ToolFile,
+)
 
 ABI = landlock_exec.abi_version()
 pytestmark = [
@@ -137,6 +143,12 @@ async def test_signalling_toolexec_is_refused(tmp_path: Path) -> None:
             print("refused")
     """)
     assert outcome.stdout.strip() == b"refused"  # and this test process is still alive
+
+
+async def test_rlimits_still_apply_under_landlock(tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, "x = bytearray(600 * 1024 * 1024)",
+                         limits=ResourceLimits(memory_bytes=200 * 1024 * 1024))
+    assert not outcome.ok and outcome.error["code"] == "E3403"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="capabilities are dropped only as root")
