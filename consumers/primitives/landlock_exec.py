@@ -14,8 +14,10 @@ What the tool may do afterwards:
   other path of the host is refused (EACCES), /tmp and /proc included;
 - network (Landlock ABI >= 4): no TCP connect or bind at all with `--net deny`, TCP
   connect only to the listed ports with `--net ports:...`, unrestricted with
-  `--net allow`. Landlock filters TCP only: UDP and unix sockets bound to a path are
-  not covered (abstract unix sockets are, from ABI 6);
+  `--net allow`. Landlock filters TCP only; with `--net deny` as root the wrapper
+  also moves into a new, empty network namespace, so UDP reaches nothing either (not
+  so for other users: there UDP stays open). Unix sockets bound to a path stay
+  reachable (abstract unix sockets are scoped from ABI 6);
 - signals and abstract unix sockets (ABI >= 6): scoped to its own Landlock domain, so
   it cannot signal toolexec or any other process outside the sandbox.
 Landlock also forbids mount changes and ptrace of processes outside the domain.
@@ -50,6 +52,7 @@ _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAPABILITY_VERSION_3 = 0x20080522
+_CLONE_NEWNET = 0x40000000
 
 # filesystem access rights (linux/landlock.h)
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -154,6 +157,8 @@ def restrict(read_only: list[str], read_write: list[str], devices: list[str],
             for port in (int(p) for p in net[len("ports:"):].split(",") if p):
                 rule = _NetPortAttr(allowed_access=_CONNECT_TCP, port=port)
                 _syscall("add_rule", ruleset, _RULE_NET_PORT, ctypes.byref(rule), 0)
+        if net == "deny" and os.geteuid() == 0:
+            _leave_the_network()
         if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SetupError(f"prctl(NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
         if os.geteuid() == 0:
@@ -178,6 +183,13 @@ def _allow_path(ruleset: int, path: str, rights: int) -> None:
         _syscall("add_rule", ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0)
     finally:
         os.close(fd)
+
+
+def _leave_the_network() -> None:
+    """As root: a new, empty network namespace (no interface but a loopback that is
+    down), so UDP and raw sockets reach nothing either."""
+    if _libc().unshare(_CLONE_NEWNET) != 0:
+        raise SetupError(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
 
 
 def _drop_capabilities() -> None:

@@ -115,6 +115,26 @@ async def test_tcp_connect_fails_without_network_permission(tmp_path: Path,
     assert b"Permission denied" in outcome.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the empty network namespace needs root")
+async def test_udp_datagrams_do_not_leave_the_sandbox(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.settimeout(0.5)
+        outcome = await _run(tmp_path, f"""
+            import socket
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                s.sendto(b"exfiltrated", ("127.0.0.1", {server.getsockname()[1]}))
+                print("sent")
+            except OSError as error:
+                print("refused", error.errno)
+        """)
+        with pytest.raises(TimeoutError):
+            server.recvfrom(100)
+    assert outcome.ok, outcome.error
+    assert outcome.stdout.startswith(b"refused")
+
+
 async def test_network_policy_opens_only_its_ports(tmp_path: Path, listener: int) -> None:
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
@@ -209,12 +229,17 @@ async def test_a_tool_runs_end_to_end_under_landlock_and_the_log_says_so(
                         user_tools_dir=None, sandbox="landlock")
     seen: list[Envelope] = []
     async with Stack(settings, group_prefix="landlock") as stack:
-        for source in [*load_builtin_sources(), load_source(tools / "py_echo")]:
+        for source in [*load_builtin_sources(), load_source(tools / "py_echo"),
+                       load_source(tools / "sh_upper")]:
             await stack.publish(publish_event(source, now=datetime.now(UTC)))
         async with InvocationClient(stack.bootstrap) as client:
-            terminal = await client.invoke("py_echo", {"text": "ab", "times": 2},
-                                           progress=seen.append, timeout=60)
-    assert terminal.type == "tool.invoke.completed", terminal.data
-    assert terminal.data.result == {"echo": "abab", "keys": 2}
+            python = await client.invoke("py_echo", {"text": "ab", "times": 2},
+                                         progress=seen.append, timeout=60)
+            shell = await client.invoke("sh_upper", {"text": "quiet words"},
+                                        progress=seen.append, timeout=60)
+    assert python.type == "tool.invoke.completed", python.data
+    assert python.data.result == {"echo": "abab", "keys": 2}
+    assert shell.type == "tool.invoke.completed", shell.data
+    assert "QUIET WORDS" in shell.data.result["upper"]
     started = [e for e in seen if e.type == "tool.execution.started"]
-    assert [e.data.sandbox for e in started] == ["landlock"]
+    assert [e.data.sandbox for e in started] == ["landlock", "landlock"]
