@@ -195,6 +195,20 @@ async def test_a_kernel_without_landlock_fails_closed_with_E3405(
     assert "Landlock" in outcome.error["message"]
 
 
+async def test_a_wrapper_that_cannot_restrict_itself_fails_closed_with_E3405(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_prefix = landlock.landlock_prefix
+
+    def unusable_rules(*args: Any, **kwargs: Any) -> list[str]:
+        return [*real_prefix(*args, **kwargs)[:-1], "--net", "ports:eighty", "--"]
+
+    monkeypatch.setattr(landlock, "landlock_prefix", unusable_rules)
+    outcome = await _run(tmp_path, "print('TOOL RAN')")
+    assert not outcome.ok and outcome.error["code"] == "E3405"
+    assert "landlock_exec" in outcome.error["message"]
+    assert b"TOOL RAN" not in outcome.stdout
+
+
 def test_auto_falls_back_from_bwrap_to_landlock_then_fails_closed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bubblewrap, "bwrap_binary", lambda: None)
