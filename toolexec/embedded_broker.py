@@ -241,11 +241,13 @@ class EmbeddedBroker:
                 await asyncio.sleep(0.01)
         self.stop_sync()
 
-    async def restart(self) -> None:
-        """Stop the broker and start it again on the same port with the same storage
-        and cluster id (with `s3://` storage it comes back with its log)."""
+    async def restart(self, *, downtime: float = 0.0) -> None:
+        """Stop the broker and, `downtime` seconds later, start it again on the same
+        port with the same storage and cluster id (with `s3://` storage it comes back
+        with its log)."""
         port = self._port
         await self.stop()
+        await asyncio.sleep(downtime)
         requested, self._requested_port = self._requested_port, port
         try:
             await self.start()
