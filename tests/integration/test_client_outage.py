@@ -4,6 +4,8 @@ see to its end it reports with a code instead of hanging."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from consumers.events import failed
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
 from domain.errors import ToolexecError
+from tests.cli_process import toolexec
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
 from toolexec.embedded_broker import EmbeddedBroker
@@ -68,3 +71,16 @@ async def test_the_client_reconnects_after_a_broker_restart(tmp_path: Path) -> N
             await client.send(terminal_failure("inv-after"))
             terminal = await waiting
     assert (terminal.type, terminal.correlationid) == ("tool.invoke.failed", "inv-after")
+
+
+async def test_run_reports_e3002_when_no_result_arrives_in_time(tmp_path: Path) -> None:
+    async with EmbeddedBroker(TOPICS, log_dir=tmp_path) as broker:
+        # A "running system" whose pipeline never answers: the broker, no consumers.
+        state = tmp_path / ".toolexec"
+        state.mkdir()
+        (state / "runtime.json").write_text(json.dumps(
+            {"kafka_bootstrap": broker.bootstrap, "pid": os.getpid()}))
+        run = await asyncio.to_thread(toolexec, "run", "echo", "--timeout", "1", "--json",
+                                      cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert json.loads(run.stdout)["error"]["code"] == "E3002"
