@@ -11,15 +11,18 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from contracts.envelope import Envelope
-from toolexec.client import InvocationClient
+from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
 from toolexec.publishing import publish_event
 from toolexec.read_models import start_read_models
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check, collect_sources
 from toolexec.stack import Stack
+
+InvocationReported = (InvocationNotDelivered, InvocationUnresolved)
 
 err = Console(stderr=True)
 out = Console()
@@ -116,8 +119,15 @@ def run(
         raise typer.Exit(2) from exc
     tool_id, _, version_range = tool.partition("@")
     settings = Settings()
-    terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters, lockfile,
-                                token, tools, timeout, quiet=as_json))
+    try:
+        terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
+                                    lockfile, token, tools, timeout, quiet=as_json))
+    except InvocationReported as error:  # E3001 not delivered / E3002 no result in time
+        if as_json:
+            out.print_json(data={"error": error.to_dict()})
+        else:
+            err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
+        raise typer.Exit(1) from None
     raise typer.Exit(_print_terminal(terminal, as_json))
 
 
