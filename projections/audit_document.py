@@ -21,10 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import rfc8785
-
 from contracts.envelope import Envelope
 from contracts.events import dataschema_uri
+from domain.canonical_json import canonical_json
 from domain.redaction import redact
 from projections.tables import iso
 
@@ -110,7 +109,7 @@ def audit_document(envelope: Envelope) -> tuple[dict[str, Any], int]:
 
 def canonical(value: Any) -> bytes:
     """RFC 8785 canonical JSON bytes of `value`."""
-    return rfc8785.dumps(value)
+    return canonical_json(value)
 
 
 HASHED_COLUMNS: Final = ("topic", "partition", "offset", "event_id", "type", "time",
@@ -120,9 +119,16 @@ HASHED_COLUMNS: Final = ("topic", "partition", "offset", "event_id", "type", "ti
 def chain_hash(prev_hash: str, columns: Mapping[str, Any], document: Any) -> str:
     """The hash of one audit record (its `HASHED_COLUMNS` and parsed document) given its
     predecessor's hash."""
-    body = canonical({**{name: columns[name] for name in HASHED_COLUMNS},
-                      "document": document})
-    return hashlib.sha256(prev_hash.encode("ascii") + body).hexdigest()
+    return _chain_hash(prev_hash, columns, canonical(document))
+
+
+def _chain_hash(prev_hash: str, columns: Mapping[str, Any], document: bytes) -> str:
+    # "document" sorts before every hashed column name, so the canonical body is the
+    # document's canonical text spliced in front of the columns' (no second pass over
+    # the document).
+    rest = canonical({name: columns[name] for name in HASHED_COLUMNS})
+    return hashlib.sha256(b"".join((prev_hash.encode("ascii"), b'{"document":', document,
+                                    b",", rest[1:]))).hexdigest()
 
 
 def audit_entry(envelope: Envelope, *, topic: str, partition: int, offset: int,
@@ -134,8 +140,9 @@ def audit_entry(envelope: Envelope, *, topic: str, partition: int, offset: int,
                "event_id": envelope.id, "type": envelope.type, "time": document["time"],
                "invocation_id": getattr(data, "invocation_id", None),
                "tool_id": getattr(data, "tool_id", None), "redactions": count}
-    return AuditEntry(**columns, document=canonical(document).decode("utf-8"),
-                      prev_hash=prev_hash, hash=chain_hash(prev_hash, columns, document))
+    text = canonical(document)
+    return AuditEntry(**columns, document=text.decode("utf-8"), prev_hash=prev_hash,
+                      hash=_chain_hash(prev_hash, columns, text))
 
 
 def _json_safe(value: Any) -> Any:

@@ -48,7 +48,7 @@ def evolve_invocation(row: Row | None, envelope: Envelope) -> Row | None:
         return row
     at = iso(envelope.time)
     new = dict(row) if row is not None else new_invocation(invocation_id, at)
-    new["timeline"] = [*new["timeline"], _timeline_entry(envelope)]
+    new["timeline"] = [*new["timeline"], _timeline_entry(envelope, at)]
     new["updated_at"] = max(new["updated_at"], at)
     if getattr(data, "tool_id", None) and new["tool_id"] is None:
         new["tool_id"] = data.tool_id
@@ -89,9 +89,9 @@ def _apply(row: Row, envelope: Envelope, at: str) -> None:
         row["cancel_requested"] = True
 
 
-def _timeline_entry(envelope: Envelope) -> dict[str, Any]:
+def _timeline_entry(envelope: Envelope, at: str) -> dict[str, Any]:
     data: Any = envelope.data
-    entry: dict[str, Any] = {"type": envelope.type, "time": iso(envelope.time), "id": envelope.id}
+    entry: dict[str, Any] = {"type": envelope.type, "time": at, "id": envelope.id}
     for name in ("attempt", "decision", "outcome", "stage"):
         value = getattr(data, name, None)
         if value is not None:
