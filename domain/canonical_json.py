@@ -29,6 +29,7 @@ _ENCODE = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", 
                            allow_nan=False, check_circular=False).encode
 
 _SAME, _INTEGRAL_FLOATS, _REFERENCE = 0, 1, 2
+_INF: Final = float("inf")
 
 
 def canonical_json(value: Any) -> bytes:
@@ -47,37 +48,42 @@ def canonical_json(value: Any) -> bytes:
 
 def _check(value: Any) -> int:
     """How `value` can be encoded: as is, after integral floats become ints, or only
-    by the reference."""
-    kind = type(value)
-    if kind is str or value is None or kind is bool:
-        return _SAME
-    if kind is dict:
-        verdict = _SAME
-        for key, item in value.items():
-            if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):
+    by the reference. Iterative, strings and None skipped inline: it visits every
+    node of every audited event."""
+    verdict = _SAME
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        kind = type(node)
+        if kind is dict:
+            for key, item in node.items():
+                if type(key) is not str or (not key.isascii() and max(key, default="") > "\uffff"):
+                    return _REFERENCE
+                if type(item) is not str and item is not None:
+                    pending.append(item)
+        elif kind is list:
+            pending.extend(item for item in node if type(item) is not str and item is not None)
+        elif kind is str or node is None or kind is bool:
+            continue
+        elif kind is int:
+            if not -_INT_MAX <= node <= _INT_MAX:
                 return _REFERENCE
-            found = _check(item)
+        elif kind is float:
+            found = _float_verdict(node)
             if found == _REFERENCE:
                 return _REFERENCE
             verdict |= found
-        return verdict
-    if kind is list:
-        verdict = _SAME
-        for item in value:
-            found = _check(item)
-            if found == _REFERENCE:
-                return _REFERENCE
-            verdict |= found
-        return verdict
-    if kind is int:
-        return _SAME if -_INT_MAX <= value <= _INT_MAX else _REFERENCE
-    if kind is float:
-        if value != value or value in (float("inf"), float("-inf")):
+        else:
             return _REFERENCE
-        if value.is_integer():
-            return _INTEGRAL_FLOATS if abs(value) <= _INT_MAX else _REFERENCE
-        return _SAME if "e" not in repr(value) else _REFERENCE
-    return _REFERENCE
+    return verdict
+
+
+def _float_verdict(value: float) -> int:
+    if value != value or value in (_INF, -_INF):
+        return _REFERENCE
+    if value.is_integer():
+        return _INTEGRAL_FLOATS if abs(value) <= _INT_MAX else _REFERENCE
+    return _SAME if "e" not in repr(value) else _REFERENCE
 
 
 def _integral_floats_as_ints(value: Any) -> Any:

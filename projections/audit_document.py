@@ -21,10 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from rfc8785 import CanonicalizationError
+
 from contracts.envelope import Envelope
 from contracts.events import dataschema_uri
 from domain.canonical_json import canonical_json
 from domain.redaction import redact
+from projections.store import field_of
 from projections.tables import iso
 
 GENESIS: Final = "0" * 64
@@ -72,6 +75,11 @@ def captoken_identity(envelope: Envelope) -> tuple[str | None, str | None]:
 
 def audit_document(envelope: Envelope) -> tuple[dict[str, Any], int]:
     """The redacted CloudEvent document of `envelope` and how many values were redacted."""
+    document, count = _document(envelope)
+    return _json_safe(document), count
+
+
+def _document(envelope: Envelope) -> tuple[dict[str, Any], int]:
     data = envelope.data.model_dump(mode="json")
     if envelope.type == "tool.published":
         data["files"] = [{k: v for k, v in f.items() if k != "content_b64gz"}
@@ -104,7 +112,7 @@ def audit_document(envelope: Envelope) -> tuple[dict[str, Any], int]:
     if jti is not None:
         document["capjti"] = jti
     document["data"] = redacted_data.value
-    return _json_safe(document), count
+    return document, count
 
 
 def canonical(value: Any) -> bytes:
@@ -134,13 +142,17 @@ def _chain_hash(prev_hash: str, columns: Mapping[str, Any], document: bytes) -> 
 def audit_entry(envelope: Envelope, *, topic: str, partition: int, offset: int,
                 prev_hash: str) -> AuditEntry:
     """The audit record of one log record, chained after `prev_hash` (pure)."""
-    document, count = audit_document(envelope)
+    document, count = _document(envelope)
+    try:
+        text = canonical(document)
+    except CanonicalizationError:  # huge integers, NaN: made JSON-safe (rare, slower)
+        document = _json_safe(document)
+        text = canonical(document)
     data: Any = envelope.data
     columns = {"topic": topic, "partition": partition, "offset": offset,
                "event_id": envelope.id, "type": envelope.type, "time": document["time"],
-               "invocation_id": getattr(data, "invocation_id", None),
-               "tool_id": getattr(data, "tool_id", None), "redactions": count}
-    text = canonical(document)
+               "invocation_id": field_of(data, "invocation_id"),
+               "tool_id": field_of(data, "tool_id"), "redactions": count}
     return AuditEntry(**columns, document=text.decode("utf-8"), prev_hash=prev_hash,
                       hash=_chain_hash(prev_hash, columns, text))
 
