@@ -8,29 +8,35 @@ from typing import Any
 
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.http_primitive import HttpPrimitive
+from consumers.primitives.mcp_servers import McpServers
 from consumers.primitives.subprocess_primitive import run_subprocess
-from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan
+from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan
 
 
 class Primitives:
-    """Runs subprocess plans in fresh work dirs and HTTP plans on one pooled client."""
+    """Runs subprocess plans in fresh work dirs, HTTP plans on one pooled client, and MCP
+    plans on long-lived servers started (or reached) through those two primitives."""
 
     def __init__(self, store: ContentStore, work_root: Path, *, sandbox: str = "rlimits") -> None:
         self._store = store
         self._work_root = work_root
         self._sandbox = sandbox
         self._http = HttpPrimitive()
+        self.mcp = McpServers(store, work_root, sandbox=sandbox)
 
     @property
     def sandbox(self) -> str:
         return self._sandbox
 
-    async def run(self, plan: SubprocessPlan | HttpPlan, params: Mapping[str, Any], *,
+    async def run(self, plan: SubprocessPlan | HttpPlan | McpPlan, params: Mapping[str, Any], *,
                   secrets: Callable[[str], str | None]) -> PrimitiveOutcome:
         if isinstance(plan, SubprocessPlan):
             return await run_subprocess(plan, params, store=self._store,
                                         work_root=self._work_root, sandbox=self._sandbox)
+        if isinstance(plan, McpPlan):
+            return await self.mcp.run(plan, params, secrets=secrets)
         return await self._http.run(plan, params, secrets=secrets)
 
     async def aclose(self) -> None:
+        await self.mcp.aclose()
         await self._http.aclose()
