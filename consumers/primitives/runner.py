@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.http_primitive import HttpPrimitive
-from consumers.primitives.mcp_servers import McpServers
 from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan
+
+if TYPE_CHECKING:
+    from consumers.primitives.mcp_servers import McpServers
 
 
 class Primitives:
@@ -22,7 +24,7 @@ class Primitives:
         self._work_root = work_root
         self._sandbox = sandbox
         self._http = HttpPrimitive()
-        self.mcp = McpServers(store, work_root, sandbox=sandbox)
+        self._mcp: McpServers | None = None
 
     @property
     def sandbox(self) -> str:
@@ -37,6 +39,16 @@ class Primitives:
             return await self.mcp.run(plan, params, secrets=secrets)
         return await self._http.run(plan, params, secrets=secrets)
 
+    @property
+    def mcp(self) -> McpServers:
+        """The live MCP servers (the MCP SDK is imported on the first MCP call)."""
+        if self._mcp is None:
+            from consumers.primitives.mcp_servers import McpServers
+
+            self._mcp = McpServers(self._store, self._work_root, sandbox=self._sandbox)
+        return self._mcp
+
     async def aclose(self) -> None:
-        await self.mcp.aclose()
+        if self._mcp is not None:
+            await self._mcp.aclose()
         await self._http.aclose()
