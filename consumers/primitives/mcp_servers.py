@@ -144,7 +144,10 @@ class _Connection:
             raise ExecutionError(f"MCP server {self._plan.server_key} did not complete its "
                                  f"handshake within {timeout:g}s", code="E3402",
                                  details=self._details()) from None
-        except ToolexecError:
+        except ToolexecError as error:
+            if self.process is not None:  # the server's last words explain the failure
+                await self.process.stderr_settled(1.0)
+                error.details["stderr_tail"] = self.process.stderr_tail()
             await self.close()
             raise
 

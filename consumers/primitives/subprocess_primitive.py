@@ -612,6 +612,7 @@ class ServiceProcess:
         self.stderr = _Capture(limits.stderr_max_bytes)
         self._workdir = workdir
         self._loop = asyncio.get_running_loop()
+        self._stderr_closed = asyncio.Event()
         assert popen.stderr is not None
         os.set_blocking(popen.stderr.fileno(), False)
         self._loop.add_reader(popen.stderr.fileno(), self._read_stderr)
@@ -629,6 +630,12 @@ class ServiceProcess:
             self.stderr.feed(chunk)
             return
         self._loop.remove_reader(pipe.fileno())
+        self._stderr_closed.set()
+
+    async def stderr_settled(self, timeout: float) -> None:
+        """Wait (bounded) until the process closed stderr, so its tail is complete."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stderr_closed.wait(), timeout)
 
     def stderr_tail(self) -> str:
         return self.stderr.tail(STDERR_TAIL_BYTES).decode("utf-8", errors="replace")

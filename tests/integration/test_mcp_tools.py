@@ -68,13 +68,20 @@ def _text_mcp_stdio() -> ToolSource:
                                           "command": sys.executable})
 
 
-def _mcp_tool(tool_id: str, server: str, tool_name: str) -> ToolSource:
+def _mcp_tool(tool_id: str, server: str, tool_name: str, timeout: float = 10) -> ToolSource:
     source = load_source(EXAMPLES / "text_word_count.yaml")
     manifest = {key: value for key, value in source.manifest.items() if key != "result_schema"}
     return dataclasses.replace(source, manifest={
         **manifest, "tool_id": tool_id, "executor": server,
-        "config": {"mcp_tool_name": tool_name, "timeout": 10},
+        "config": {"mcp_tool_name": tool_name, "timeout": timeout},
         "parameters": {"type": "object"}})
+
+
+def _broken_server() -> ToolSource:
+    """A stdio server whose process exits before the MCP handshake."""
+    source = _text_mcp_stdio()
+    return _with_manifest(source, tool_id="broken_mcp", config={
+        **source.manifest["config"], "args": ["-c", "import sys; sys.exit('no mcp here')"]})
 
 
 def _remote_server(tool_id: str, port: int, allowed: list[str]) -> ToolSource:
@@ -101,6 +108,9 @@ async def stack(tmp_path_factory: pytest.TempPathFactory,
         load_source(EXAMPLES / "text_word_count.yaml"),
         _mcp_tool("text_fail", "text_mcp", "fail"),
         _mcp_tool("text_upper", "text_mcp", "upper"),
+        _mcp_tool("text_pause", "text_mcp", "pause", timeout=1),
+        _broken_server(),
+        _mcp_tool("broken_upper", "broken_mcp", "upper"),
         _remote_server("text_mcp_http", port, ["127.0.0.1"]),
         _mcp_tool("remote_word_count", "text_mcp_http", "word_count"),
         _remote_server("text_mcp_fenced", port, ["mcp.example.com"]),
@@ -196,3 +206,18 @@ async def test_network_policy_fences_a_remote_server_with_E3406(
     event = await client.invoke("fenced_word_count", {"text": "never sent"})
     assert event.type == "tool.invoke.failed", event.data
     assert event.data.error.code == "E3406"
+
+
+async def test_call_past_the_tools_timeout_fails_with_E3402(client: InvocationClient) -> None:
+    event = await client.invoke("text_pause", {"seconds": 5})
+    assert event.type == "tool.invoke.failed", event.data
+    assert event.data.error.code == "E3402"
+    quick = _completed(await client.invoke("text_pause", {"seconds": 0}))
+    assert quick == {"result": "paused 0s"}
+
+
+async def test_server_that_cannot_start_fails_with_its_stderr(client: InvocationClient) -> None:
+    event = await client.invoke("broken_upper", {"text": "x"})
+    assert event.type == "tool.invoke.failed", event.data
+    assert event.data.error.code == "E3401"
+    assert "no mcp here" in event.data.error.details["stderr_tail"]

@@ -8,6 +8,7 @@ the executor keeps and reuses); `pid` lets callers see which process answered.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
@@ -27,6 +28,13 @@ def word_count(text: str) -> dict[str, int]:
 def upper(text: str) -> str:
     """The text in upper case."""
     return text.upper()
+
+
+@server.tool()
+async def pause(seconds: float) -> str:
+    """Wait `seconds`, then say so (for timeouts)."""
+    await asyncio.sleep(seconds)
+    return f"paused {seconds:g}s"
 
 
 @server.tool()
