@@ -109,6 +109,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory,
         _mcp_tool("text_fail", "text_mcp", "fail"),
         _mcp_tool("text_upper", "text_mcp", "upper"),
         _mcp_tool("text_pause", "text_mcp", "pause", timeout=1),
+        _mcp_tool("text_long_pause", "text_mcp", "pause", timeout=30),
         _broken_server(),
         _mcp_tool("broken_upper", "broken_mcp", "upper"),
         _remote_server("text_mcp_http", port, ["127.0.0.1"]),
@@ -221,3 +222,23 @@ async def test_server_that_cannot_start_fails_with_its_stderr(client: Invocation
     assert event.type == "tool.invoke.failed", event.data
     assert event.data.error.code == "E3401"
     assert "no mcp here" in event.data.error.details["stderr_tail"]
+
+
+async def test_server_dying_during_a_call_fails_it_with_E3404(client: InvocationClient) -> None:
+    pid = _completed(await client.invoke("text_word_count", {"text": "x"}))["pid"]
+    started = asyncio.Event()
+
+    def progress(event: Envelope) -> None:
+        if event.type == "tool.execution.started":
+            started.set()
+
+    call = asyncio.create_task(client.invoke("text_long_pause", {"seconds": 20},
+                                             progress=progress))
+    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.sleep(0.5)  # from execution.started to the server: a few ms
+    os.kill(pid, signal.SIGKILL)
+    event = await call
+    assert event.type == "tool.invoke.failed", event.data
+    assert event.data.error.code == "E3404"
+    again = _completed(await client.invoke("text_word_count", {"text": "x y"}))
+    assert again["words"] == 2 and again["pid"] != pid
