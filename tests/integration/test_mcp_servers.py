@@ -1,5 +1,6 @@
 """The MCP server pool on its own: the example stdio server started through the
-subprocess primitive (rlimits, and bubblewrap when installed), kept and reused."""
+subprocess primitive (rlimits, and bubblewrap or Landlock where available), kept and
+reused."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from consumers.primitives import bubblewrap
+from consumers.primitives import bubblewrap, landlock, landlock_exec
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.mcp_servers import McpServers
 from domain.integrity import seal
@@ -38,10 +39,12 @@ def _plan(tool_name: str = "word_count") -> McpPlan:
     return plan
 
 
-@pytest_asyncio.fixture(params=["rlimits", "bwrap"])
+@pytest_asyncio.fixture(params=["rlimits", "bwrap", "landlock"])
 async def servers(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[McpServers]:
     if request.param == "bwrap" and bubblewrap.bwrap_binary() is None:
         pytest.skip("bubblewrap not installed")
+    if request.param == "landlock" and landlock_exec.abi_version() < landlock.MIN_NETWORK_ABI:
+        pytest.skip("this kernel's Landlock cannot confine the network")
     store = ContentStore(tmp_path / "cas")
     for file in load_source(EXAMPLES / "text_mcp").files:
         assert file.content is not None

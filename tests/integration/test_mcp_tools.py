@@ -42,9 +42,19 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def http_mcp_server() -> Iterator[int]:
     """The same example server, serving streamable HTTP on a local port."""
+    yield from _serve_example("--http")
+
+
+@pytest.fixture(scope="module")
+def sse_mcp_server() -> Iterator[int]:
+    """The same example server, serving SSE on a local port."""
+    yield from _serve_example("--sse")
+
+
+def _serve_example(transport: str) -> Iterator[int]:
     port = _free_port()
     process = subprocess.Popen([sys.executable, str(EXAMPLES / "text_mcp" / "server.py"),
-                                "--http", str(port)], stderr=subprocess.DEVNULL)
+                                transport, str(port)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while True:
         with socket.socket() as sock:
@@ -84,19 +94,21 @@ def _broken_server() -> ToolSource:
         **source.manifest["config"], "args": ["-c", "import sys; sys.exit('no mcp here')"]})
 
 
-def _remote_server(tool_id: str, port: int, allowed: list[str]) -> ToolSource:
+def _remote_server(tool_id: str, port: int, allowed: list[str],
+                   transport: str = "streamable_http") -> ToolSource:
     source = load_source(EXAMPLES / "text_mcp")
+    path = "sse" if transport == "sse" else "mcp"
     return ToolSource(manifest={
         **source.manifest, "tool_id": tool_id, "executor": "http_client",
-        "config": {"transport": "streamable_http", "url": f"http://127.0.0.1:{port}/mcp",
+        "config": {"transport": transport, "url": f"http://127.0.0.1:{port}/{path}",
                    "headers": {"x-client": "toolexec"}, "startup_timeout": 20},
         "network_policy": {"allowed_domains": allowed, "allowed_ports": [port]},
     }, files=(), origin=f"test:{tool_id}", layout="single_file")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stack(tmp_path_factory: pytest.TempPathFactory,
-                http_mcp_server: int) -> AsyncIterator[Stack]:
+async def stack(tmp_path_factory: pytest.TempPathFactory, http_mcp_server: int,
+                sse_mcp_server: int) -> AsyncIterator[Stack]:
     state = tmp_path_factory.mktemp("state")
     # rlimits: the test signals the server by its host pid (under bwrap the server
     # sees only its own PID namespace); bubblewrap has its own tests.
@@ -114,6 +126,8 @@ async def stack(tmp_path_factory: pytest.TempPathFactory,
         _mcp_tool("broken_upper", "broken_mcp", "upper"),
         _remote_server("text_mcp_http", port, ["127.0.0.1"]),
         _mcp_tool("remote_word_count", "text_mcp_http", "word_count"),
+        _remote_server("text_mcp_sse", sse_mcp_server, ["127.0.0.1"], transport="sse"),
+        _mcp_tool("sse_word_count", "text_mcp_sse", "word_count"),
         _remote_server("text_mcp_fenced", port, ["mcp.example.com"]),
         _mcp_tool("fenced_word_count", "text_mcp_fenced", "word_count"),
     ]
@@ -199,6 +213,11 @@ async def test_invalid_arguments_are_refused_by_the_server(client: InvocationCli
 async def test_streamable_http_server_is_called_through_the_http_plan(
         client: InvocationClient, http_mcp_server: int) -> None:
     result = _completed(await client.invoke("remote_word_count", {"text": "far away words"}))
+    assert result["words"] == 3
+
+
+async def test_sse_server_is_called_through_the_http_plan(client: InvocationClient) -> None:
+    result = _completed(await client.invoke("sse_word_count", {"text": "events stream in"}))
     assert result["words"] == 3
 
 

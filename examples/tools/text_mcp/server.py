@@ -3,7 +3,7 @@
 Run by the subprocess primitive as `python3 server.py` (a long-lived process that
 the executor keeps and reuses); `pid` lets callers see which process answered.
 `python3 server.py --http PORT` serves the same tools over streamable HTTP on
-127.0.0.1:PORT/mcp instead.
+127.0.0.1:PORT/mcp instead, `--sse PORT` over SSE on 127.0.0.1:PORT/sse.
 """
 
 from __future__ import annotations
@@ -46,5 +46,7 @@ def fail(reason: str) -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--sse":
+        server.run("sse", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         server.run("stdio")
