@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from domain.credentials import references
-from domain.errors import ChainInvalid
+from domain.credentials import declared_credentials, references, scoped_secrets
+from domain.errors import AuthorizationError, ChainInvalid
 from domain.model import McpPlan, ResolvedChain
 from domain.plan import build_plan, mcp_server_key
 from tests.unit.chain_builders import builtin, tool, tool_file
@@ -102,3 +102,25 @@ def test_an_mcp_tool_must_run_on_an_mcp_server():
                         config={"command": "python3"})
     with pytest.raises(ChainInvalid):
         build_plan(ResolvedChain((_mcp_tool(), runtime_like, builtin("subprocess"))))
+
+
+def test_an_undeclared_header_credential_is_refused_with_E3206():
+    server = _server("http_client", transport="streamable_http",
+                     url="https://mcp.example.com/mcp",
+                     headers={"authorization": "Bearer ${MCP_TOKEN}"})
+    plan = _plan(server)
+    chain = ResolvedChain((_mcp_tool(), server, builtin("http_client")))
+    with pytest.raises(AuthorizationError) as raised:
+        scoped_secrets(plan, declared_credentials(chain), {"MCP_TOKEN": "s3cret"}.get)
+    assert raised.value.code == "E3206"
+
+
+def test_a_declared_header_credential_is_handed_over():
+    server = tool("text_mcp", tool_type="mcp_server", executor="http_client",
+                  config={"transport": "sse", "url": "https://mcp.example.com/sse",
+                          "headers": {"authorization": "Bearer ${MCP_TOKEN}"}},
+                  required_permissions=["credentials:MCP_TOKEN"])
+    plan = _plan(server)
+    chain = ResolvedChain((_mcp_tool(), server, builtin("http_client")))
+    lookup = scoped_secrets(plan, declared_credentials(chain), {"MCP_TOKEN": "s3cret"}.get)
+    assert lookup("MCP_TOKEN") == "s3cret"
