@@ -130,6 +130,11 @@ async def _exercise(session: ClientSession) -> None:
     assert ran["status"] == "completed"
     assert ran["result"]["words"] == 6
 
+    is_error, reloaded = await _call(session, "load", tool_id="word_stats")
+    assert not is_error, reloaded
+    main = next(f for f in reloaded["files"] if f["path"] == "main.py")
+    assert main["content"] == (EXAMPLES / "word_stats" / "main.py").read_text()  # now stored
+
     is_error, failed = await _call(session, "execute", action="run", tool_id="no_such_tool")
     assert is_error
     assert failed["error"]["code"] == "E3101"
