@@ -147,6 +147,7 @@ class _Connection:
         except ToolexecError as error:
             if self.process is not None:  # the server's last words explain the failure
                 await self.process.stderr_settled(1.0)
+                error.details["exit_code"] = await self.process.exit_code(1.0)
                 error.details["stderr_tail"] = self.process.stderr_tail()
             await self.close()
             raise
@@ -313,7 +314,8 @@ def _outcome(plan: McpPlan, result: mcp_types.CallToolResult, duration_ms: float
 
 
 def _describe(error: BaseException | None) -> str:
-    if error is None:
+    if error is None or (isinstance(error, MCPError)
+                         and error.code == mcp_types.CONNECTION_CLOSED):
         return "it closed the connection"
     if isinstance(error, BaseExceptionGroup) and error.exceptions:
         return _describe(error.exceptions[0])

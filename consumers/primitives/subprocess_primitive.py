@@ -674,6 +674,13 @@ class ServiceProcess:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stderr_closed.wait(), timeout)
 
+    async def exit_code(self, timeout: float) -> int | None:
+        """The exit code once the process has exited, waiting (bounded) for it."""
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(_EXIT_POLL_SECONDS)
+        return self.popen.returncode
+
     def stderr_tail(self) -> str:
         return self.stderr.tail(STDERR_TAIL_BYTES).decode("utf-8", errors="replace")
 

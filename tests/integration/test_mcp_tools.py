@@ -241,6 +241,7 @@ async def test_server_that_cannot_start_fails_with_its_stderr(client: Invocation
     assert event.type == "tool.invoke.failed", event.data
     assert event.data.error.code == "E3401"
     assert "no mcp here" in event.data.error.details["stderr_tail"]
+    assert event.data.error.details["exit_code"] == 1
 
 
 async def test_server_dying_during_a_call_fails_it_with_E3404(client: InvocationClient) -> None:
