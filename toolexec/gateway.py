@@ -71,6 +71,8 @@ REQUESTED_BY = "urn:toolexec:gateway"
 DEFAULT_TOOL_TIMEOUT = 30.0
 WAIT_SLACK_SECONDS = 10.0
 HEALTH_TIMEOUT = 3.0
+CATCH_UP_SECONDS = 2.0
+TERMINAL_STATUSES = frozenset({"completed", "failed"})
 
 
 class LogProbe(Protocol):
@@ -205,8 +207,10 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
         """Status (requested, resolved, authorized, running, completed, failed, cancelled),
         timeline, and result or error of one invocation, from the invocations read model."""
         row = await _invocation_row(ctx, invocation_id)
-        if row is None:
-            await ctx.catch_up("invocations", 2.0)  # read-your-writes after an async 202
+        if row is None or row["status"] not in TERMINAL_STATUSES:
+            # Read-your-writes: the answer holds every event in the log when asked (a
+            # sync call's terminal event, an async 202's request).
+            await ctx.catch_up("invocations", CATCH_UP_SECONDS)
             row = await _invocation_row(ctx, invocation_id)
         if row is None:
             raise ApiError("E3702", f"invocation {invocation_id!r} not found",
