@@ -296,7 +296,7 @@ def _files(body: RegisterRequest) -> tuple[ToolFile, ...]:
         try:
             content = (item.content.encode("utf-8") if item.content is not None
                        else base64.b64decode(item.content_base64 or "", validate=True))
-        except (binascii.Error, UnicodeEncodeError) as error:
+        except (binascii.Error, ValueError) as error:  # UnicodeEncodeError is a ValueError
             raise ApiError("E3105", f"{path}: content is not valid: {error}",
                            {"path": path}) from None
         files.append(ToolFile(path=path, sha256=hashlib.sha256(content).hexdigest(),
