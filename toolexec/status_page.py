@@ -22,7 +22,7 @@ h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; }
 table { border-collapse: collapse; width: 100%; }
 th, td { border-bottom: 1px solid #ddd; padding: .3rem .5rem; text-align: left;
          vertical-align: top; }
-th { background: #f4f4f4; } code { font-size: 12px; }
+th { background: #f4f4f4; } code { font-size: 12px; overflow-wrap: anywhere; }
 .status { font-weight: 600; } .completed, .closed { color: #17703a; }
 .failed, .cancelled, .open { color: #b3261e; } .half_open, .running { color: #8a5a00; }
 form { display: flex; gap: .5rem; flex-wrap: wrap; align-items: end; }
