@@ -7,17 +7,19 @@ same consumer group, so the request is always seen first).
 
 With a valid token, ABAC policies (domain.policy) decide next: the leaf's manifest
 attributes come from the registry view port, the policy bundle from the policy view
-port, the evaluation from the evaluator port (Cedar), through the decision cache.
+port, the evaluation from the evaluator port (Cedar), through the decision store
+port (in-process, or Redis shared by the replicas: consumers.decision_cache).
 A deny is E3206 carrying the deciding policies' ids and reasons.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from consumers.decision_cache import DecisionStore
 from consumers.events import derive, error_info, failed
 from consumers.ports import Clock, Publish, RegistryReader
 from contracts.envelope import Envelope
@@ -27,7 +29,7 @@ from domain.errors import AuthorizationError
 from domain.policy import (
     EXTERNAL_VERSION,
     AccessRequest,
-    DecisionCache,
+    CacheKey,
     DefaultDecision,
     PolicyBundle,
     PolicyDecision,
@@ -85,7 +87,7 @@ class AuthorizeDeps:
     registry: RegistryReader | None = None
     policies: PolicySource | None = None
     evaluator: PolicyEvaluator | None = None
-    cache: DecisionCache | None = None
+    cache: DecisionStore | None = None
     default_decision: DefaultDecision = "allow"
     policy_wait_seconds: float = 10.0
     """Bound on waiting for the policy view to load before the first decision."""
@@ -131,7 +133,7 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
                     deps.policy_wait_seconds):
                 raise AuthorizationError("the policy view has not loaded the policies yet",
                                          code="E3205")
-            policy = _policy_decision(capability, resolved, deps, now=now.timestamp())
+            policy = await _policy_decision(capability, resolved, deps, now=now.timestamp())
     except AuthorizationError as error:
         decision = PermissionDecided(decision="deny", reason=error.message, enforced=True,
                                      error=error_info(error),
@@ -153,16 +155,24 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
     await deps.publish(derive(event, decision, step="authorize", now=now))
 
 
-def _policy_decision(capability: Capability, resolved: ChainResolved, deps: AuthorizeDeps, *,
-                     now: float) -> PolicyDecision | None:
+async def _policy_decision(capability: Capability, resolved: ChainResolved,
+                           deps: AuthorizeDeps, *, now: float) -> PolicyDecision | None:
     """ABAC after the token; None when no policy engine is wired. Raises E3206 on deny."""
     if deps.policies is None or deps.evaluator is None:
         return None
+    evaluator = deps.evaluator
     bundle = deps.policies.current()
     request = AccessRequest.build(capability.subject, _resource(resolved, deps, bundle),
                                   resolved.parameters, now=int(now))
-    decision = decide(request, bundle, deps.evaluator, deps.cache, clock=now,
+
+    async def evaluate() -> PolicyDecision:
+        return decide(request, bundle, evaluator, None, clock=now,
                       default=deps.default_decision)
+
+    if bundle is None or not bundle.sets:  # the default decision: nothing to cache
+        decision = await evaluate()
+    else:
+        decision = await _through_cache(deps, cache_key(request, bundle.version), now, evaluate)
     if not decision.allowed:
         raise AuthorizationError(
             f"denied by policy: {decision.reason}", code="E3206",
@@ -177,16 +187,28 @@ async def _external_decision(capability: Capability, resolved: ChainResolved,
     assert deps.external is not None
     request = AccessRequest.build(capability.subject, _resource(resolved, deps, None),
                                   resolved.parameters, now=int(now))
-    key = cache_key(request, EXTERNAL_VERSION)
-    decision = deps.cache.get(key, now=now) if deps.cache is not None else None
-    if decision is None:
-        decision = await deps.external.evaluate(request)
-        if deps.cache is not None:
-            deps.cache.put(key, decision, now=now)
+    external = deps.external
+
+    async def evaluate() -> PolicyDecision:
+        return await external.evaluate(request)
+
+    decision = await _through_cache(deps, cache_key(request, EXTERNAL_VERSION), now, evaluate)
     if not decision.allowed:
         raise AuthorizationError(
             f"denied by the ABAC engine: {decision.reason}", code="E3206",
             details={"policy_version": EXTERNAL_VERSION, "subject": capability.subject})
+    return decision
+
+
+async def _through_cache(deps: AuthorizeDeps, key: CacheKey, now: float,
+                         evaluate: Callable[[], Awaitable[PolicyDecision]]) -> PolicyDecision:
+    """The cached decision for `key`, else `evaluate()` (then cached)."""
+    if deps.cache is None:
+        return await evaluate()
+    decision = await deps.cache.get(key, now=now)
+    if decision is None:
+        decision = await evaluate()
+        await deps.cache.put(key, decision, now=now)
     return decision
 
 

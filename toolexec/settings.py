@@ -47,8 +47,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     """SQLAlchemy URL of the projection store; None = SQLite under `state_dir`."""
     redis_url: str | None = None
-    """Redis for the executor's idempotency claims, shared by every replica
-    (e.g. `redis://host:6379/0`); None = SQLite under `state_dir`."""
+    """Redis shared by every replica for the executor's idempotency claims and the
+    authorize step's decision cache (e.g. `redis://host:6379/0`); None = SQLite claims
+    under `state_dir` and an in-process decision cache."""
     state_dir: Path = Path(".toolexec")
     """Runtime state of the embedded profile: SQLite, caches, logs, runtime.json."""
     tools_dir: Path = Path(".ai/tools")
@@ -69,10 +70,11 @@ class Settings(BaseSettings):
     in-process Cedar policies; unreachable -> E3205."""
     decision_cache_ttl_seconds: float = 300.0
     """How long a policy decision is reused for the same (subject, tool, version,
-    policy version); every policy.updated clears the cache."""
-    sandbox: Literal["auto", "bwrap", "rlimits", "none"] | None = None
-    """Subprocess sandbox; None = the profile default: "auto" embedded (bubblewrap when
-    installed, else rlimits), "bwrap" in production (no bubblewrap -> E3405)."""
+    policy version); every policy.updated clears the cache (in Redis too)."""
+    sandbox: Literal["auto", "bwrap", "landlock", "rlimits", "none"] | None = None
+    """Subprocess sandbox; None = "auto": bubblewrap when installed, else Landlock when
+    the kernel supports it, else (embedded) rlimits or (production) E3405 on every run.
+    `rlimits` is the explicit opt-out; `bwrap` / `landlock` force one sandbox."""
     strict_chain: bool = True
     """Fail resolution when a parent does not validate its child."""
     log_json: bool = False
@@ -125,10 +127,13 @@ class Settings(BaseSettings):
 
     @property
     def effective_sandbox(self) -> str:
-        """`sandbox`, or the profile default."""
-        if self.sandbox is not None:
-            return self.sandbox
-        return "auto" if self.embedded else "bwrap"
+        """`sandbox`, or "auto"."""
+        return self.sandbox if self.sandbox is not None else "auto"
+
+    @property
+    def sandbox_strict(self) -> bool:
+        """Whether "auto" fails closed when no sandbox is available (production)."""
+        return not self.embedded
 
     @property
     def runtime_file(self) -> Path:

@@ -27,6 +27,7 @@ from consumers.admission import AttemptGate
 from consumers.canaries import CanarySlots, LocalCanaries, RedisCanaries
 from consumers.claim_store import RedisClaims, SqliteClaims
 from consumers.deadletter import DeadLetters
+from consumers.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions
 from consumers.pipeline import (
     Attached,
     PipelineDeps,
@@ -38,7 +39,7 @@ from consumers.pipeline import (
 from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
-from consumers.primitives.subprocess_primitive import resolve_sandbox
+from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbox
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode, encode
@@ -54,6 +55,7 @@ from toolexec.settings import Settings, consumer_kwargs
 log = structlog.get_logger(__name__)
 
 STOP_GRACE_SECONDS = 10.0
+DECISION_REDIS_TIMEOUT_SECONDS = 0.5
 TOPIC_PARTITIONS = {
     topics.REGISTRY: 1,
     topics.INVOCATIONS: 4,
@@ -95,13 +97,14 @@ class Stack:
     registry: RegistryView = field(init=False)
     circuits: CircuitView = field(init=False)
     policies: PolicyView = field(init=False)
-    decisions: DecisionCache = field(init=False)
+    decisions: DecisionStore = field(init=False)
     embedded: EmbeddedBroker | None = field(default=None, init=False)
     broker: KafkaBroker | None = field(default=None, init=False)
     _offsets: AIOKafkaConsumer | None = field(default=None, init=False)
     _primitives: Primitives | None = field(default=None, init=False)
     _claims: SqliteClaims | RedisClaims | None = field(default=None, init=False)
     _redis: Any = field(default=None, init=False)
+    _decisions_redis: Any = field(default=None, init=False)
     _abac: HttpAbac | None = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
     _attached: list[Attached] = field(default_factory=list, init=False)
@@ -133,10 +136,10 @@ class Stack:
         await self._offsets.start()
         self.registry = RegistryView(end_offsets=self._registry_end_offsets)
         self.circuits = CircuitView(end_offsets=self._circuits_end_offsets)
-        self.decisions = DecisionCache(ttl_seconds=self.settings.decision_cache_ttl_seconds)
+        self.decisions = self._decision_store()
         self.policies = PolicyView(validate=compile_policies, to_text=cedar_text_from_json,
                                    end_offsets=self._policies_end_offsets)
-        self.policies.on_change(self.decisions.clear)
+        self.policies.on_change(self.decisions.invalidate)
         if self.settings.embedded:
             keys.ensure_dev_keys(state)
         self.broker = KafkaBroker(self.bootstrap, apply_types=False, decoder=passthrough_decoder,
@@ -171,6 +174,11 @@ class Stack:
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
+        if self._decisions_redis is not None:
+            if isinstance(self.decisions, RedisDecisions):
+                await self.decisions.settled()
+            await self._decisions_redis.aclose()
+            self._decisions_redis = None
         if self._abac is not None:
             await self._abac.aclose()
             self._abac = None
@@ -180,6 +188,22 @@ class Stack:
         if self.embedded is not None:
             await self.embedded.stop()
             self.embedded = None
+
+    def _decision_store(self) -> DecisionStore:
+        """Decisions shared by every replica through Redis when it is configured,
+        else kept in this process."""
+        ttl = self.settings.decision_cache_ttl_seconds
+        if not self.settings.redis_url:
+            return MemoryDecisions(DecisionCache(ttl_seconds=ttl))
+        import redis.asyncio
+
+        # Short timeouts: a slow Redis must not hold decisions back (they are then
+        # evaluated without the cache).
+        self._decisions_redis = redis.asyncio.Redis.from_url(
+            self.settings.redis_url, socket_timeout=DECISION_REDIS_TIMEOUT_SECONDS,
+            socket_connect_timeout=DECISION_REDIS_TIMEOUT_SECONDS)
+        return RedisDecisions(self._decisions_redis, ttl_seconds=ttl,
+                              operation_timeout=DECISION_REDIS_TIMEOUT_SECONDS)
 
     async def publish(self, envelope: Envelope) -> None:
         """Publish one event to its topic (CloudEvents binary mode, key = partitionkey)."""
@@ -239,8 +263,13 @@ class Stack:
             view.advance(record.partition, record.offset)
 
     def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
+        sandbox = resolve_sandbox(self.settings.effective_sandbox,
+                                  strict=self.settings.sandbox_strict)
+        if sandbox in ("rlimits", NO_SANDBOX) and self.settings.effective_sandbox == "auto":
+            log.warning("sandbox.unavailable", sandbox=sandbox,
+                        reason="neither bubblewrap nor Landlock is available")
         self._primitives = Primitives(ContentStore(state / "cas"), state / "work",
-                                      sandbox=resolve_sandbox(self.settings.effective_sandbox))
+                                      sandbox=sandbox)
         if self.settings.abac_url:
             self._abac = HttpAbac(self.settings.abac_url)
         owner = f"executor-{uuid.uuid4()}"

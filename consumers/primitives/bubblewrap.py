@@ -32,7 +32,7 @@ from domain.model import NetworkPolicy
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
 _SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin"
-_ETC_ENTRIES: tuple[str, ...] = (
+SYSTEM_ETC_ENTRIES: tuple[str, ...] = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
     "ca-certificates.conf", "pki", "resolv.conf", "hosts", "nsswitch.conf", "host.conf",
     "gai.conf", "localtime", "passwd", "group", "mime.types",
@@ -69,13 +69,12 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str, *,
     for target, link in _MERGED_USR:
         args += ["--symlink", target, link] if Path(link).is_symlink() \
             else ["--ro-bind-try", link, link]
-    for entry in _ETC_ENTRIES:
+    for entry in SYSTEM_ETC_ENTRIES:
         args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    install_prefix = _install_prefix(program, path, cwd)
-    if install_prefix is not None:
-        args += [*_traversable_parents(install_prefix),
-                 "--ro-bind", str(install_prefix), str(install_prefix)]
+    prefix = install_prefix(program, path, cwd)
+    if prefix is not None:
+        args += [*_traversable_parents(prefix), "--ro-bind", str(prefix), str(prefix)]
     args += [*_traversable_parents(workdir), "--bind", str(workdir), str(workdir),
              "--chdir", str(cwd),
              "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -116,7 +115,7 @@ def hand_over(workdir: Path) -> None:
         os.chown(folder, SANDBOX_UID, SANDBOX_GID)
 
 
-def _install_prefix(program: str, path: str, cwd: Path) -> Path | None:
+def install_prefix(program: str, path: str, cwd: Path) -> Path | None:
     """The install prefix (parent of `bin/`) of the program, when outside /usr and
     outside the run directory: e.g. /opt/node for /opt/node/bin/node."""
     if "/" in program:

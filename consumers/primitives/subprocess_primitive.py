@@ -41,9 +41,11 @@ limits are reported as E3407.
 
 Sandboxes (`sandbox=`): "bwrap" runs the tool inside bubblewrap (see
 consumers.primitives.bubblewrap) with the same rlimits, set by prlimit outside it;
-"rlimits" applies rlimits only; "none" nothing. A sandbox that cannot be set up (bwrap
-missing, or bwrap itself failing before the tool starts) fails the run closed with
-E3405; falling back is the operator's explicit choice ("auto" via `resolve_sandbox`).
+"landlock" runs it through the Landlock exec wrapper (consumers.primitives.landlock,
+landlock_exec), also under prlimit; "rlimits" applies rlimits only; "none" nothing.
+A sandbox that cannot be set up (bwrap missing, a kernel without Landlock, or the
+wrapper failing before the tool starts) fails the run closed with E3405; falling back
+is the operator's explicit choice ("auto" via `resolve_sandbox`).
 Under bwrap a tool killed by signal N is seen as exit status 128+N (bwrap's init
 reports it so) and is mapped back to the signal.
 """
@@ -66,13 +68,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from consumers.primitives import bubblewrap
+from consumers.primitives import bubblewrap, landlock, landlock_exec
 from consumers.primitives.file_store import ContentStore, relative_parts
 from domain.errors import ExecutionError, ToolexecError, ValidationFailed
 from domain.model import PrimitiveOutcome, ResourceLimits, SubprocessPlan
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-SANDBOXES: frozenset[str] = frozenset({"bwrap", "rlimits", "none"})
+SANDBOXES: frozenset[str] = frozenset({"bwrap", "landlock", "rlimits", "none"})
+NO_SANDBOX = "unavailable"
+"""What a strict "auto" resolves to when neither bubblewrap nor Landlock is usable:
+every run then fails closed with E3405."""
 BWRAP_DEFAULT_MAX_PROCESSES = 512
 _BWRAP_SETUP_FAILURE = b"bwrap: "
 STDERR_TAIL_BYTES = 2048
@@ -96,12 +101,18 @@ _PRLIMIT_OPTIONS: dict[int, str] = {
 }
 
 
-def resolve_sandbox(requested: str) -> str:
-    """The sandbox to run with: "auto" is "bwrap" when bubblewrap is installed and
-    "rlimits" otherwise; any other name is taken as it is (checked at run time)."""
-    if requested == "auto":
-        return "bwrap" if bubblewrap.bwrap_binary() is not None else "rlimits"
-    return requested
+def resolve_sandbox(requested: str, *, strict: bool = False) -> str:
+    """The sandbox to run with. "auto" is "bwrap" when bubblewrap is installed, else
+    "landlock" when the kernel supports Landlock, else "rlimits" — or, when `strict`
+    (the production profile), NO_SANDBOX, so that every run fails closed with E3405.
+    Any other name is taken as it is (checked at run time)."""
+    if requested != "auto":
+        return requested
+    if bubblewrap.bwrap_binary() is not None:
+        return "bwrap"
+    if landlock.available():
+        return "landlock"
+    return NO_SANDBOX if strict else "rlimits"
 
 
 async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
@@ -147,6 +158,8 @@ async def _supervise(process: _ToolProcess, stdin: bytes, plan: SubprocessPlan,
         status, usage = process.exit_status()
         if sandbox == "bwrap":
             status = _unwrap_bwrap_status(status, process.stderr)
+        elif sandbox == "landlock":
+            _check_landlock_setup(status, process.stderr)
         error = _error_for(status, usage, timed_out, process.stderr, plan)
         return PrimitiveOutcome(
             ok=error is None,
@@ -172,6 +185,11 @@ def _encode_params(params: Mapping[str, Any]) -> bytes:
 def _rlimits_for(limits: ResourceLimits, sandbox: str) -> tuple[RLimit, ...]:
     """The (resource, soft, hard) triples to set in the child, computed in the parent
     and capped at the current hard limits (which only root may raise)."""
+    if sandbox == NO_SANDBOX:
+        raise ExecutionError(
+            "no sandbox is available: bubblewrap is not installed and this kernel does not "
+            "support Landlock; install bubblewrap, or set TOOLEXEC_SANDBOX=rlimits to run "
+            "tools with resource limits only", code="E3405", details={"sandbox": sandbox})
     if sandbox not in SANDBOXES:
         raise ExecutionError(f"sandbox {sandbox!r} is not available here", code="E3405",
                              details={"sandbox": sandbox, "available": sorted(SANDBOXES)})
@@ -242,6 +260,13 @@ def _prlimit_binary() -> str | None:
 def _sandbox_wrapper(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
                      env: dict[str, str]) -> list[str]:
     """The argv prefix that puts the tool in its sandbox ([] without one)."""
+    if sandbox == "landlock":
+        try:
+            return landlock.landlock_prefix(workdir, cwd, plan.argv[0] if plan.argv else "",
+                                            env["PATH"], network=plan.network)
+        except OSError as error:
+            raise ExecutionError(f"the landlock sandbox cannot be set up: {error}",
+                                 code="E3405", details={"sandbox": sandbox}) from error
     if sandbox != "bwrap":
         return []
     try:
@@ -268,6 +293,18 @@ def _unwrap_bwrap_status(status: int | None, stderr: _Capture) -> int | None:
     if 128 < code < 128 + 65:
         return code - 128  # a raw wait status for "killed by signal code-128"
     return status
+
+
+def _check_landlock_setup(status: int | None, stderr: _Capture) -> None:
+    """The wrapper exits SETUP_FAILED with "landlock_exec: ..." when it could not
+    restrict itself (the tool never started): E3405."""
+    prefix = landlock_exec.MESSAGE_PREFIX
+    if (status is not None and os.WIFEXITED(status)
+            and os.WEXITSTATUS(status) == landlock_exec.SETUP_FAILED
+            and bytes(stderr.data[:len(prefix)]) == prefix):
+        raise ExecutionError("the landlock sandbox could not be set up: "
+                             + bytes(stderr.data[:500]).decode("utf-8", "replace").strip(),
+                             code="E3405", details={"sandbox": "landlock"})
 
 
 def _launch(argv: tuple[str, ...], env: dict[str, str], cwd: Path,

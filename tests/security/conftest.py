@@ -17,6 +17,7 @@ from faststream.kafka import KafkaBroker
 from consumers import authorize, execute, finalize, resolve
 from consumers.claim_store import InMemoryClaims
 from consumers.deadletter import DeadLetters
+from consumers.decision_cache import DecisionStore, MemoryDecisions
 from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_steps, process_record
 from consumers.policy_engine import CedarEvaluator
 from contracts import topics
@@ -61,8 +62,10 @@ def unsigned(**changes: Any) -> str:
 def build_secure_harness(public_keys: list[Any], *,
                          secrets: Callable[[str], str | None] = lambda name: None,
                          runner: Any = None, external: Any = None,
+                         decisions: DecisionStore | None = None, evaluator: Any = None,
                          ) -> tuple[Harness, KafkaBroker, PolicyView, DecisionCache]:
-    """The pipeline on TestKafkaBroker with require_auth on and Cedar policies wired."""
+    """The pipeline on TestKafkaBroker with require_auth on and Cedar policies wired.
+    Decisions are cached in `decisions`, else in the returned in-process cache."""
     broker = KafkaBroker("localhost:9092", apply_types=False, decoder=passthrough_decoder)
     registry = FakeRegistry()
     for tool in sealed_tools():
@@ -71,8 +74,9 @@ def build_secure_harness(public_keys: list[Any], *,
     claims_store = InMemoryClaims("test-executor")
     harness = Harness(broker, registry, runner, claims_store, {"require_auth": True})
     cache = DecisionCache()
+    decisions = decisions if decisions is not None else MemoryDecisions(cache)
     view = PolicyView()
-    view.on_change(cache.clear)
+    view.on_change(decisions.invalidate)
 
     async def publish(envelope: Envelope) -> None:
         harness.events.append(envelope)
@@ -89,7 +93,7 @@ def build_secure_harness(public_keys: list[Any], *,
         authorize=authorize.AuthorizeDeps(
             publish=publish, clock=clock, require_auth=True, public_keys=lambda: public_keys,
             pending=authorize.PendingTokens(), registry=registry, policies=view,
-            evaluator=CedarEvaluator(), cache=cache, external=external),
+            evaluator=evaluator or CedarEvaluator(), cache=decisions, external=external),
         execute=execute.ExecuteDeps(registry=registry, publish=publish, clock=clock,
                                     runner=runner, claims=claims_store, secrets=secrets,
                                     random=lambda: 0.0, sleep=no_sleep),
