@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from consumers.decision_cache import DecisionStore
 from consumers.events import derive, error_info, failed
 from consumers.ports import Clock, LogPosition, Publish, RegistryReader, RequestLog
-from contracts.envelope import Envelope
+from contracts.envelope import Envelope, derived_event_id
 from contracts.events import ChainResolved, InvokeRequested, PermissionDecided
 from domain.capability import Capability, VerifiedTokens, authorise
 from domain.errors import AuthorizationError
@@ -123,8 +123,12 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps,
         decision = PermissionDecided(decision="allow", reason=NOT_REQUIRED, enforced=False, **common)
         await deps.publish(derive(event, decision, step="authorize", now=now))
         return
+    seen, token = deps.pending.take(resolved.invocation_id)
+    if not seen and await _earlier_decision_replayed(event, deps, at):
+        return
     try:
-        token = await _request_token(event, deps, at)
+        if not seen:
+            token = await _token_from_log(event, deps, at)
         capability = authorise(token, deps.public_keys(), tool_id=resolved.tool_id,
                                version=resolved.version, now=int(now.timestamp()),
                                verified=deps.verified)
@@ -157,13 +161,30 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps,
     await deps.publish(derive(event, decision, step="authorize", now=now))
 
 
-async def _request_token(event: Envelope, deps: AuthorizeDeps,
-                         at: LogPosition | None) -> str | None:
-    """The captoken of the request that `event` resolved: remembered when this consumer
-    saw the request, else read back from the log. E3203 when neither has it."""
-    seen, token = deps.pending.take(event.data.invocation_id)
-    if seen:
-        return token
+async def _earlier_decision_replayed(event: Envelope, deps: AuthorizeDeps,
+                                     at: LogPosition | None) -> bool:
+    """A resolution met again after a restart (its record was not committed) may have
+    been decided already: that decision stands, whatever the clock or the policies say
+    now (a token expired meanwhile must not add a second outcome). A deny's failure
+    event is published again (same id), in case the restart fell between the two."""
+    if deps.requests is None or at is None:
+        return False
+    earlier = await deps.requests.find_after(at, derived_event_id(event.id, "authorize"),
+                                             "tool.permission.decided")
+    if earlier is None:
+        return False
+    decision: PermissionDecided = earlier.data
+    if decision.decision == "deny" and decision.error is not None:
+        await deps.publish(failed(event, decision.error, stage="authorize",
+                                  invocation_id=decision.invocation_id, tool_id=decision.tool_id,
+                                  version=decision.version, now=deps.clock()))
+    return True
+
+
+async def _token_from_log(event: Envelope, deps: AuthorizeDeps,
+                          at: LogPosition | None) -> str | None:
+    """The captoken of the request that `event` resolved, read back from the log (the
+    request was consumed before a restart or rebalance). E3203 when it is not there."""
     if deps.requests is not None and at is not None and event.causationid is not None:
         request = await deps.requests.find(at, event.causationid)
         if (request is not None and request.type == "tool.invoke.requested"

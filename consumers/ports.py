@@ -94,3 +94,9 @@ class RequestLog(Protocol):
         """The event `event_id` in `before`'s partition at an offset below `before`'s,
         or None when the log no longer holds it."""
         ...
+
+    async def find_after(self, after: LogPosition, event_id: str,
+                         event_type: str) -> Envelope | None:
+        """The event `event_id` of type `event_type` in `after`'s partition at an offset
+        above `after`'s, up to the end of the log now; None when it is not there."""
+        ...

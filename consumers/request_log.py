@@ -7,6 +7,11 @@ the request back here: same partition, below the resolution's offset, event id =
 resolution's causation id. The scan walks backwards in growing windows (the request
 is nearly always a few records back) with its own assigned consumer, outside any
 consumer group, so it never disturbs the group's positions or commits.
+
+It also tells whether a resolution met again after a restart was decided already:
+`find_after` reads forward from the resolution to the end of the log. Misses come in
+offset order after a restart, so one forward index per partition (events of the
+asked type, from the first miss on) serves them all, each extended by the new tail.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -31,6 +37,15 @@ WINDOW_GROWTH = 4
 FETCH_TIMEOUT_MS = 200
 
 
+@dataclass
+class _ForwardIndex:
+    """Events of one type seen in offsets [start, end) of one partition."""
+
+    start: int
+    end: int
+    events: OrderedDict[str, Envelope] = field(default_factory=OrderedDict)
+
+
 class KafkaRequestLog:
     """`RequestLog` on a Kafka-protocol broker.
 
@@ -46,6 +61,7 @@ class KafkaRequestLog:
         self._read_timeout = read_timeout
         self._seen: OrderedDict[str, Envelope] = OrderedDict()
         self._consumer: AIOKafkaConsumer | None = None
+        self._forward: dict[tuple[TopicPartition, str], _ForwardIndex] = {}
         self._lock = asyncio.Lock()
 
     async def find(self, before: LogPosition, event_id: str) -> Envelope | None:
@@ -69,6 +85,42 @@ class KafkaRequestLog:
         log.warning("request_log.missing", event_id=event_id, partition=before.partition,
                     before=before.offset)
         return None
+
+    async def find_after(self, after: LogPosition, event_id: str,
+                         event_type: str) -> Envelope | None:
+        tp = TopicPartition(after.topic, after.partition)
+        async with self._lock:
+            index = self._forward.get((tp, event_type))
+            if index is None or after.offset + 1 < index.start:
+                index = _ForwardIndex(after.offset + 1, after.offset + 1)
+                self._forward[(tp, event_type)] = index
+            consumer = await self._started()
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            async with asyncio.timeout(self._read_timeout):
+                await self._extend(consumer, tp, index, end, event_type)
+        return index.events.get(event_id)
+
+    async def _extend(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
+                      index: _ForwardIndex, end: int, event_type: str) -> None:
+        """Index the events of `event_type` in offsets [index.end, end) of `tp`."""
+        if index.end >= end:
+            return
+        consumer.seek(tp, index.end)
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
+            for record in batch.get(tp, ()):
+                if (not index.end <= record.offset < end
+                        or _header(record, "ce_type") != event_type):
+                    continue
+                try:
+                    event = decode(record.key, record.value, record.headers)
+                except UndecodableRecord:
+                    continue
+                index.events[event.id] = event
+                while len(index.events) > self._keep:  # oldest first: a miss decides anew
+                    index.events.popitem(last=False)
+        index.end = end
 
     async def _scan(self, consumer: AIOKafkaConsumer, tp: TopicPartition, start: int, end: int,
                     event_id: str) -> Envelope | None:

@@ -5,6 +5,7 @@ consumer would have made. E3203 stays for a token that is genuinely not there.""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 import jwt
@@ -41,6 +42,11 @@ class PartitionLog:
     async def find(self, before: LogPosition, event_id: str) -> Envelope | None:
         return next((e for e in self.events[:before.offset] if e.id == event_id), None)
 
+    async def find_after(self, after: LogPosition, event_id: str,
+                         event_type: str) -> Envelope | None:
+        return next((e for e in self.events[after.offset + 1:]
+                     if e.id == event_id and e.type == event_type), None)
+
 
 def _request(token: str | None, invocation_id: str | None = None) -> Envelope:
     invocation_id = invocation_id or str(uuid.uuid4())
@@ -67,14 +73,14 @@ async def _resolved(request: Envelope) -> Envelope:
     return out[0]
 
 
-def _authorize(key: rsa.RSAPrivateKey, requests: Any = None
+def _authorize(key: rsa.RSAPrivateKey, requests: Any = None, *, now: datetime = FIXED_NOW
                ) -> tuple[authorize.AuthorizeDeps, list[Envelope]]:
     published: list[Envelope] = []
 
     async def publish(envelope: Envelope) -> None:
         published.append(envelope)
 
-    deps = authorize.AuthorizeDeps(publish=publish, clock=lambda: FIXED_NOW, require_auth=True,
+    deps = authorize.AuthorizeDeps(publish=publish, clock=lambda: now, require_auth=True,
                                    public_keys=lambda: [key.public_key()],
                                    pending=authorize.PendingTokens(), requests=requests)
     return deps, published
@@ -156,3 +162,37 @@ async def test_without_a_request_log_a_forgotten_token_is_E3203(rsa_key) -> None
     restarted, published = _authorize(rsa_key)
     await authorize.on_chain_resolved(resolved, restarted, AT_1)
     assert published[-1].data.error.code == "E3203"
+
+
+async def _decided_before_the_restart(key: rsa.RSAPrivateKey, token: str
+                                      ) -> tuple[Envelope, Envelope, list[Envelope]]:
+    """A request, its resolution, and what an uninterrupted consumer published for it."""
+    request = _request(token)
+    resolved = await _resolved(request)
+    before_restart, published = _authorize(key)
+    await authorize.on_invoke_requested(request, before_restart)
+    await authorize.on_chain_resolved(resolved, before_restart, AT_1)
+    return request, resolved, published
+
+
+async def test_a_resolution_decided_before_the_restart_is_not_decided_again(rsa_key) -> None:
+    request, resolved, earlier = await _decided_before_the_restart(rsa_key, _token(rsa_key))
+    assert earlier[0].data.decision == "allow"
+    # Redelivered after the restart, when the token has expired: the allow stands.
+    later = FIXED_NOW + timedelta(hours=1)
+    restarted, published = _authorize(rsa_key, PartitionLog(request, resolved, *earlier),
+                                      now=later)
+    await authorize.on_chain_resolved(resolved, restarted, AT_1)
+    assert published == []
+
+
+async def test_an_earlier_deny_gets_its_failure_event_again_with_the_same_id(rsa_key) -> None:
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    request, resolved, earlier = await _decided_before_the_restart(rsa_key, _token(stranger))
+    decision, failure = earlier
+    assert decision.data.decision == "deny"
+    # The restart fell between the decision and its failure event.
+    restarted, published = _authorize(rsa_key, PartitionLog(request, resolved, decision))
+    await authorize.on_chain_resolved(resolved, restarted, AT_1)
+    assert [(e.id, e.type, e.data.error.code) for e in published] == [
+        (failure.id, "tool.invoke.failed", "E3202")]

@@ -78,3 +78,23 @@ async def test_an_id_not_before_the_position_is_not_found(kafka_bootstrap: str) 
         assert found is not None and found.extensions["captoken"] == "token-early"
     finally:
         await requests.aclose()
+
+
+async def test_find_after_sees_later_events_including_ones_appended_since(
+        kafka_bootstrap: str) -> None:
+    first, second = _request("token-1"), _request("token-2")
+    offsets = await _append(kafka_bootstrap, [first, second])
+    requests = KafkaRequestLog(kafka_bootstrap)
+    after_first = LogPosition(topics.INVOCATIONS, PARTITION, offsets[0])
+    try:
+        found = await requests.find_after(after_first, second.id, "tool.invoke.requested")
+        assert found is not None and found.extensions["captoken"] == "token-2"
+        assert await requests.find_after(after_first, first.id, "tool.invoke.requested") is None
+        assert await requests.find_after(after_first, second.id, "tool.chain.resolved") is None
+        third = _request("token-3")
+        await _append(kafka_bootstrap, [third])
+        after_second = LogPosition(topics.INVOCATIONS, PARTITION, offsets[1])
+        found = await requests.find_after(after_second, third.id, "tool.invoke.requested")
+        assert found is not None and found.extensions["captoken"] == "token-3"
+    finally:
+        await requests.aclose()
