@@ -1,7 +1,7 @@
-"""kill -9 of the consumers process after the authorize step has consumed (and
-committed) requests whose chain resolution it has not handled yet, then a restart:
-the capability tokens are read back from the log, every invocation is allowed and
-completes, once."""
+"""The consumers process stops after the authorize step has consumed (and committed)
+requests whose chain resolution it has not handled yet: kill -9 then a restart, or a
+stalled replica whose partitions move to another one. The capability tokens are read
+back from the log; every invocation is allowed and completes, once."""
 
 from __future__ import annotations
 
@@ -33,10 +33,15 @@ BURST = 150
 AT_RISK_TO_KILL = 20
 AUTHORIZE_GROUP = "toolexec.authorize"
 PARTITIONS = 4
+BROKER_TOPICS = {"toolexec.registry": 1, "toolexec.invocations": PARTITIONS,
+                 "toolexec.circuits": 1, "toolexec.policies": 1, "toolexec.deadletter": 1}
 
 
-def start_up(bootstrap: str, state: Path, public_key: Path) -> subprocess.Popen[bytes]:
+def start_up(bootstrap: str, state: Path, public_key: Path,
+             redis_url: str | None = None) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
+    if redis_url:  # executor claims shared by replicas
+        env["TOOLEXEC_REDIS_URL"] = redis_url
     env.update(TOOLEXEC_KAFKA_BOOTSTRAP=bootstrap, TOOLEXEC_STATE_DIR=str(state),
                TOOLEXEC_REQUIRE_AUTH="true", TOOLEXEC_TOKEN_PUBLIC_KEYS=f'["{public_key}"]',
                TOOLEXEC_SANDBOX="rlimits", TOOLEXEC_SESSION_TIMEOUT_MS="1000",
@@ -120,50 +125,105 @@ async def committed_offsets(bootstrap: str) -> dict[int, int]:
         await consumer.stop()
 
 
+def issue(tmp_path: Path) -> tuple[keys.KeyPair, str]:
+    pair = keys.ensure_dev_keys(tmp_path / "issuer")
+    token = keys.issue_token(keys.load_private_key(pair.private), subject="did:example:ada",
+                             tools=[("append_id", "^1")], ttl_seconds=900, now=int(time.time()))
+    return pair, token
+
+
+async def wait_for_requests_at_risk(bootstrap: str, ids: list[str]) -> None:
+    """Until the authorize group has committed past requests whose resolution is not
+    in the log yet: their tokens are then in no consumer's memory but the current one."""
+    async with asyncio.timeout(120):
+        while True:
+            tail = LogTail(set(ids))
+            await read_log(bootstrap, tail)
+            if len(tail.at_risk(await committed_offsets(bootstrap))) >= AT_RISK_TO_KILL:
+                return
+
+
+async def at_risk_now(bootstrap: str, ids: list[str]) -> set[str]:
+    tail = LogTail(set(ids))
+    await read_log(bootstrap, tail)
+    return tail.at_risk(await committed_offsets(bootstrap))
+
+
+async def assert_every_invocation_allowed_once(bootstrap: str, ids: list[str], results: list,
+                                               ledger: Path) -> None:
+    outcomes = Counter(r.type if r.type == "tool.invoke.completed" else r.data.error.code
+                       for r in results)
+    assert outcomes == {"tool.invoke.completed": len(ids)}, outcomes
+    after = LogTail(set(ids))
+    await read_log(bootstrap, after)
+    assert {i: after.decisions.get(i) for i in ids} == {i: {("allow", None)} for i in ids}
+    terminals = await terminal_event_ids(bootstrap, set(ids))
+    assert {i: len(terminals.get(i, ())) for i in ids} == {i: 1 for i in ids}
+    assert Counter(ledger.read_text().split()) == Counter(ids)
+
+
+def invoke_all(client: InvocationClient, ids: list[str], token: str,
+               ledger: Path) -> list[asyncio.Task]:
+    return [asyncio.create_task(client.invoke(
+        "append_id", {"id": i, "ledger": str(ledger)}, invocation_id=i, token=token,
+        timeout=240)) for i in ids]
+
+
 async def test_tokens_survive_a_kill_9_between_request_and_resolution(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.txt"
     state = tmp_path / "state"
     state.mkdir()
-    pair = keys.ensure_dev_keys(tmp_path / "issuer")
-    token = keys.issue_token(keys.load_private_key(pair.private), subject="did:example:ada",
-                             tools=[("append_id", "^1")], ttl_seconds=900, now=int(time.time()))
-    async with EmbeddedBroker({"toolexec.registry": 1, "toolexec.invocations": PARTITIONS,
-                               "toolexec.circuits": 1, "toolexec.policies": 1,
-                               "toolexec.deadletter": 1}, log_dir=tmp_path) as broker:
+    pair, token = issue(tmp_path)
+    ids = [str(uuid.uuid4()) for _ in range(BURST)]
+    async with EmbeddedBroker(BROKER_TOPICS, log_dir=tmp_path) as broker:
         process = start_up(broker.bootstrap, state, pair.public)
         try:
             await wait_until_up(process, state)
             async with InvocationClient(broker.bootstrap) as client:
-                ids = [str(uuid.uuid4()) for _ in range(BURST)]
-                tasks = [asyncio.create_task(client.invoke(
-                    "append_id", {"id": i, "ledger": str(ledger)}, invocation_id=i,
-                    token=token, timeout=240)) for i in ids]
-                # Kill once the authorize step has committed past requests whose
-                # resolution is not in the log yet: their tokens are in no memory then.
-                async with asyncio.timeout(120):
-                    while True:
-                        tail = LogTail(set(ids))
-                        await read_log(broker.bootstrap, tail)
-                        if len(tail.at_risk(await committed_offsets(broker.bootstrap))) \
-                                >= AT_RISK_TO_KILL:
-                            break
+                tasks = invoke_all(client, ids, token, ledger)
+                await wait_for_requests_at_risk(broker.bootstrap, ids)
                 process.send_signal(signal.SIGKILL)
                 process.wait()
-                at_kill = LogTail(set(ids))
-                await read_log(broker.bootstrap, at_kill)
-                at_risk = at_kill.at_risk(await committed_offsets(broker.bootstrap))
+                at_risk = await at_risk_now(broker.bootstrap, ids)
                 process = start_up(broker.bootstrap, state, pair.public)
                 results = await asyncio.gather(*tasks)
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=30)
         assert len(at_risk) >= AT_RISK_TO_KILL  # the restart fell between request and decision
-        outcomes = Counter(r.type if r.type == "tool.invoke.completed" else r.data.error.code
-                           for r in results)
-        assert outcomes == {"tool.invoke.completed": BURST}, outcomes
-        after = LogTail(set(ids))
-        await read_log(broker.bootstrap, after)
-        assert {i: after.decisions.get(i) for i in ids} == {i: {("allow", None)} for i in ids}
-        terminals = await terminal_event_ids(broker.bootstrap, set(ids))
-        assert {i: len(terminals.get(i, ())) for i in ids} == {i: 1 for i in ids}
-    assert Counter(ledger.read_text().split()) == Counter(ids)
+        await assert_every_invocation_allowed_once(broker.bootstrap, ids, results, ledger)
+
+
+async def test_tokens_survive_partitions_moving_from_a_stalled_replica(
+        tmp_path: Path, redis_url: str) -> None:
+    ledger = tmp_path / "ledger.txt"
+    states = [tmp_path / "a", tmp_path / "b"]
+    for state in states:
+        state.mkdir()
+    pair, token = issue(tmp_path)
+    ids = [str(uuid.uuid4()) for _ in range(BURST)]
+    async with EmbeddedBroker(BROKER_TOPICS, log_dir=tmp_path) as broker:
+        first = start_up(broker.bootstrap, states[0], pair.public, redis_url)
+        second = None
+        try:
+            await wait_until_up(first, states[0])
+            async with InvocationClient(broker.bootstrap) as client:
+                tasks = invoke_all(client, ids, token, ledger)
+                await wait_for_requests_at_risk(broker.bootstrap, ids)
+                first.send_signal(signal.SIGSTOP)  # a long pause: its session expires
+                at_risk = await at_risk_now(broker.bootstrap, ids)
+                second = start_up(broker.bootstrap, states[1], pair.public, redis_url)
+                await wait_until_up(second, states[1])
+                # The second replica takes every partition, then the first comes back
+                # and the group rebalances once more.
+                await asyncio.sleep(5)
+                first.send_signal(signal.SIGCONT)
+                results = await asyncio.gather(*tasks)
+        finally:
+            first.send_signal(signal.SIGCONT)
+            for process in (first, second):
+                if process is not None:
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(timeout=30)
+        assert len(at_risk) >= AT_RISK_TO_KILL
+        await assert_every_invocation_allowed_once(broker.bootstrap, ids, results, ledger)
