@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -41,9 +41,15 @@ class ObjectStore:
     requests: list[str] = field(default_factory=list)
     record_requests: bool = False
 
+    last_modified: datetime = datetime.min.replace(tzinfo=UTC)
+
     def put(self, bucket: str, key: str, body: bytes) -> StoredObject:
+        # Tansu takes the newest object of a partition as its end (ListOffsets latest),
+        # so modification times are distinct and ordered like the writes.
+        self.last_modified = max(datetime.now(UTC),
+                                 self.last_modified + timedelta(milliseconds=1))
         stored = StoredObject(body, f'"{hashlib.md5(body).hexdigest()}"',  # noqa: S324 - S3 ETag
-                              datetime.now(UTC))
+                              self.last_modified)
         self.objects[(bucket, key)] = stored
         return stored
 
@@ -76,7 +82,7 @@ class S3Handler(BaseHTTPRequestHandler):
         if store.record_requests:
             conditions = {h: self.headers[h] for h in ("If-Match", "If-None-Match", "Range",
                                                        "x-amz-copy-source") if self.headers[h]}
-            store.requests.append(f"{self.command} {bucket}/{key} {sorted(query)} {conditions}")
+            store.requests.append(f"{self.command} {bucket}/{key} {query} {conditions}")
 
     # -- responses --------------------------------------------------------------------
 
@@ -278,7 +284,7 @@ def tansu_s3_env(endpoint: str) -> dict[str, str]:
 
 
 def _iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def _dechunk(body: bytes) -> bytes:
