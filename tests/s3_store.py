@@ -6,6 +6,14 @@ log. It implements the subset of the S3 API Tansu's object store client uses:
 PUT (with `If-None-Match: *` / `If-Match: <etag>` conditional writes and
 `x-amz-copy-source` copies), GET (with `Range`), HEAD, DELETE, multi-object delete
 and ListObjectsV2. Objects live in memory; no signature is checked.
+
+What Tansu 0.6 does with it (measured): every produced batch is one object written
+with `If-None-Match: *`, and each partition's `watermark.json` is updated with
+`If-Match: <etag>`; ListOffsets(latest) lists a partition's records and takes the
+newest object by LastModified (hence the distinct, ordered times below); a fetch
+answers empty when its object reads outlast the fetch's max wait, so clients of an
+s3 broker need a fetch wait of ~100 ms rather than 5 ms. The endpoint and
+credentials come from AWS_* variables (`tansu_s3_env`).
 """
 
 from __future__ import annotations
