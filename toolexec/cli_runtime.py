@@ -21,7 +21,7 @@ from toolexec.client import (
     Progress,
 )
 from toolexec.publishing import publish_event
-from toolexec.read_models import start_read_models
+from toolexec.read_models import ReadModels, start_read_models
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check, collect_sources
@@ -57,9 +57,15 @@ def _report_rejections(events: list[Envelope]) -> None:
 
 def up(
     tools: Annotated[list[Path], typer.Option("--tools", help="extra tool directories")] = [],  # noqa: B006
+    gateway_port: Annotated[int | None, typer.Option(
+        "--gateway-port", min=0, max=65535,
+        help="HTTP gateway port (default TOOLEXEC_GATEWAY_PORT, 0 = a free port)")] = None,
 ) -> None:
-    """Run the whole system (embedded default: broker, consumers); Ctrl-C stops it."""
+    """Run the whole system (embedded default: broker, consumers, read models, HTTP
+    gateway); Ctrl-C stops it."""
     settings = Settings()
+    if gateway_port is not None:
+        settings = settings.model_copy(update={"gateway_port": gateway_port})
     asyncio.run(_up(settings, tools))
 
 
@@ -68,18 +74,29 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Stack(settings, read_models_factory=start_read_models) as stack:
+    from toolexec.gateway_server import serve_gateway  # FastAPI/uvicorn only for `up`
+
+    started: list[ReadModels] = []
+
+    async def read_models(settings: Settings, bootstrap: str) -> ReadModels:
+        started.append(await start_read_models(settings, bootstrap))
+        return started[-1]
+
+    async with Stack(settings, read_models_factory=read_models) as stack, \
+            serve_gateway(stack, started[0], settings) as gateway_url:
         events = _tool_events(tools, settings)
         await stack.publish_all(events)
         _report_rejections(events)
         write_runtime(settings, {
             "kafka_bootstrap": stack.bootstrap, "database_url": settings.effective_database_url,
-            "gateway_url": None,
+            "gateway_url": gateway_url,
             "broker_pid": stack.embedded.pid if stack.embedded else None})
         published = sum(1 for e in events if e.type == "tool.published")
         err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] "
                   f"({'embedded Tansu' if stack.embedded else 'external'}), "
-                  f"{published} tool(s) published, consumers running. Ctrl-C stops.")
+                  f"{published} tool(s) published, consumers running.")
+        err.print(f"toolexec up: gateway [bold]{gateway_url}[/] (status page {gateway_url}/, "
+                  f"API {gateway_url}/docs). Ctrl-C stops.", highlight=False)
         try:
             await stop.wait()
         finally:

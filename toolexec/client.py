@@ -17,7 +17,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -39,6 +39,7 @@ PROGRESS_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
 SOURCE = "urn:toolexec:client"
 
 Progress = Callable[[Envelope], None]
+RecordObserver = Callable[[Any], None]
 SEND_TIMEOUT_MS = 5000
 """How long the producer holds a record the broker does not take before failing it:
 `invoke` then sends it again (same event id) while its own timeout lasts, and
@@ -62,8 +63,10 @@ class InvocationUnresolved(ToolexecError):
 class InvocationClient:
     """Emits invocation requests and resolves them when their terminal event arrives."""
 
-    def __init__(self, bootstrap: str, *, fetch_max_wait_ms: int = 5) -> None:
+    def __init__(self, bootstrap: str, *, fetch_max_wait_ms: int = 5,
+                 observer: RecordObserver | None = None) -> None:
         self._bootstrap = bootstrap
+        self._observer = observer  # sees every invocations record read (e.g. metrics)
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -119,6 +122,22 @@ class InvocationClient:
         await self._producer.send_and_wait(topics.TOPIC_OF_TYPE[envelope.type], record.value,
                                            key=record.key, headers=list(record.headers))
 
+    async def submit(self, tool_id: str, parameters: Mapping[str, Any] | None = None, *,
+                     version_range: str = "*", lockfile: Mapping[str, Any] | None = None,
+                     token: str | None = None, invocation_id: str | None = None,
+                     requested_by: str | None = None,
+                     execution_mode: Literal["sync", "async"] = "async",
+                     timeout: float = 30.0) -> Envelope:
+        """Emit `tool.invoke.requested` without waiting for its outcome; returns the
+        request's envelope. Raises `InvocationNotDelivered` (E3001) when the broker does
+        not take it within `timeout` seconds."""
+        envelope = _request(tool_id, parameters, version_range=version_range,
+                            lockfile=lockfile, token=token, requested_by=requested_by,
+                            invocation_id=invocation_id or str(uuid.uuid4()),
+                            execution_mode=execution_mode)
+        await self._deliver(envelope, asyncio.get_running_loop().time() + timeout)
+        return envelope
+
     async def invoke(self, tool_id: str, parameters: Mapping[str, Any] | None = None, *,
                      version_range: str = "*", lockfile: Mapping[str, Any] | None = None,
                      token: str | None = None, timeout: float = 120.0,
@@ -129,15 +148,9 @@ class InvocationClient:
         Raises `InvocationNotDelivered` (E3001) or `InvocationUnresolved` (E3002) when
         that cannot be done within `timeout` seconds; both carry the invocation id."""
         invocation_id = invocation_id or str(uuid.uuid4())
-        request = InvokeRequested(
-            invocation_id=invocation_id, tool_id=tool_id, version_range=version_range,
-            parameters=dict(parameters or {}), lockfile=dict(lockfile) if lockfile else None,
-            requested_by=requested_by,
-        )
-        extensions = {"captoken": token} if token else {}
-        envelope = new_envelope(request, source=SOURCE, partitionkey=invocation_id,
-                                correlationid=invocation_id, id=str(uuid.uuid4()),
-                                time=datetime.now(UTC), extensions=extensions)
+        envelope = _request(tool_id, parameters, version_range=version_range,
+                            lockfile=lockfile, token=token, requested_by=requested_by,
+                            invocation_id=invocation_id, execution_mode="sync")
         waiter: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
         self._waiters[invocation_id] = waiter
         if progress is not None:
@@ -195,6 +208,8 @@ class InvocationClient:
                     self._route(record)
 
     def _route(self, record: Any) -> None:
+        if self._observer is not None:
+            self._observer(record)
         key = record.key.decode("utf-8", "replace") if record.key else None
         if key not in self._waiters:
             return
@@ -210,3 +225,17 @@ class InvocationClient:
                 waiter.set_result(envelope)
         elif envelope.type in PROGRESS_TYPES and envelope.correlationid in self._progress:
             self._progress[envelope.correlationid](envelope)
+
+
+def _request(tool_id: str, parameters: Mapping[str, Any] | None, *, version_range: str,
+             lockfile: Mapping[str, Any] | None, token: str | None, requested_by: str | None,
+             invocation_id: str, execution_mode: Literal["sync", "async"]) -> Envelope:
+    request = InvokeRequested(
+        invocation_id=invocation_id, tool_id=tool_id, version_range=version_range,
+        parameters=dict(parameters or {}), lockfile=dict(lockfile) if lockfile else None,
+        requested_by=requested_by, execution_mode=execution_mode,
+    )
+    extensions = {"captoken": token} if token else {}
+    return new_envelope(request, source=SOURCE, partitionkey=invocation_id,
+                        correlationid=invocation_id, id=str(uuid.uuid4()),
+                        time=datetime.now(UTC), extensions=extensions)
