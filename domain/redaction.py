@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -46,11 +47,16 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("PHONE", re.compile(r"(?<![\w.])(?:\+?\d{1,2}[\s.-]?)?\(?\d{3}\)?[\s.-]?\d{3}[\s.-]?\d{4}\b")),
 )
 
+# Matches wherever any of `_PATTERNS` matches (and maybe elsewhere): text it does not
+# match has nothing to redact, which is most text, so one search replaces five passes.
+_ANY_PATTERN = re.compile("|".join(f"(?:{pattern.pattern})" for _, pattern in _PATTERNS))
+
 
 def _normalise_field(name: str) -> str:
     return name.lower().replace("_", "").replace("-", "")
 
 
+@lru_cache(maxsize=4096)
 def is_sensitive_field(name: str) -> bool:
     """True when a field name denotes a secret (password, token, api_key, ...)."""
     normalised = _normalise_field(name)
@@ -65,11 +71,29 @@ class Redacted:
 
 def redact_text(text: str) -> tuple[str, int]:
     """Replace PII found in `text`; returns the new text and how many matches."""
+    # Ids, versions and integrity hashes recur in every event of a tool or invocation.
+    return _redact_short_text(text) if len(text) <= _CACHED_TEXT else _redact_text(text)
+
+
+_CACHED_TEXT = 200
+
+
+@lru_cache(maxsize=16384)
+def _redact_short_text(text: str) -> tuple[str, int]:
+    return _redact_text(text)
+
+
+def _redact_text(text: str) -> tuple[str, int]:
+    if _ANY_PATTERN.search(text) is None:
+        return text, 0
     total = 0
     for label, pattern in _PATTERNS:
         text, n = pattern.subn(f"[{label}_REDACTED]", text)
         total += n
     return text, total
+
+
+_PLAIN = frozenset({bool, int, float})
 
 
 def redact(value: Any, *, secrets: tuple[str, ...] = ()) -> Redacted:
@@ -86,6 +110,11 @@ def redact(value: Any, *, secrets: tuple[str, ...] = ()) -> Redacted:
                 if isinstance(key, str) and is_sensitive_field(key) and item not in (None, ""):
                     out[key] = REDACTED
                     count += 1
+                elif item is None or type(item) in _PLAIN:  # inline: most values are leaves
+                    out[key] = item
+                elif type(item) is str and not literals:
+                    out[key], n = redact_text(item)
+                    count += n
                 else:
                     out[key] = walk(item)
             return out

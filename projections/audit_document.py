@@ -21,11 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import rfc8785
+from rfc8785 import CanonicalizationError
 
 from contracts.envelope import Envelope
 from contracts.events import dataschema_uri
+from domain.canonical_json import canonical_json
 from domain.redaction import redact
+from projections.store import field_of
 from projections.tables import iso
 
 GENESIS: Final = "0" * 64
@@ -73,6 +75,11 @@ def captoken_identity(envelope: Envelope) -> tuple[str | None, str | None]:
 
 def audit_document(envelope: Envelope) -> tuple[dict[str, Any], int]:
     """The redacted CloudEvent document of `envelope` and how many values were redacted."""
+    document, count = _document(envelope)
+    return _json_safe(document), count
+
+
+def _document(envelope: Envelope) -> tuple[dict[str, Any], int]:
     data = envelope.data.model_dump(mode="json")
     if envelope.type == "tool.published":
         data["files"] = [{k: v for k, v in f.items() if k != "content_b64gz"}
@@ -105,12 +112,12 @@ def audit_document(envelope: Envelope) -> tuple[dict[str, Any], int]:
     if jti is not None:
         document["capjti"] = jti
     document["data"] = redacted_data.value
-    return _json_safe(document), count
+    return document, count
 
 
 def canonical(value: Any) -> bytes:
     """RFC 8785 canonical JSON bytes of `value`."""
-    return rfc8785.dumps(value)
+    return canonical_json(value)
 
 
 HASHED_COLUMNS: Final = ("topic", "partition", "offset", "event_id", "type", "time",
@@ -120,22 +127,34 @@ HASHED_COLUMNS: Final = ("topic", "partition", "offset", "event_id", "type", "ti
 def chain_hash(prev_hash: str, columns: Mapping[str, Any], document: Any) -> str:
     """The hash of one audit record (its `HASHED_COLUMNS` and parsed document) given its
     predecessor's hash."""
-    body = canonical({**{name: columns[name] for name in HASHED_COLUMNS},
-                      "document": document})
-    return hashlib.sha256(prev_hash.encode("ascii") + body).hexdigest()
+    return _chain_hash(prev_hash, columns, canonical(document))
+
+
+def _chain_hash(prev_hash: str, columns: Mapping[str, Any], document: bytes) -> str:
+    # "document" sorts before every hashed column name, so the canonical body is the
+    # document's canonical text spliced in front of the columns' (no second pass over
+    # the document).
+    rest = canonical({name: columns[name] for name in HASHED_COLUMNS})
+    return hashlib.sha256(b"".join((prev_hash.encode("ascii"), b'{"document":', document,
+                                    b",", rest[1:]))).hexdigest()
 
 
 def audit_entry(envelope: Envelope, *, topic: str, partition: int, offset: int,
                 prev_hash: str) -> AuditEntry:
     """The audit record of one log record, chained after `prev_hash` (pure)."""
-    document, count = audit_document(envelope)
+    document, count = _document(envelope)
+    try:
+        text = canonical(document)
+    except CanonicalizationError:  # huge integers, NaN: made JSON-safe (rare, slower)
+        document = _json_safe(document)
+        text = canonical(document)
     data: Any = envelope.data
     columns = {"topic": topic, "partition": partition, "offset": offset,
                "event_id": envelope.id, "type": envelope.type, "time": document["time"],
-               "invocation_id": getattr(data, "invocation_id", None),
-               "tool_id": getattr(data, "tool_id", None), "redactions": count}
-    return AuditEntry(**columns, document=canonical(document).decode("utf-8"),
-                      prev_hash=prev_hash, hash=chain_hash(prev_hash, columns, document))
+               "invocation_id": field_of(data, "invocation_id"),
+               "tool_id": field_of(data, "tool_id"), "redactions": count}
+    return AuditEntry(**columns, document=text.decode("utf-8"), prev_hash=prev_hash,
+                      hash=_chain_hash(prev_hash, columns, text))
 
 
 def _json_safe(value: Any) -> Any:

@@ -23,7 +23,7 @@ from contracts.events import (
 )
 from domain.redaction import redact
 from projections.audit_document import captoken_identity
-from projections.store import AggregateModel, Row, single_row
+from projections.store import AggregateModel, Row, field_of, single_row
 from projections.tables import invocations, iso
 
 NAME = "invocations"
@@ -43,16 +43,16 @@ def new_invocation(invocation_id: str, at: str) -> Row:
 def evolve_invocation(row: Row | None, envelope: Envelope) -> Row | None:
     """Fold one invocation event into the invocation's row (pure)."""
     data: Any = envelope.data
-    invocation_id = getattr(data, "invocation_id", None)
+    invocation_id = field_of(data, "invocation_id")
     if invocation_id is None:
         return row
     at = iso(envelope.time)
     new = dict(row) if row is not None else new_invocation(invocation_id, at)
-    new["timeline"] = [*new["timeline"], _timeline_entry(envelope)]
+    new["timeline"] = [*new["timeline"], _timeline_entry(envelope, at)]
     new["updated_at"] = max(new["updated_at"], at)
-    if getattr(data, "tool_id", None) and new["tool_id"] is None:
+    if field_of(data, "tool_id") and new["tool_id"] is None:
         new["tool_id"] = data.tool_id
-    if getattr(data, "version", None) and not isinstance(data, InvokeRequested):
+    if field_of(data, "version") and not isinstance(data, InvokeRequested):
         new["version"] = data.version
     _apply(new, envelope, at)
     return new
@@ -89,14 +89,14 @@ def _apply(row: Row, envelope: Envelope, at: str) -> None:
         row["cancel_requested"] = True
 
 
-def _timeline_entry(envelope: Envelope) -> dict[str, Any]:
+def _timeline_entry(envelope: Envelope, at: str) -> dict[str, Any]:
     data: Any = envelope.data
-    entry: dict[str, Any] = {"type": envelope.type, "time": iso(envelope.time), "id": envelope.id}
+    entry: dict[str, Any] = {"type": envelope.type, "time": at, "id": envelope.id}
     for name in ("attempt", "decision", "outcome", "stage"):
-        value = getattr(data, name, None)
+        value = field_of(data, name)
         if value is not None:
             entry[name] = value
-    error = getattr(data, "error", None)
+    error = field_of(data, "error")
     if error is not None:
         entry["error_code"] = error.code
     return entry
@@ -108,7 +108,7 @@ def _summary(result: Any) -> str:
 
 
 def _invocation_of(envelope: Envelope) -> str | None:
-    return getattr(envelope.data, "invocation_id", None)
+    return field_of(envelope.data, "invocation_id")
 
 
 def invocations_model() -> AggregateModel:

@@ -48,14 +48,20 @@ class RunnerStats:
 
 
 class ProjectionRunner:
-    """Consumes `model.topics` into `model` on `engine`; `start()` runs it in the background."""
+    """Consumes the topics of one read model (or several: each record is then fetched
+    and decoded once for all of them) into `engine`; `start()` runs it in the
+    background. Every model keeps its own offsets and applied ids, written in the
+    batch's one transaction."""
 
-    def __init__(self, engine: AsyncEngine, model: ReadModel, bootstrap: str, *,
-                 consumer_options: Mapping[str, Any] | None = None,
+    def __init__(self, engine: AsyncEngine, model: ReadModel | Sequence[ReadModel],
+                 bootstrap: str, *, consumer_options: Mapping[str, Any] | None = None,
                  batch_size: int = BATCH_SIZE, poll_ms: int = 100) -> None:
         self.engine = engine
-        self.model = model
+        self.models: tuple[ReadModel, ...] = (
+            tuple(model) if isinstance(model, Sequence) else (model,))
+        self.model = self.models[0]
         self.stats = RunnerStats()
+        self.model_stats = {m.name: RunnerStats() for m in self.models}
         self._bootstrap = bootstrap
         self._options = {"fetch_max_wait_ms": 100, **{
             k: v for k, v in (consumer_options or {}).items() if k == "fetch_max_wait_ms"}}
@@ -63,26 +69,27 @@ class ProjectionRunner:
         self._poll_ms = poll_ms
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: list[TopicPartition] = []
-        self._positions: dict[TopicPartition, int | None] = {}
+        self._positions: dict[tuple[str, TopicPartition], int | None] = {}
         self._moved = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
 
     @property
     def name(self) -> str:
-        return self.model.name
+        return "+".join(m.name for m in self.models)
 
     # -- lifecycle --------------------------------------------------------------------
     async def open(self) -> None:
-        """Connect, assign every partition of the model's topics, seek to stored offsets."""
+        """Connect, assign every partition of the models' topics, seek to stored offsets."""
         consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
                                     enable_auto_commit=False, auto_offset_reset="earliest",
                                     **self._options)
         await consumer.start()
         self._consumer = consumer
         known = await consumer.topics()
+        wanted = {topic for m in self.models for topic in m.topics}
         self._partitions = sorted(
-            (TopicPartition(topic, p) for topic in self.model.topics if topic in known
+            (TopicPartition(topic, p) for topic in wanted if topic in known
              for p in consumer.partitions_for_topic(topic) or ()),
             key=lambda tp: (tp.topic, tp.partition))
         consumer.assign(self._partitions)
@@ -137,30 +144,57 @@ class ProjectionRunner:
             return 0
         try:
             async with self.engine.begin() as conn:
-                applied = await self._apply(conn, batch)
+                moved = await self._apply(conn, batch)
         except BaseException:
             await self._seek_to_stored()
             raise
         async with self._moved:
-            for tp, records in batch:
-                self._positions[tp] = records[-1].offset + 1
+            self._positions.update(moved)
             self._moved.notify_all()
         count = sum(len(records) for _, records in batch)
         self.stats.records += count
-        self.stats.applied += applied
         self.stats.batches += 1
         return count
 
     async def _apply(self, conn: AsyncConnection,
-                     batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]) -> int:
-        await self._write_offsets(conn, {tp: records[-1].offset + 1 for tp, records in batch})
-        decoded = [r for tp, records in batch for r in self._decoded(tp, records)]
-        fresh = await self._unseen(conn, decoded)
+                     batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]
+                     ) -> dict[tuple[str, TopicPartition], int]:
+        """Apply `batch` to every model; returns the models' new positions."""
+        decoded = {tp: self._decoded(tp, records) for tp, records in batch}
+        moved: dict[tuple[str, TopicPartition], int] = {}
+        for model in self.models:
+            ends: dict[TopicPartition, int] = {}
+            mine: list[Record] = []
+            for tp, records in batch:
+                position = self._positions.get((model.name, tp)) or 0
+                if tp.topic not in model.topics or records[-1].offset < position:
+                    continue  # not this model's, or it has these already
+                ends[tp] = records[-1].offset + 1
+                new = [r for r in decoded[tp] if r.offset >= position]
+                taken = sum(1 for r in records if r.offset >= position)
+                mine.extend(new)
+                self.model_stats[model.name].records += taken
+                self.model_stats[model.name].undecodable += taken - len(new)
+            if not ends:
+                continue
+            await self._write_offsets(conn, model.name, ends)
+            await self._apply_model(conn, model, mine)
+            moved.update({(model.name, tp): end for tp, end in ends.items()})
+        return moved
+
+    async def _apply_model(self, conn: AsyncConnection, model: ReadModel,
+                           records: list[Record]) -> None:
+        stats = self.model_stats[model.name]
+        fresh = await self._unseen(conn, model.name, records)
+        stats.duplicates += len(records) - len(fresh)
+        self.stats.duplicates += len(records) - len(fresh)
         if fresh:
             await conn.execute(insert(projection_applied), [
-                {"consumer": self.name, "event_id": r.envelope.id} for r in fresh])
-            await self.model.apply(conn, fresh)
-        return len(fresh)
+                {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
+            await model.apply(conn, fresh)
+        stats.applied += len(fresh)
+        stats.batches += 1
+        self.stats.applied += len(fresh)
 
     def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
         out = []
@@ -176,54 +210,67 @@ class ProjectionRunner:
             out.append(Record(tp.topic, tp.partition, record.offset, envelope))
         return out
 
-    async def _unseen(self, conn: AsyncConnection, records: list[Record]) -> list[Record]:
+    @staticmethod
+    async def _unseen(conn: AsyncConnection, name: str, records: list[Record]) -> list[Record]:
         ids = sorted({r.envelope.id for r in records})
         seen: set[str] = set()
         for chunk in chunks(ids):
             result = await conn.execute(select(projection_applied.c.event_id).where(and_(
-                projection_applied.c.consumer == self.name,
+                projection_applied.c.consumer == name,
                 projection_applied.c.event_id.in_(chunk))))
             seen.update(result.scalars())
         fresh = []
         for record in records:
             if record.envelope.id in seen:
-                self.stats.duplicates += 1
                 continue
             seen.add(record.envelope.id)
             fresh.append(record)
         return fresh
 
-    async def _write_offsets(self, conn: AsyncConnection, ends: dict[TopicPartition, int]) -> None:
+    async def _write_offsets(self, conn: AsyncConnection, name: str,
+                             ends: dict[TopicPartition, int]) -> None:
         table = projection_offsets
         for tp, next_offset in ends.items():
-            expected = self._positions.get(tp)
+            expected = self._positions.get((name, tp))
             if expected is None:
                 try:  # the whole transaction rolls back on a conflict: no savepoint needed
                     await conn.execute(insert(table).values(
-                        consumer=self.name, topic=tp.topic, partition=tp.partition,
+                        consumer=name, topic=tp.topic, partition=tp.partition,
                         next_offset=next_offset))
                 except IntegrityError as error:
-                    raise OffsetConflict(f"{tp} offset appeared under {self.name}") from error
+                    raise OffsetConflict(f"{tp} offset appeared under {name}") from error
                 continue
             result = await conn.execute(update(table).where(and_(
-                table.c.consumer == self.name, table.c.topic == tp.topic,
+                table.c.consumer == name, table.c.topic == tp.topic,
                 table.c.partition == tp.partition, table.c.next_offset == expected,
             )).values(next_offset=next_offset))
             if result.rowcount != 1:
-                raise OffsetConflict(f"{tp} offset of {self.name} is no longer {expected}")
+                raise OffsetConflict(f"{tp} offset of {name} is no longer {expected}")
 
     async def _seek_to_stored(self) -> None:
+        """Re-read every model's stored positions; seek each partition to the lowest."""
         assert self._consumer is not None
-        stored = await stored_offsets(self.engine, self.name)
+        stored = {m.name: await stored_offsets(self.engine, m.name) for m in self.models}
         async with self._moved:
             for tp in self._partitions:
-                position = stored.get((tp.topic, tp.partition))
-                self._positions[tp] = position
+                for model in self.models:
+                    if tp.topic in model.topics:
+                        self._positions[(model.name, tp)] = stored[model.name].get(
+                            (tp.topic, tp.partition))
+                position = self._position(tp)
                 if position is None:
                     await self._consumer.seek_to_beginning(tp)
                 else:
                     self._consumer.seek(tp, position)
             self._moved.notify_all()
+
+    def _position(self, tp: TopicPartition) -> int | None:
+        """The lowest stored position of the models reading `tp` (None: from the start)."""
+        positions = [self._positions.get((m.name, tp)) for m in self.models
+                     if tp.topic in m.topics]
+        if not positions or any(p is None for p in positions):
+            return None
+        return min(p for p in positions if p is not None)
 
     # -- progress ---------------------------------------------------------------------
     async def end_offsets(self) -> dict[TopicPartition, int]:
@@ -250,12 +297,12 @@ class ProjectionRunner:
         """True when every partition's stored position is at or past `ends`, and past
         the high watermark of a fetch answered since the runner last sought."""
         return all(self._highwater(tp) is not None
-                   and (self._positions.get(tp) or 0) >= self._end(tp, end)
+                   and (self._position(tp) or 0) >= self._end(tp, end)
                    for tp, end in ends.items())
 
     def remaining(self, ends: Mapping[TopicPartition, int]) -> int:
         """Records between the stored positions and `ends` (as far as known now)."""
-        return sum(max(self._end(tp, end) - (self._positions.get(tp) or 0), 0)
+        return sum(max(self._end(tp, end) - (self._position(tp) or 0), 0)
                    for tp, end in ends.items())
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:

@@ -30,7 +30,10 @@ ISO_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 def iso(moment: datetime) -> str:
     """`moment` as fixed-width UTC text, e.g. ``2026-11-22T12:00:00.000000Z``."""
-    return moment.astimezone(UTC).strftime(ISO_FORMAT)
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    # isoformat is the same text as strftime(ISO_FORMAT) for years 1000..9999, faster.
+    return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 # --- bookkeeping of every runner -------------------------------------------------------

@@ -11,15 +11,23 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from contracts.envelope import Envelope
-from toolexec.client import InvocationClient
+from toolexec.client import (
+    InvocationClient,
+    InvocationNotDelivered,
+    InvocationUnresolved,
+    Progress,
+)
 from toolexec.publishing import publish_event
 from toolexec.read_models import ReadModels, start_read_models
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check, collect_sources
 from toolexec.stack import Stack
+
+InvocationReported = (InvocationNotDelivered, InvocationUnresolved)
 
 err = Console(stderr=True)
 out = Console()
@@ -133,8 +141,15 @@ def run(
         raise typer.Exit(2) from exc
     tool_id, _, version_range = tool.partition("@")
     settings = Settings()
-    terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters, lockfile,
-                                token, tools, timeout, quiet=as_json))
+    try:
+        terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
+                                    lockfile, token, tools, timeout, quiet=as_json))
+    except InvocationReported as error:  # E3001 not delivered / E3002 no result in time
+        if as_json:
+            out.print_json(data={"error": error.to_dict()})
+        else:
+            err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
+        raise typer.Exit(1) from None
     raise typer.Exit(_print_terminal(terminal, as_json))
 
 
@@ -145,6 +160,20 @@ async def _run(settings: Settings, tool_id: str, version_range: str, parameters:
         if not quiet:
             err.print(f"[dim]{describe_progress(event)}[/]", highlight=False)
 
+    return await invoke_tool(settings, tool_id, version_range, parameters, lockfile=lockfile,
+                             token=token, tools=tools, timeout=timeout, progress=progress,
+                             report_rejections=not quiet)
+
+
+async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
+                      parameters: dict[str, Any], *, lockfile: dict[str, Any] | None = None,
+                      token: str | None = None, tools: list[Path] | None = None,
+                      timeout: float = 120.0, progress: Progress | None = None,
+                      report_rejections: bool = False) -> Envelope:
+    """Invoke a tool through the pipeline of the running `up` (found via
+    .toolexec/runtime.json), or of an embedded stack started for this call when none
+    runs; the tools under `tools` are published first. Returns the terminal event."""
+    tools = tools or []
     runtime = read_runtime(settings)
     if runtime is not None:
         async with InvocationClient(runtime["kafka_bootstrap"]) as client:
@@ -157,7 +186,7 @@ async def _run(settings: Settings, tool_id: str, version_range: str, parameters:
     async with Stack(settings) as stack:
         events = _tool_events(tools, settings)
         await stack.publish_all(events)
-        if not quiet:
+        if report_rejections:
             _report_rejections(events)
         async with InvocationClient(stack.bootstrap) as client:
             return await client.invoke(tool_id, parameters, version_range=version_range,

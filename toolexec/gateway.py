@@ -42,7 +42,7 @@ from projections.queries import (
     show_tool,
 )
 from toolexec import keys, metrics, status_page
-from toolexec.client import InvocationClient
+from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
 from toolexec.gateway_errors import (
     ApiError,
     documented,
@@ -179,9 +179,12 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
         async: answers 202 with the invocation id at once."""
         token = _bearer(authorization)
         if body.execution_mode == "async":
-            request = await ctx.client.submit(
-                body.tool_id, body.parameters, version_range=body.tool_version,
-                lockfile=body.lockfile, token=token, requested_by=REQUESTED_BY)
+            try:
+                request = await ctx.client.submit(
+                    body.tool_id, body.parameters, version_range=body.tool_version,
+                    lockfile=body.lockfile, token=token, requested_by=REQUESTED_BY)
+            except InvocationNotDelivered as error:
+                raise ApiError(error.code, error.message, error.details) from None
             iid = request.data.invocation_id
             accepted = InvokeAccepted(invocation_id=iid, status_url=_status_url(iid))
             return JSONResponse(accepted.model_dump(), status_code=202,
@@ -194,11 +197,13 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
                 body.tool_id, body.parameters, version_range=body.tool_version,
                 lockfile=body.lockfile, token=token, timeout=bound, invocation_id=request_id,
                 requested_by=REQUESTED_BY)
-        except TimeoutError:
+        except InvocationUnresolved:
             raise ApiError("E3002", f"no terminal event within {bound:.0f} s; the invocation "
                            "goes on: poll status_url",
                            {"invocation_id": request_id,
                             "status_url": _status_url(request_id)}) from None
+        except InvocationNotDelivered as error:
+            raise ApiError(error.code, error.message, error.details) from None
         return _terminal_answer(terminal, started)
 
     @app.get("/v1/invocations/{invocation_id}", response_model=InvocationView,

@@ -54,7 +54,7 @@ def test_quick_bench_pairs_each_figure_with_a_same_run_baseline(quick_report: di
     assert {"pipeline calls/s", "direct spawn calls/s", "ratio"} <= set(
         figures["script-throughput"])
     assert {"total p50 us", "baseline: integrity uncached us"} <= set(figures["hot-path"])
-    assert {"fold events/s", "raw aiokafka events/s", "ratio"} <= set(figures["replay"])
+    assert {"rebuild events/s", "raw aiokafka events/s", "ratio"} <= set(figures["replay"])
 
 
 def test_quick_bench_invocations_all_complete(quick_report: dict) -> None:
