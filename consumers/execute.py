@@ -26,7 +26,7 @@ from domain.claims import ClaimDecision, ClaimRecord, ClaimStatus
 from domain.credentials import REFERENCE, declared_credentials, references, scoped_secrets
 from domain.errors import IntegrityMismatch, ToolexecError, ValidationFailed, VersionNotFound
 from domain.integrity import verify_chain
-from domain.model import HttpPlan, PrimitiveOutcome, ResolvedChain, SubprocessPlan
+from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, ResolvedChain, SubprocessPlan
 from domain.plan import build_plan
 from domain.redaction import REDACTED
 from domain.retry import RetryPolicy, backoff_delay, is_retriable
@@ -100,7 +100,7 @@ def _check_parameters(manifest: Mapping[str, Any], params: Mapping[str, Any]) ->
 
 
 async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: ResolvedChain,
-                        plan: SubprocessPlan | HttpPlan, deps: ExecuteDeps) -> None:
+                        plan: SubprocessPlan | HttpPlan | McpPlan, deps: ExecuteDeps) -> None:
     """Run attempts until one is final (`deps.secrets` is scoped to the chain's
     declared credentials). Each attempt's concluding event is stored with
     its claim *before* it is published (an outbox): a redelivery after a crash
@@ -197,7 +197,7 @@ def _unknown(event: Envelope, decision: PermissionDecided, attempt: int,
     return derive(event, finished, step=f"execute.finished.{attempt}", now=deps.clock())
 
 
-async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan,
+async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan | McpPlan,
                          params: Mapping[str, Any]) -> PrimitiveOutcome:
     """Primitives report failures as outcomes; one that raises has a bug, and what the
     tool did is then unknown (E3404), which is recorded rather than lost."""
@@ -209,20 +209,32 @@ async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan,
             "details": {"exception": type(exc).__name__}})
 
 
-def _resolve_env_secrets(plan: SubprocessPlan | HttpPlan,
-                         secrets: Secrets) -> tuple[SubprocessPlan | HttpPlan, tuple[str, ...]]:
-    """Fill `${NAME}` references in a subprocess environment just in time (the http
-    primitive fills its headers itself). The values go to the process only; they are
-    returned so outputs can be scrubbed of them."""
+def _resolve_env_secrets(plan: SubprocessPlan | HttpPlan | McpPlan, secrets: Secrets
+                         ) -> tuple[SubprocessPlan | HttpPlan | McpPlan, tuple[str, ...]]:
+    """Fill `${NAME}` references in a subprocess environment (a stdio MCP server's
+    too) just in time (the http primitive fills its headers itself). The values go to
+    the process only; they are returned so outputs can be scrubbed of them."""
     values = tuple(v for name in references(plan) if (v := secrets(name)) is not None)
+    if isinstance(plan, McpPlan) and plan.server is not None:
+        return dataclasses.replace(plan, server=_filled_env(plan.server, secrets)), values
     if not isinstance(plan, SubprocessPlan):
         return plan, values
+    return _filled_env(plan, secrets), values
+
+
+def _filled_env(plan: SubprocessPlan, secrets: Secrets) -> SubprocessPlan:
     env = {key: REFERENCE.sub(lambda m: secrets(m.group(1)) or "", value)
            for key, value in plan.env.items()}
-    return dataclasses.replace(plan, env=env), values
+    return dataclasses.replace(plan, env=env)
 
 
-def _plan_summary(plan: SubprocessPlan | HttpPlan) -> dict[str, Any]:
+def _plan_summary(plan: SubprocessPlan | HttpPlan | McpPlan) -> dict[str, Any]:
+    if isinstance(plan, McpPlan):
+        inner = plan.server or plan.endpoint
+        assert inner is not None
+        return {"mcp_server": plan.server_key, "mcp_tool": plan.tool_name,
+                "transport": plan.transport, "timeout_seconds": plan.timeout_seconds,
+                "server": _plan_summary(inner)}
     if isinstance(plan, SubprocessPlan):
         return {"argv": list(plan.argv), "cwd": plan.cwd, "timeout_seconds": plan.timeout_seconds,
                 "env_keys": sorted(plan.env)}
@@ -230,13 +242,17 @@ def _plan_summary(plan: SubprocessPlan | HttpPlan) -> dict[str, Any]:
             "header_names": sorted(plan.headers), "timeout_seconds": plan.timeout_seconds}
 
 
-def _started(decision: PermissionDecided, attempt: int, plan: SubprocessPlan | HttpPlan,
-             sandbox: str) -> ExecutionStarted:
+def _started(decision: PermissionDecided, attempt: int,
+             plan: SubprocessPlan | HttpPlan | McpPlan, sandbox: str) -> ExecutionStarted:
+    if isinstance(plan, McpPlan):
+        primitive = plan.primitive
+    else:
+        primitive = "subprocess" if isinstance(plan, SubprocessPlan) else "http_client"
     return ExecutionStarted(
         invocation_id=decision.invocation_id, attempt=attempt, tool_id=decision.tool_id,
-        version=decision.version,
-        primitive="subprocess" if isinstance(plan, SubprocessPlan) else "http_client",
-        sandbox=sandbox, plan_summary=_plan_summary(plan),
+        version=decision.version, primitive=primitive,
+        sandbox=sandbox,
+        plan_summary=_plan_summary(plan),
     )
 
 

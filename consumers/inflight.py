@@ -56,10 +56,24 @@ class CommitCoalescer:
         self._positions: dict[TopicPartition, int] = {}
         self._commit: Commit | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._held: dict[TopicPartition, int] = {}
+
+    def hold(self, tp: TopicPartition, offset: int) -> None:
+        """The record at `offset` of `tp` is unfinished: commit nothing past it (it is
+        delivered again after a restart or rebalance) until it is done."""
+        self._held[tp] = min(offset, self._held.get(tp, offset))
+        if tp in self._positions:
+            self._positions[tp] = min(self._positions[tp], offset)
 
     def done(self, commit: Commit, tp: TopicPartition, position: int) -> None:
         """Record that every offset of `tp` below `position` is finished."""
         self._commit = commit
+        held = self._held.get(tp)
+        if held is not None:
+            if position == held + 1:  # the unfinished record is done after all
+                del self._held[tp]
+            else:
+                position = min(position, held)
         self._positions[tp] = max(position, self._positions.get(tp, 0))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_later())
@@ -111,11 +125,18 @@ class InFlight:
                    work: Callable[[], Awaitable[None]], commit: Commit) -> None:
         try:
             await work()
-        finally:
+        except Exception:
+            # Its work (e.g. publishing its output) is not done: the partition's
+            # commit stays below it, so the record is delivered again after a
+            # restart or rebalance instead of being skipped.
+            log.exception("record.unfinished", topic=tp.topic, partition=tp.partition,
+                          offset=offset)
+            return
+        finally:  # also when cancelled at shutdown: the slot frees, the offset stays
             self._slots.release()
-            position = window.finish(offset)
-            if position is not None:
-                await commit({tp: position})
+        position = window.finish(offset)
+        if position is not None:
+            await commit({tp: position})
 
     async def drain(self) -> None:
         """Wait for every record in flight (on shutdown)."""

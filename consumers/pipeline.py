@@ -132,9 +132,13 @@ def attach_step(broker: KafkaBroker, step: Step, deps: PipelineDeps, *,
         @subscribe
         async def handle(message: Any) -> None:
             record = message.raw_message
-            await process_record(record, step, deps)
-            committer.done(message.consumer.commit,
-                           TopicPartition(record.topic, record.partition), record.offset + 1)
+            tp = TopicPartition(record.topic, record.partition)
+            try:
+                await process_record(record, step, deps)
+            except Exception:
+                committer.hold(tp, record.offset)  # output not delivered: not skipped
+                raise
+            committer.done(message.consumer.commit, tp, record.offset + 1)
         return Attached(committer)
 
     inflight = InFlight(step.max_workers)

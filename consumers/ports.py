@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from contracts.envelope import Envelope
 from domain.claims import ClaimDecision, ClaimRecord
-from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
+from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
 
 
 class Publish(Protocol):
@@ -48,7 +48,7 @@ class PrimitiveRunner(Protocol):
 
     async def run(
         self,
-        plan: SubprocessPlan | HttpPlan,
+        plan: SubprocessPlan | HttpPlan | McpPlan,
         params: Mapping[str, Any],
         *,
         secrets: Callable[[str], str | None],

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from domain.errors import AuthorizationError, ToolexecError
-from domain.model import HttpPlan, ResolvedChain, SubprocessPlan
+from domain.model import HttpPlan, McpPlan, ResolvedChain, SubprocessPlan
 
 PREFIX = "credentials:"
 REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -30,14 +30,17 @@ def declared_credentials(chain: ResolvedChain) -> frozenset[str]:
     return frozenset(names)
 
 
-def references(plan: SubprocessPlan | HttpPlan) -> list[str]:
+def references(plan: SubprocessPlan | HttpPlan | McpPlan) -> list[str]:
     """Credential names the plan refers to, in order of appearance, without repeats."""
+    if isinstance(plan, McpPlan):
+        inner = plan.server or plan.endpoint
+        return [] if inner is None else references(inner)
     values: Iterable[str] = (plan.env.values() if isinstance(plan, SubprocessPlan)
                              else plan.headers.values())
     return list(dict.fromkeys(m.group(1) for v in values for m in REFERENCE.finditer(str(v))))
 
 
-def scoped_secrets(plan: SubprocessPlan | HttpPlan, declared: frozenset[str],
+def scoped_secrets(plan: SubprocessPlan | HttpPlan | McpPlan, declared: frozenset[str],
                    secrets: Secrets) -> Secrets:
     """A secrets lookup limited to `declared`, after checking every reference of the
     plan: undeclared -> E3206, declared but not provided -> E3602."""

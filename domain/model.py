@@ -156,7 +156,33 @@ class HttpPlan:
     kind: Literal["http"] = "http"
 
 
-Plan = SubprocessPlan | HttpPlan
+@dataclass(frozen=True, slots=True)
+class McpPlan:
+    """A `tools/call` of one MCP tool on a long-lived MCP server.
+
+    `server_key` names the server process or connection (tool id, version and
+    integrity of the `mcp_server` link), so every call to the same verified server
+    reuses it. A stdio server is started from `server` (a SubprocessPlan: argv, env,
+    files, limits, sandbox as for any process); a remote one (`sse`,
+    `streamable_http`) is reached at `endpoint` (an HttpPlan: url, `${ENV}` headers,
+    network policy). `timeout_seconds` bounds one call, `startup_timeout_seconds`
+    the server's start and MCP handshake."""
+
+    server_key: str
+    tool_name: str
+    transport: Literal["stdio", "sse", "streamable_http"]
+    server: SubprocessPlan | None = None
+    endpoint: HttpPlan | None = None
+    timeout_seconds: float = 30.0
+    startup_timeout_seconds: float = 10.0
+    kind: Literal["mcp"] = "mcp"
+
+    @property
+    def primitive(self) -> Literal["subprocess", "http_client"]:
+        return "subprocess" if self.server is not None else "http_client"
+
+
+Plan = SubprocessPlan | HttpPlan | McpPlan
 
 
 @dataclass(frozen=True, slots=True)

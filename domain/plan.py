@@ -21,6 +21,7 @@ from typing import Any
 from domain.errors import ChainInvalid
 from domain.model import (
     HttpPlan,
+    McpPlan,
     NetworkPolicy,
     ResolvedChain,
     ResourceLimits,
@@ -30,6 +31,8 @@ from domain.model import (
 )
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
+DEFAULT_MCP_STARTUP_SECONDS = 10.0
+MCP_CALLABLE_TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable_http")
 EXECUTION_SECTIONS: tuple[str, ...] = ("resource_limits", "network_policy", "retry_policy")
 _NO_BODY_METHODS = frozenset({"GET", "HEAD"})
 _SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
@@ -61,9 +64,14 @@ def merged_section(chain: ResolvedChain, name: str) -> dict[str, Any]:
 
 
 def build_plan(chain: ResolvedChain, *,
-               base_env: Mapping[str, str] | None = None) -> SubprocessPlan | HttpPlan:
+               base_env: Mapping[str, str] | None = None) -> SubprocessPlan | HttpPlan | McpPlan:
     """The plan of the chain's primitive: a SubprocessPlan for `subprocess`, an HttpPlan
-    for `http_client`. Raises ChainInvalid (E3105) on config the primitive cannot run."""
+    for `http_client`, an McpPlan when the leaf is an `mcp_tool` (its server's plan
+    inside). Raises ChainInvalid (E3105) on config the primitive cannot run."""
+    if chain.leaf.tool_type == "mcp_tool":
+        return _mcp_plan(chain, base_env or {})
+    if chain.leaf.tool_type == "mcp_server":
+        raise _invalid(f"{chain.leaf.tool_id} is an MCP server: invoke one of its mcp_tools")
     primitive = chain.primitive.tool_id
     config = merged_config(chain)
     if primitive == "subprocess":
@@ -103,6 +111,53 @@ def parse_cpu(text: Any, what: str = "cpu") -> float:
         raise _invalid(f"{what} {text!r} is not a CPU quantity such as '500m' or '2'")
     value = float(match.group(1))
     return value / 1000 if match.group(2) else value
+
+
+# ------------------------------------------------------------------------------- mcp
+
+
+def mcp_server_key(server: ToolVersion) -> str:
+    """Identity of a running MCP server: the verified version it was started from."""
+    return f"{server.tool_id}@{server.version}#{server.integrity}"
+
+
+def _mcp_plan(chain: ResolvedChain, base_env: Mapping[str, str]) -> McpPlan:
+    """An mcp_tool's chain is [mcp_tool, mcp_server, primitive]: the server's own chain
+    gives its process or endpoint (the tool's config never reaches the server, which is
+    shared by all its tools); the tool gives the name to call and the call's timeout."""
+    if len(chain.links) != 3 or chain.links[1].tool_type != "mcp_server":
+        raise _invalid(f"{chain.leaf.tool_id}: an mcp_tool's executor must be an mcp_server "
+                       "run by a primitive")
+    tool, server = chain.links[0], chain.links[1]
+    tool_name = _mapping(tool.manifest.get("config")).get("mcp_tool_name")
+    if not isinstance(tool_name, str) or not tool_name:
+        raise _invalid(f"{tool.tool_id}: config.mcp_tool_name must name the server's tool")
+    server_chain = ResolvedChain(chain.links[1:])
+    config = merged_config(server_chain)
+    transport = config.get("transport")
+    if transport not in MCP_CALLABLE_TRANSPORTS:
+        raise _invalid(f"{server.tool_id}: MCP transport {transport!r} cannot be called here; "
+                       f"use one of {', '.join(MCP_CALLABLE_TRANSPORTS)}")
+    startup = config.get("startup_timeout", DEFAULT_MCP_STARTUP_SECONDS)
+    common = dict(server_key=mcp_server_key(server), tool_name=tool_name,
+                  timeout_seconds=timeout_seconds(chain),
+                  startup_timeout_seconds=_positive_number(startup,
+                                                           f"{server.tool_id}: startup_timeout"))
+    if transport == "stdio":
+        if chain.primitive.tool_id != "subprocess":
+            raise _invalid(f"{server.tool_id}: stdio MCP servers run under subprocess")
+        process = _subprocess_plan(server_chain, config, base_env)
+        return McpPlan(transport="stdio", server=process, **common)
+    if chain.primitive.tool_id != "http_client":
+        raise _invalid(f"{server.tool_id}: {transport} MCP servers are reached by http_client")
+    url = config.get("url")
+    if not isinstance(url, str) or not url:
+        raise _invalid(f"{server.tool_id}: {transport} transport requires config.url")
+    endpoint = HttpPlan(method="POST", url_template=url,
+                        headers=_string_map(config.get("headers"), "config.headers"),
+                        timeout_seconds=common["timeout_seconds"],
+                        network=_network(merged_section(server_chain, "network_policy")))
+    return McpPlan(transport=transport, endpoint=endpoint, **common)
 
 
 # ------------------------------------------------------------------------ subprocess

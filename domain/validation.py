@@ -436,6 +436,16 @@ def _check_mcp_server(context: _Context) -> list[Issue]:
     else:
         issues.append(Issue("$.config.transport", f"invalid transport {transport!r}; expected "
                                                   f"one of {', '.join(MCP_TRANSPORTS)}"))
+    if transport in MCP_TRANSPORTS and context.executor in PRIMITIVES:
+        wanted = "subprocess" if transport == "stdio" else "http_client"
+        if context.executor != wanted:
+            issues.append(Issue("$.executor", f"{transport} MCP servers are reached through "
+                                              f"{wanted}, not {context.executor}"))
+    startup = config.get("startup_timeout")
+    if startup is not None and (isinstance(startup, bool) or not isinstance(startup, int | float)
+                                or startup <= 0):
+        issues.append(Issue("$.config.startup_timeout",
+                            "config.startup_timeout must be a positive number of seconds"))
     return issues
 
 

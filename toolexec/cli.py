@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from toolexec import bench, cli_authoring, cli_projections, cli_runtime, cli_security
+from toolexec import bench, cli_authoring, cli_mcp, cli_projections, cli_runtime, cli_security
 from toolexec.logs import configure_logging
 from toolexec.settings import Settings
 
@@ -19,6 +19,7 @@ cli_runtime.register(app)  # up, run, publish
 cli_security.register(app)  # token issue, policy apply, keys
 cli_projections.register(app)  # projections rebuild, search, show, status, audit
 bench.register(app)  # bench
+cli_mcp.register(app)  # mcp: search, load, execute, help for agents
 
 
 @app.callback()

@@ -172,15 +172,21 @@ def integrity(
     """Print the canonical integrity (sha256:<hex>) of the tool source at PATH."""
     _require_existing([path], as_json)
     try:
-        source = load_source(path)
-        tool_id, version = _identity(source)
-        value = compute_integrity(tool_id, version, source.manifest, source.files)
+        tool_id, version, value = source_integrity(path)
     except ToolexecError as error:
         _fail(error, as_json)
     if as_json:
         _echo_json({"tool_id": tool_id, "version": version, "integrity": value})
     else:
         typer.echo(value)
+
+
+def source_integrity(path: Path) -> tuple[str, str, str]:
+    """(tool_id, version, `sha256:<hex>` integrity) of the tool source at `path`.
+    Raises ToolexecError (SourceError) when it cannot be read."""
+    source = load_source(path)
+    tool_id, version = _identity(source)
+    return tool_id, version, compute_integrity(tool_id, version, source.manifest, source.files)
 
 
 def _identity(source: ToolSource) -> tuple[str, str]:
@@ -213,17 +219,28 @@ def lock(
         _bad_usage(f"expected TOOL or TOOL@RANGE, got {tool!r}", as_json)
     if tools:
         _require_existing(tools, as_json)
-    registry = _local_registry(tools or [DEFAULT_TOOLS_DIR])
     try:
-        chain = resolve_chain(registry, tool_id, version_range or "*")
-        verify_chain(chain)
-        warnings = [*chain.warnings, *ensure_chain_valid(chain, strict=strict)]
-        lockfile = freeze(chain, generated_at=_now(), registry_url=registry_url)
+        lockfile, warnings = lock_chain(tool_id, version_range or "*", tools or [DEFAULT_TOOLS_DIR],
+                                        strict=strict, registry_url=registry_url)
     except ToolexecError as error:
         _fail(error, as_json)
-    for warning in dict.fromkeys(warnings):
+    for warning in warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}")
     _write_lockfile(lockfile, output, as_json)
+
+
+def lock_chain(tool_id: str, version_range: str, tool_dirs: Sequence[Path], *,
+               strict: bool = False, registry_url: str = LOCAL_REGISTRY_URL
+               ) -> tuple[dict[str, Any], list[str]]:
+    """The lockfile of `tool_id@version_range` resolved from the built-in tools and
+    `tool_dirs` (every link verified, parent -> child schemas checked), and the
+    warnings met. Raises ToolexecError (E31xx) when it cannot be resolved."""
+    registry = _local_registry(tool_dirs)
+    chain = resolve_chain(registry, tool_id, version_range)
+    verify_chain(chain)
+    warnings = [*chain.warnings, *ensure_chain_valid(chain, strict=strict)]
+    lockfile = freeze(chain, generated_at=_now(), registry_url=registry_url)
+    return lockfile, list(dict.fromkeys(warnings))
 
 
 def _now() -> str:

@@ -11,15 +11,23 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from contracts.envelope import Envelope
-from toolexec.client import InvocationClient
+from toolexec.client import (
+    InvocationClient,
+    InvocationNotDelivered,
+    InvocationUnresolved,
+    Progress,
+)
 from toolexec.publishing import publish_event
-from toolexec.read_models import start_read_models
+from toolexec.read_models import ReadModels, start_read_models
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check, collect_sources
 from toolexec.stack import Stack
+
+InvocationReported = (InvocationNotDelivered, InvocationUnresolved)
 
 err = Console(stderr=True)
 out = Console()
@@ -49,9 +57,15 @@ def _report_rejections(events: list[Envelope]) -> None:
 
 def up(
     tools: Annotated[list[Path], typer.Option("--tools", help="extra tool directories")] = [],  # noqa: B006
+    gateway_port: Annotated[int | None, typer.Option(
+        "--gateway-port", min=0, max=65535,
+        help="HTTP gateway port (default TOOLEXEC_GATEWAY_PORT, 0 = a free port)")] = None,
 ) -> None:
-    """Run the whole system (embedded default: broker, consumers); Ctrl-C stops it."""
+    """Run the whole system (embedded default: broker, consumers, read models, HTTP
+    gateway); Ctrl-C stops it."""
     settings = Settings()
+    if gateway_port is not None:
+        settings = settings.model_copy(update={"gateway_port": gateway_port})
     asyncio.run(_up(settings, tools))
 
 
@@ -60,18 +74,29 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Stack(settings, read_models_factory=start_read_models) as stack:
+    from toolexec.gateway_server import serve_gateway  # FastAPI/uvicorn only for `up`
+
+    started: list[ReadModels] = []
+
+    async def read_models(settings: Settings, bootstrap: str) -> ReadModels:
+        started.append(await start_read_models(settings, bootstrap))
+        return started[-1]
+
+    async with Stack(settings, read_models_factory=read_models) as stack, \
+            serve_gateway(stack, started[0], settings) as gateway_url:
         events = _tool_events(tools, settings)
         await stack.publish_all(events)
         _report_rejections(events)
         write_runtime(settings, {
             "kafka_bootstrap": stack.bootstrap, "database_url": settings.effective_database_url,
-            "gateway_url": None,
+            "gateway_url": gateway_url,
             "broker_pid": stack.embedded.pid if stack.embedded else None})
         published = sum(1 for e in events if e.type == "tool.published")
         err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] "
                   f"({'embedded Tansu' if stack.embedded else 'external'}), "
-                  f"{published} tool(s) published, consumers running. Ctrl-C stops.")
+                  f"{published} tool(s) published, consumers running.")
+        err.print(f"toolexec up: gateway [bold]{gateway_url}[/] (status page {gateway_url}/, "
+                  f"API {gateway_url}/docs). Ctrl-C stops.", highlight=False)
         try:
             await stop.wait()
         finally:
@@ -116,8 +141,15 @@ def run(
         raise typer.Exit(2) from exc
     tool_id, _, version_range = tool.partition("@")
     settings = Settings()
-    terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters, lockfile,
-                                token, tools, timeout, quiet=as_json))
+    try:
+        terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
+                                    lockfile, token, tools, timeout, quiet=as_json))
+    except InvocationReported as error:  # E3001 not delivered / E3002 no result in time
+        if as_json:
+            out.print_json(data={"error": error.to_dict()})
+        else:
+            err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
+        raise typer.Exit(1) from None
     raise typer.Exit(_print_terminal(terminal, as_json))
 
 
@@ -128,6 +160,20 @@ async def _run(settings: Settings, tool_id: str, version_range: str, parameters:
         if not quiet:
             err.print(f"[dim]{describe_progress(event)}[/]", highlight=False)
 
+    return await invoke_tool(settings, tool_id, version_range, parameters, lockfile=lockfile,
+                             token=token, tools=tools, timeout=timeout, progress=progress,
+                             report_rejections=not quiet)
+
+
+async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
+                      parameters: dict[str, Any], *, lockfile: dict[str, Any] | None = None,
+                      token: str | None = None, tools: list[Path] | None = None,
+                      timeout: float = 120.0, progress: Progress | None = None,
+                      report_rejections: bool = False) -> Envelope:
+    """Invoke a tool through the pipeline of the running `up` (found via
+    .toolexec/runtime.json), or of an embedded stack started for this call when none
+    runs; the tools under `tools` are published first. Returns the terminal event."""
+    tools = tools or []
     runtime = read_runtime(settings)
     if runtime is not None:
         async with InvocationClient(runtime["kafka_bootstrap"]) as client:
@@ -140,7 +186,7 @@ async def _run(settings: Settings, tool_id: str, version_range: str, parameters:
     async with Stack(settings) as stack:
         events = _tool_events(tools, settings)
         await stack.publish_all(events)
-        if not quiet:
+        if report_rejections:
             _report_rejections(events)
         async with InvocationClient(stack.bootstrap) as client:
             return await client.invoke(tool_id, parameters, version_range=version_range,

@@ -3,6 +3,12 @@
 Used by `toolexec run`, the gateway and the tests. It tails the invocations topic
 from its end (no consumer group) and routes events to waiting callers by
 correlation id, so one client serves many concurrent invocations.
+
+Across a broker outage it keeps trying within each invocation's timeout: sends are
+retried while the errors are transient, the tail reconnects by itself. An
+invocation it cannot see to its end is reported, never left hanging: E3001 when the
+request could not be handed to the broker, E3002 when it was but no terminal event
+arrived in time (the invocation may still finish; its events stay in the log).
 """
 
 from __future__ import annotations
@@ -11,16 +17,19 @@ import asyncio
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
+from consumers.delivery import transient_broker_error
 from consumers.pipeline import header_type
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
 from contracts.kafka_binding import UndecodableRecord, decode, encode
+from domain.errors import ToolexecError
 
 log = structlog.get_logger(__name__)
 
@@ -30,13 +39,34 @@ PROGRESS_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
 SOURCE = "urn:toolexec:client"
 
 Progress = Callable[[Envelope], None]
+RecordObserver = Callable[[Any], None]
+SEND_TIMEOUT_MS = 5000
+"""How long the producer holds a record the broker does not take before failing it:
+`invoke` then sends it again (same event id) while its own timeout lasts, and
+`stop()` never waits longer than this for records a stopped broker cannot take."""
+RETRY_FIRST_DELAY = 0.05
+RETRY_MAX_DELAY = 1.0
+
+
+class InvocationNotDelivered(ToolexecError):
+    """E3001: the request could not be handed to the broker within the timeout."""
+
+    code = "E3001"
+
+
+class InvocationUnresolved(ToolexecError):
+    """E3002: the request was delivered, but no terminal event arrived in time."""
+
+    code = "E3002"
 
 
 class InvocationClient:
     """Emits invocation requests and resolves them when their terminal event arrives."""
 
-    def __init__(self, bootstrap: str, *, fetch_max_wait_ms: int = 5) -> None:
+    def __init__(self, bootstrap: str, *, fetch_max_wait_ms: int = 5,
+                 observer: RecordObserver | None = None) -> None:
         self._bootstrap = bootstrap
+        self._observer = observer  # sees every invocations record read (e.g. metrics)
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -52,7 +82,8 @@ class InvocationClient:
         await self.stop()
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, linger_ms=0)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, linger_ms=0,
+                                          request_timeout_ms=SEND_TIMEOUT_MS)
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
                                           auto_offset_reset="latest",
@@ -73,7 +104,14 @@ class InvocationClient:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
         if self._consumer is not None:
-            await self._consumer.stop()
+            try:
+                await self._consumer.stop()
+            except asyncio.CancelledError:
+                # With the broker away, aiokafka awaits tasks it has just cancelled
+                # and lets their CancelledError out; only a cancellation of ours counts.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
         if self._producer is not None:
             await self._producer.stop()
 
@@ -84,42 +122,94 @@ class InvocationClient:
         await self._producer.send_and_wait(topics.TOPIC_OF_TYPE[envelope.type], record.value,
                                            key=record.key, headers=list(record.headers))
 
+    async def submit(self, tool_id: str, parameters: Mapping[str, Any] | None = None, *,
+                     version_range: str = "*", lockfile: Mapping[str, Any] | None = None,
+                     token: str | None = None, invocation_id: str | None = None,
+                     requested_by: str | None = None,
+                     execution_mode: Literal["sync", "async"] = "async",
+                     timeout: float = 30.0) -> Envelope:
+        """Emit `tool.invoke.requested` without waiting for its outcome; returns the
+        request's envelope. Raises `InvocationNotDelivered` (E3001) when the broker does
+        not take it within `timeout` seconds."""
+        envelope = _request(tool_id, parameters, version_range=version_range,
+                            lockfile=lockfile, token=token, requested_by=requested_by,
+                            invocation_id=invocation_id or str(uuid.uuid4()),
+                            execution_mode=execution_mode)
+        await self._deliver(envelope, asyncio.get_running_loop().time() + timeout)
+        return envelope
+
     async def invoke(self, tool_id: str, parameters: Mapping[str, Any] | None = None, *,
                      version_range: str = "*", lockfile: Mapping[str, Any] | None = None,
                      token: str | None = None, timeout: float = 120.0,
                      invocation_id: str | None = None, progress: Progress | None = None,
                      requested_by: str | None = None) -> Envelope:
-        """Request an invocation and return its terminal event (completed or failed)."""
+        """Request an invocation and return its terminal event (completed or failed).
+
+        Raises `InvocationNotDelivered` (E3001) or `InvocationUnresolved` (E3002) when
+        that cannot be done within `timeout` seconds; both carry the invocation id."""
         invocation_id = invocation_id or str(uuid.uuid4())
-        request = InvokeRequested(
-            invocation_id=invocation_id, tool_id=tool_id, version_range=version_range,
-            parameters=dict(parameters or {}), lockfile=dict(lockfile) if lockfile else None,
-            requested_by=requested_by,
-        )
-        extensions = {"captoken": token} if token else {}
-        envelope = new_envelope(request, source=SOURCE, partitionkey=invocation_id,
-                                correlationid=invocation_id, id=str(uuid.uuid4()),
-                                time=datetime.now(UTC), extensions=extensions)
+        envelope = _request(tool_id, parameters, version_range=version_range,
+                            lockfile=lockfile, token=token, requested_by=requested_by,
+                            invocation_id=invocation_id, execution_mode="sync")
         waiter: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
         self._waiters[invocation_id] = waiter
         if progress is not None:
             self._progress[invocation_id] = progress
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            await self.send(envelope)
-            return await asyncio.wait_for(waiter, timeout)
+            await self._deliver(envelope, deadline)
+            try:
+                return await asyncio.wait_for(waiter, max(deadline - loop.time(), 0))
+            except TimeoutError:
+                raise InvocationUnresolved(
+                    f"no terminal event for invocation {invocation_id} within {timeout:g} s; "
+                    "it may still finish", details={"invocation_id": invocation_id,
+                                                    "delivered": True}) from None
         finally:
             self._waiters.pop(invocation_id, None)
             self._progress.pop(invocation_id, None)
 
+    async def _deliver(self, envelope: Envelope, deadline: float) -> None:
+        """Send `envelope`, retrying transient broker errors until `deadline`."""
+        loop = asyncio.get_running_loop()
+        delay = RETRY_FIRST_DELAY
+        last: BaseException | None = None
+        while (remaining := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait_for(self.send(envelope), remaining)
+                return
+            except TimeoutError:
+                break
+            except KafkaError as exc:
+                if not transient_broker_error(exc):
+                    raise
+                last = exc
+                log.warning("client.send_retrying", event_id=envelope.id, error=repr(exc))
+            await asyncio.sleep(min(delay, max(deadline - loop.time(), 0)))
+            delay = min(delay * 2, RETRY_MAX_DELAY)
+        raise InvocationNotDelivered(
+            f"invocation {envelope.correlationid} could not be handed to the broker in time; "
+            "it was not confirmed and may or may not run",
+            details={"invocation_id": envelope.correlationid, "delivered": False,
+                     "last_error": repr(last) if last else "timeout"})
+
     async def _read(self) -> None:
         assert self._consumer is not None
         while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
+            try:
+                batches = await self._consumer.getmany(timeout_ms=200)
+            except KafkaError as exc:  # broker away: the consumer reconnects by itself
+                log.warning("client.read_retrying", error=repr(exc))
+                await asyncio.sleep(0.2)
+                continue
             for records in batches.values():
                 for record in records:
                     self._route(record)
 
     def _route(self, record: Any) -> None:
+        if self._observer is not None:
+            self._observer(record)
         key = record.key.decode("utf-8", "replace") if record.key else None
         if key not in self._waiters:
             return
@@ -135,3 +225,17 @@ class InvocationClient:
                 waiter.set_result(envelope)
         elif envelope.type in PROGRESS_TYPES and envelope.correlationid in self._progress:
             self._progress[envelope.correlationid](envelope)
+
+
+def _request(tool_id: str, parameters: Mapping[str, Any] | None, *, version_range: str,
+             lockfile: Mapping[str, Any] | None, token: str | None, requested_by: str | None,
+             invocation_id: str, execution_mode: Literal["sync", "async"]) -> Envelope:
+    request = InvokeRequested(
+        invocation_id=invocation_id, tool_id=tool_id, version_range=version_range,
+        parameters=dict(parameters or {}), lockfile=dict(lockfile) if lockfile else None,
+        requested_by=requested_by, execution_mode=execution_mode,
+    )
+    extensions = {"captoken": token} if token else {}
+    return new_envelope(request, source=SOURCE, partitionkey=invocation_id,
+                        correlationid=invocation_id, id=str(uuid.uuid4()),
+                        time=datetime.now(UTC), extensions=extensions)

@@ -153,6 +153,7 @@ class EmbeddedBroker:
                  log_dir: Path | str | None = None, default_partitions: int = 1,
                  port: int | None = None, binary: str | None = None,
                  storage_engine: str = MEMORY_STORAGE, cluster_id: str | None = None,
+                 env: Mapping[str, str] | None = None,
                  startup_timeout: float = 20.0, stop_grace: float = 5.0) -> None:
         if isinstance(topics, Mapping):
             self.topics: dict[str, int] = dict(topics)
@@ -165,7 +166,11 @@ class EmbeddedBroker:
         self._binary = binary
         self.storage_engine = storage_engine
         """Tansu storage URL: memory (default; a restart loses the log) or
-        `postgres://...` for a log that survives restarts."""
+        `s3://BUCKET/` for a log that survives restarts (endpoint and credentials in
+        `env`: AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+        AWS_DEFAULT_REGION, AWS_ALLOW_HTTP)."""
+        self.env = dict(env or {})
+        """Extra environment for the broker process (e.g. its object store's)."""
         self.cluster_id = cluster_id or f"toolexec-{secrets.token_hex(8)}"
         """Cluster id the broker reports in metadata; random per instance by default,
         so a new in-memory log is told apart from the one before it."""
@@ -236,6 +241,19 @@ class EmbeddedBroker:
                 await asyncio.sleep(0.01)
         self.stop_sync()
 
+    async def restart(self, *, downtime: float = 0.0) -> None:
+        """Stop the broker and, `downtime` seconds later, start it again on the same
+        port with the same storage and cluster id (with `s3://` storage it comes back
+        with its log)."""
+        port = self._port
+        await self.stop()
+        await asyncio.sleep(downtime)
+        requested, self._requested_port = self._requested_port, port
+        try:
+            await self.start()
+        finally:
+            self._requested_port = requested
+
     async def __aenter__(self) -> EmbeddedBroker:
         await self.start()
         return self
@@ -279,6 +297,7 @@ class EmbeddedBroker:
         # One file per spawn: a retry or a second broker must not read this one's markers.
         self.log_path = log_dir / f"tansu-{self._port}-{secrets.token_hex(3)}.log"
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        env.update(self.env)
         env["NO_COLOR"] = "1"  # plain log files
         with self.log_path.open("wb") as log_file:
             self.started_at = time.time()

@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     """Longest a fetch waits for records; None = the profile default (5 / 100 ms).
     Set it low for brokers that do not answer waiting fetches early (Tansu)."""
 
+    gateway_host: str = "127.0.0.1"
+    """Address the HTTP gateway of `toolexec up` listens on (loopback by default)."""
+    gateway_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the HTTP gateway; 0 = a free port (written to runtime.json)."""
+
     registry_wait_seconds: float = 5.0
     """Read-your-writes bound: how long the resolver waits for the registry view."""
     max_message_bytes: int = MIB

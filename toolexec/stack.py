@@ -28,6 +28,7 @@ from consumers.canaries import CanarySlots, LocalCanaries, RedisCanaries
 from consumers.claim_store import RedisClaims, SqliteClaims
 from consumers.deadletter import DeadLetters
 from consumers.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions
+from consumers.delivery import DeliveringPublisher
 from consumers.pipeline import (
     Attached,
     PipelineDeps,
@@ -277,7 +278,7 @@ class Stack:
             canaries = RedisCanaries(self._redis)
         else:  # durable across restarts of this host's executor
             self._claims = SqliteClaims(state / "claims.sqlite3", owner=owner)
-        publish = self.publish
+        publish = DeliveringPublisher(self.publish)  # outlasts a broker restart
         env_snapshot = dict(os.environ)
         deps = PipelineDeps(
             resolve=resolve.ResolveDeps(

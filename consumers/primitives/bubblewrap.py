@@ -72,8 +72,7 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str, *,
     for entry in SYSTEM_ETC_ENTRIES:
         args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    prefix = install_prefix(program, path, cwd)
-    if prefix is not None:
+    for prefix in install_prefixes(program, path, cwd):
         args += [*_traversable_parents(prefix), "--ro-bind", str(prefix), str(prefix)]
     args += [*_traversable_parents(workdir), "--bind", str(workdir), str(workdir),
              "--chdir", str(cwd),
@@ -115,15 +114,28 @@ def hand_over(workdir: Path) -> None:
         os.chown(folder, SANDBOX_UID, SANDBOX_GID)
 
 
-def install_prefix(program: str, path: str, cwd: Path) -> Path | None:
-    """The install prefix (parent of `bin/`) of the program, when outside /usr and
-    outside the run directory: e.g. /opt/node for /opt/node/bin/node."""
-    if "/" in program:
-        return None
-    found = shutil.which(program, path=path)
+def install_prefixes(program: str, path: str, cwd: Path) -> list[Path]:
+    """The install prefixes (parent of `bin/`) of the program, when outside /usr and
+    outside the run directory: e.g. /opt/node for /opt/node/bin/node. An absolute
+    program path gives its own prefix as written too, so a virtual environment's
+    interpreter (`/srv/app/.venv/bin/python`, a link to the real one) brings its
+    packages along with the interpreter it links to."""
+    if program.startswith("/"):
+        found: str | None = program if Path(program).exists() else None
+    elif "/" in program:
+        return []
+    else:
+        found = shutil.which(program, path=path)
     if found is None:
-        return None
-    real = Path(found).resolve()
-    if real.is_relative_to("/usr") or real.is_relative_to(cwd):
-        return None
-    return real.parent.parent if real.parent.name == "bin" else real.parent
+        return []
+    candidates = [Path(found).resolve()]
+    if program.startswith("/"):
+        candidates.insert(0, Path(program))
+    prefixes: list[Path] = []
+    for candidate in candidates:
+        if candidate.is_relative_to("/usr") or candidate.is_relative_to(cwd):
+            continue
+        prefix = candidate.parent.parent if candidate.parent.name == "bin" else candidate.parent
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+    return prefixes

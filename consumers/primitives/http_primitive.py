@@ -140,6 +140,23 @@ class HttpPrimitive:
         return _outcome(response, body, truncated, started)
 
 
+def open_endpoint(plan: HttpPlan, secrets: SecretLookup) -> tuple[str, dict[str, str], list[str]]:
+    """The URL and headers (secrets resolved) of a long-lived endpoint such as a remote
+    MCP server, after the same network-policy check as every request (E3406); also the
+    secret values revealed, for scrubbing. Nothing has been sent yet."""
+    revealed: list[str] = []
+    url, _ = _fill_url(plan.url_template, {})
+    headers = {name: _resolve_secrets(value, secrets, revealed)
+               for name, value in plan.headers.items()}
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as error:
+        raise ToolexecError(f"the endpoint URL cannot be parsed: {type(error).__name__}",
+                            code="E3401", details={"url_template": plan.url_template}) from None
+    _enforce(plan.network, parsed)
+    return str(parsed), headers, revealed
+
+
 def _fill_url(template: str, params: Mapping[str, Any]) -> tuple[str, set[str]]:
     """Fill placeholders, path-encoding before the `?` and query-encoding after it."""
     used: set[str] = set()

@@ -48,9 +48,7 @@ def landlock_prefix(workdir: Path, cwd: Path, program: str, path: str, *,
                       f"(ABI {MIN_NETWORK_ABI} needed)")
     args = [sys.executable, "-I", "-S", landlock_exec.__file__]
     read_only = [*SYSTEM_FOLDERS, *(f"/etc/{entry}" for entry in bubblewrap.SYSTEM_ETC_ENTRIES)]
-    prefix = bubblewrap.install_prefix(program, path, cwd)
-    if prefix is not None:
-        read_only.append(str(prefix))
+    read_only.extend(str(prefix) for prefix in bubblewrap.install_prefixes(program, path, cwd))
     for folder in read_only:
         args += ["--ro", folder]
     for device in DEVICES:

@@ -4,33 +4,51 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.http_primitive import HttpPrimitive
 from consumers.primitives.subprocess_primitive import run_subprocess
-from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan
+from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan
+
+if TYPE_CHECKING:
+    from consumers.primitives.mcp_servers import McpServers
 
 
 class Primitives:
-    """Runs subprocess plans in fresh work dirs and HTTP plans on one pooled client."""
+    """Runs subprocess plans in fresh work dirs, HTTP plans on one pooled client, and MCP
+    plans on long-lived servers started (or reached) through those two primitives."""
 
     def __init__(self, store: ContentStore, work_root: Path, *, sandbox: str = "rlimits") -> None:
         self._store = store
         self._work_root = work_root
         self._sandbox = sandbox
         self._http = HttpPrimitive()
+        self._mcp: McpServers | None = None
 
     @property
     def sandbox(self) -> str:
         return self._sandbox
 
-    async def run(self, plan: SubprocessPlan | HttpPlan, params: Mapping[str, Any], *,
+    async def run(self, plan: SubprocessPlan | HttpPlan | McpPlan, params: Mapping[str, Any], *,
                   secrets: Callable[[str], str | None]) -> PrimitiveOutcome:
         if isinstance(plan, SubprocessPlan):
             return await run_subprocess(plan, params, store=self._store,
                                         work_root=self._work_root, sandbox=self._sandbox)
+        if isinstance(plan, McpPlan):
+            return await self.mcp.run(plan, params, secrets=secrets)
         return await self._http.run(plan, params, secrets=secrets)
 
+    @property
+    def mcp(self) -> McpServers:
+        """The live MCP servers (the MCP SDK is imported on the first MCP call)."""
+        if self._mcp is None:
+            from consumers.primitives.mcp_servers import McpServers
+
+            self._mcp = McpServers(self._store, self._work_root, sandbox=self._sandbox)
+        return self._mcp
+
     async def aclose(self) -> None:
+        if self._mcp is not None:
+            await self._mcp.aclose()
         await self._http.aclose()

@@ -628,3 +628,115 @@ def _remove_tree(path: Path) -> None:
             func(target)
 
     shutil.rmtree(path, onerror=unlock_and_retry)
+
+
+# ------------------------------------------------------------- long-lived processes
+
+
+class ServiceProcess:
+    """A long-lived tool process (a stdio MCP server) started from a SubprocessPlan.
+
+    Prepared exactly like a one-shot run (materialised files, clean environment,
+    rlimits, sandbox), but its stdin and stdout stay open for the caller's protocol;
+    stderr is drained into a capped buffer so the process never blocks on it.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], workdir: Path, limits: ResourceLimits,
+                 sandbox: str) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.sandbox = sandbox
+        self.stderr = _Capture(limits.stderr_max_bytes)
+        self._workdir = workdir
+        self._loop = asyncio.get_running_loop()
+        self._stderr_closed = asyncio.Event()
+        assert popen.stderr is not None
+        os.set_blocking(popen.stderr.fileno(), False)
+        self._loop.add_reader(popen.stderr.fileno(), self._read_stderr)
+
+    def _read_stderr(self) -> None:
+        pipe = self.popen.stderr
+        assert pipe is not None
+        try:
+            chunk = os.read(pipe.fileno(), _READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            self.stderr.feed(chunk)
+            return
+        self._loop.remove_reader(pipe.fileno())
+        self._stderr_closed.set()
+
+    async def stderr_settled(self, timeout: float) -> None:
+        """Wait (bounded) until the process closed stderr, so its tail is complete."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stderr_closed.wait(), timeout)
+
+    async def exit_code(self, timeout: float) -> int | None:
+        """The exit code once the process has exited, waiting (bounded) for it."""
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(_EXIT_POLL_SECONDS)
+        return self.popen.returncode
+
+    def stderr_tail(self) -> str:
+        return self.stderr.tail(STDERR_TAIL_BYTES).decode("utf-8", errors="replace")
+
+    def alive(self) -> bool:
+        """False once the process has exited (its group is then killed and it is reaped)."""
+        if self.popen.returncode is not None:
+            return False
+        try:
+            exited = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            exited = True
+        if exited is None:
+            return True
+        # a zombie still reserves its pid (= the group id): killing the group is safe
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.popen.poll()
+        return False
+
+    async def stop(self) -> None:
+        """Kill the process group, reap the leader and remove the run directory."""
+        if self.popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            deadline = time.monotonic() + _REAP_GRACE_SECONDS
+            while self.popen.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(_EXIT_POLL_SECONDS)
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if pipe is not None and not pipe.closed:
+                if pipe is self.popen.stderr:
+                    self._loop.remove_reader(pipe.fileno())
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        _remove_tree(self._workdir)
+
+
+def start_service(plan: SubprocessPlan, *, store: ContentStore, work_root: Path,
+                  sandbox: str = "rlimits") -> ServiceProcess:
+    """Start `plan` as a long-lived process whose stdin/stdout the caller speaks over.
+
+    Raises ToolexecError for what a one-shot run reports as an outcome: E3105 tampered
+    or missing file, E3401 executable not found, E3405 sandbox."""
+    rlimits = _rlimits_for(plan.limits, sandbox)
+    cwd_parts = relative_parts(plan.cwd, allow_root=True)
+    workdir = _make_workdir(work_root)
+    try:
+        store.materialise(plan.files, workdir)
+        cwd = _working_directory(workdir, cwd_parts)
+        env = _environment(plan, workdir)
+        wrapper = _sandbox_wrapper(sandbox, plan, workdir, cwd, env)
+        popen = _spawn(plan.argv, env, cwd, rlimits, wrapper)
+    except OSError as error:
+        _remove_tree(workdir)
+        raise ExecutionError(f"could not prepare the run directory: {error}",
+                             code="E3405") from error
+    except BaseException:
+        _remove_tree(workdir)
+        raise
+    return ServiceProcess(popen, workdir, plan.limits, sandbox)

@@ -281,7 +281,24 @@ def test_stdio_server_args_must_be_strings() -> None:
 
 @pytest.mark.parametrize("transport", ["sse", "streamable_http", "websocket"])
 def test_network_transports_need_a_url(transport: str) -> None:
-    assert paths(validate_source(source(mcp_server(transport=transport)))) == ["$.config.url"]
+    manifest = mcp_server(transport=transport) | {"executor": "http_client"}
+    assert paths(validate_source(source(manifest))) == ["$.config.url"]
+
+
+def test_network_transport_through_subprocess_is_reported() -> None:
+    manifest = mcp_server(transport="sse", url="https://mcp.example.com/sse")
+    assert paths(validate_source(source(manifest))) == ["$.executor"]
+
+
+def test_stdio_server_through_http_client_is_reported() -> None:
+    manifest = mcp_server(transport="stdio", command="npx") | {"executor": "http_client"}
+    assert paths(validate_source(source(manifest))) == ["$.executor"]
+
+
+@pytest.mark.parametrize("startup", [0, -1, "soon", True])
+def test_startup_timeout_must_be_a_positive_number(startup: object) -> None:
+    manifest = mcp_server(transport="stdio", command="npx", startup_timeout=startup)
+    assert paths(validate_source(source(manifest))) == ["$.config.startup_timeout"]
 
 
 def test_unknown_transport_is_reported() -> None:

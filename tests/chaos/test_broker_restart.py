@@ -1,0 +1,118 @@
+"""Broker restart in the middle of a burst: reconnect, finish what can be finished,
+report the rest.
+
+The broker is Tansu on `s3://` storage kept by a small object store outside it
+(tests/s3_store.py), so a restart keeps the log, the committed offsets and the
+consumer groups, as a production Kafka restart would. The consumers run in their own
+`toolexec up` process and the producer is an `InvocationClient`, like the kill -9 test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from domain.errors import ToolexecError
+from tests.log_reading import terminal_event_ids
+from tests.s3_store import s3_store, tansu_s3_env
+from toolexec.client import InvocationClient
+from toolexec.embedded_broker import EmbeddedBroker
+
+pytestmark = pytest.mark.chaos
+
+TOOLS = Path(__file__).parent / "tools"
+TOPICS = {"toolexec.registry": 1, "toolexec.invocations": 4, "toolexec.circuits": 1,
+          "toolexec.policies": 1, "toolexec.deadletter": 1}
+BURST = 150
+AFTER_RESTART = 20
+TIMEOUT = 60.0
+FETCH_WAIT_MS = 100
+REPORTED_CODES = {"E3001", "E3002"}
+
+
+def start_up(bootstrap: str, state: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
+    env.update(TOOLEXEC_KAFKA_BOOTSTRAP=bootstrap, TOOLEXEC_STATE_DIR=str(state),
+               TOOLEXEC_REQUIRE_AUTH="false", TOOLEXEC_SANDBOX="rlimits")
+    log = (state / "up.log").open("ab")
+    return subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", "--tools", str(TOOLS)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def wait_until_up(process: subprocess.Popen[bytes], state: Path) -> None:
+    async with asyncio.timeout(60):
+        while not (state / "runtime.json").exists():
+            assert process.poll() is None, "toolexec up exited"
+            await asyncio.sleep(0.1)
+
+
+def outcome(result: object) -> str:
+    """What the caller saw: completed, the failure's code, or the code it was told."""
+    if isinstance(result, ToolexecError):
+        return f"reported {result.code}"
+    if isinstance(result, BaseException):
+        return f"raised {result!r}"
+    return result.type if result.type == "tool.invoke.completed" else result.data.error.code
+
+
+async def test_broker_restart_mid_burst_finishes_or_reports_every_invocation(
+        tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    state = tmp_path / "state"
+    state.mkdir()
+    with s3_store() as (endpoint, _):
+        broker = EmbeddedBroker(TOPICS, log_dir=tmp_path, storage_engine="s3://toolexec/",
+                                env=tansu_s3_env(endpoint))
+        async with broker:
+            process = start_up(broker.bootstrap, state)
+            try:
+                await wait_until_up(process, state)
+                # Tansu's s3 fetch answers empty when its object reads outlast the
+                # fetch wait, so the client waits longer than its 5 ms default.
+                async with InvocationClient(broker.bootstrap,
+                                            fetch_max_wait_ms=FETCH_WAIT_MS) as client:
+                    def invoke(invocation_id: str) -> asyncio.Task:
+                        return asyncio.create_task(client.invoke(
+                            "append_id", {"id": invocation_id, "ledger": str(ledger)},
+                            invocation_id=invocation_id, timeout=TIMEOUT))
+
+                    burst = {i: invoke(i) for i in (str(uuid.uuid4()) for _ in range(BURST))}
+                    async with asyncio.timeout(120):
+                        while sum(t.done() for t in burst.values()) < BURST // 5:
+                            await asyncio.sleep(0.05)
+                    await broker.restart()
+                    later = {i: invoke(i)
+                             for i in (str(uuid.uuid4()) for _ in range(AFTER_RESTART))}
+                    results = dict(zip([*burst, *later], await asyncio.gather(
+                        *burst.values(), *later.values(), return_exceptions=True),
+                        strict=True))
+                terminals = await terminal_event_ids(broker.bootstrap, set(results))
+            finally:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=30)
+
+    outcomes = Counter(outcome(r) for r in results.values())
+    print(outcomes)
+    assert not [o for o in outcomes if o.startswith("raised")], outcomes
+    # Every invocation ended in the log or was reported to its caller; none in both,
+    # none twice.
+    reported = {i for i, r in results.items() if isinstance(r, ToolexecError)}
+    assert {r.code for i, r in results.items() if i in reported} <= REPORTED_CODES
+    assert {i: len(terminals.get(i, ())) for i in results if i not in reported} == \
+        {i: 1 for i in results if i not in reported}
+    assert all(len(terminals.get(i, ())) <= 1 for i in reported)
+    # Consumers reconnected: what was requested after the restart completed.
+    assert {outcome(results[i]) for i in later} == {"tool.invoke.completed"}
+    # The non-idempotent tool ran at most once per invocation.
+    written = ledger.read_text().split()
+    assert [i for i, n in Counter(written).items() if n > 1] == []
+    completed = {i for i, r in results.items() if outcome(r) == "tool.invoke.completed"}
+    assert completed <= set(written)

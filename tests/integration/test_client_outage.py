@@ -1,0 +1,86 @@
+"""The invocation client across a broker outage: it reconnects, and what it cannot
+see to its end it reports with a code instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from consumers.events import failed
+from contracts.envelope import Envelope, new_envelope
+from contracts.events import InvokeRequested
+from domain.errors import ToolexecError
+from tests.cli_process import toolexec
+from tests.s3_store import s3_store, tansu_s3_env
+from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
+from toolexec.embedded_broker import EmbeddedBroker
+
+pytestmark = pytest.mark.integration
+
+TOPICS = {"toolexec.registry": 1, "toolexec.invocations": 4, "toolexec.circuits": 1,
+          "toolexec.policies": 1, "toolexec.deadletter": 1}
+
+
+def terminal_failure(invocation_id: str) -> Envelope:
+    """What a pipeline would emit for `invocation_id` (a failure is simplest to make)."""
+    now = datetime.now(UTC)
+    request = new_envelope(InvokeRequested(invocation_id=invocation_id, tool_id="echo",
+                                           version_range="*", parameters={}),
+                           source="urn:test", partitionkey=invocation_id,
+                           correlationid=invocation_id, id=f"req-{invocation_id}", time=now)
+    return failed(request, ToolexecError("tool not found", code="E3101"), stage="resolve",
+                  invocation_id=invocation_id, tool_id="echo", version=None, now=now)
+
+
+async def test_a_request_the_broker_cannot_take_is_reported_as_not_delivered(
+        tmp_path: Path) -> None:
+    async with EmbeddedBroker(TOPICS, log_dir=tmp_path) as broker, \
+            InvocationClient(broker.bootstrap) as client:
+        await broker.stop()
+        with pytest.raises(InvocationNotDelivered) as reported:
+            await client.invoke("echo", invocation_id="inv-down", timeout=1.5)
+    assert reported.value.code == "E3001"
+    assert reported.value.details["invocation_id"] == "inv-down"
+
+
+async def test_a_request_without_a_result_in_time_is_reported_as_unresolved(
+        tmp_path: Path) -> None:
+    async with EmbeddedBroker(TOPICS, log_dir=tmp_path) as broker, \
+            InvocationClient(broker.bootstrap) as client:  # no pipeline runs
+        with pytest.raises(InvocationUnresolved) as reported:
+            await client.invoke("echo", invocation_id="inv-slow", timeout=1.0)
+    assert reported.value.code == "E3002"
+    assert reported.value.details == {"invocation_id": "inv-slow", "delivered": True}
+
+
+async def test_the_client_reconnects_after_a_broker_restart(tmp_path: Path) -> None:
+    with s3_store() as (endpoint, _):
+        # Tansu's s3 fetch answers empty when its reads outlast a 5 ms fetch wait.
+        async with EmbeddedBroker(TOPICS, log_dir=tmp_path, storage_engine="s3://toolexec/",
+                                  env=tansu_s3_env(endpoint)) as broker, \
+                InvocationClient(broker.bootstrap, fetch_max_wait_ms=100) as client:
+            await broker.restart()
+            waiting = asyncio.create_task(
+                client.invoke("echo", invocation_id="inv-after", timeout=30))
+            await asyncio.sleep(0)  # the request is registered and on its way
+            await client.send(terminal_failure("inv-after"))
+            terminal = await waiting
+    assert (terminal.type, terminal.correlationid) == ("tool.invoke.failed", "inv-after")
+
+
+async def test_run_reports_e3002_when_no_result_arrives_in_time(tmp_path: Path) -> None:
+    async with EmbeddedBroker(TOPICS, log_dir=tmp_path) as broker:
+        # A "running system" whose pipeline never answers: the broker, no consumers.
+        state = tmp_path / ".toolexec"
+        state.mkdir()
+        (state / "runtime.json").write_text(json.dumps(
+            {"kafka_bootstrap": broker.bootstrap, "pid": os.getpid()}))
+        run = await asyncio.to_thread(toolexec, "run", "echo", "--timeout", "1", "--json",
+                                      cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert json.loads(run.stdout)["error"]["code"] == "E3002"

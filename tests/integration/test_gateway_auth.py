@@ -1,0 +1,65 @@
+"""The gateway of a `toolexec up` that requires capability tokens: the bearer token is
+the invocation's `captoken`, and the pipeline's decision becomes the HTTP status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.gateway_support import RunningGateway, running_gateway
+
+pytestmark = [pytest.mark.integration, pytest.mark.security]
+
+ECHO = {"text": "secret handshake"}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    with running_gateway(tmp_path_factory.mktemp("secured-gateway"),
+                         env={"TOOLEXEC_REQUIRE_AUTH": "true"}) as running:
+        yield running
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_without_a_token_the_invocation_is_401(secured) -> None:
+    response = secured.invoke("py_echo", ECHO)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "E3203"
+
+
+def test_a_forged_token_is_401(secured) -> None:
+    header, payload, signature = secured.token("py_echo@^1").split(".")
+    response = secured.invoke("py_echo", ECHO,
+                              headers=bearer(f"{header}.{payload}.{signature[::-1]}"))
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] in ("E3202", "E3203")
+
+
+def test_a_token_for_another_tool_is_403(secured) -> None:
+    response = secured.invoke("py_echo", ECHO, headers=bearer(secured.token("hello@^1")))
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "E3204"
+
+
+def test_a_valid_token_runs_the_tool_and_its_subject_is_recorded(secured) -> None:
+    response = secured.invoke("py_echo", ECHO, headers=bearer(secured.token("py_echo@^1")))
+    assert response.status_code == 200, response.text
+    view = secured.http.get(f"/v1/invocations/{response.json()['invocation_id']}").json()
+    assert view["status"] == "completed" and view["subject"] == "did:example:gateway-test"
+
+
+def test_registering_needs_a_valid_token(secured) -> None:
+    manifest = {"tool_id": "guarded", "version": "1.0.0", "tool_type": "script",
+                "executor": "python_runtime", "config": {"entrypoint": "main.py"},
+                "description": "Registered only with a token."}
+    files = [{"path": "main.py", "content": "print('{}')\n"}]
+    refused = secured.register(manifest, files)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "E3203"
+    accepted = secured.register(manifest, files, headers=bearer(secured.token("py_echo@^1")))
+    assert accepted.status_code == 201, accepted.text
+    shown = secured.http.get("/v1/tools/guarded").json()["tool"]
+    assert shown["versions"][0]["published_by"] == "did:example:gateway-test"

@@ -1,0 +1,97 @@
+"""The status page (`GET /`) as people see it: loaded in headless Chromium (Debian's
+`chromium`, driven by Playwright) from a running `toolexec up`; a screenshot is kept
+under test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cli_process import REPO
+from tests.integration.gateway_support import (
+    RunningGateway,
+    refused_api_tool,
+    running_gateway,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = REPO / "test-artifacts"
+
+if CHROMIUM is None:
+    pytest.skip("no chromium on PATH (Debian package `chromium`; .ci/run installs it)",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningGateway, str]]:
+    """A running gateway with one completed invocation and one open circuit breaker."""
+    with running_gateway(tmp_path_factory.mktemp("status-page")) as gateway:
+        done = gateway.invoke("py_echo", {"text": "seen in a browser"})
+        assert done.status_code == 200, done.text
+        assert gateway.register(refused_api_tool("page_refused", "page-service")).is_success
+        assert gateway.invoke("page_refused").status_code == 503
+        wait_until(lambda: any(c["service_id"] == "page-service" and c["state"] == "open"
+                               for c in gateway.http.get("/v1/circuits").json()["circuits"]))
+        yield gateway, done.json()["invocation_id"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with sync_api.sync_playwright() as playwright:
+        # --no-sandbox: Chromium's own sandbox needs user namespaces it lacks as root.
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                              args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def test_status_page_shows_invocations_breakers_registry_and_searches_the_audit(
+        observed, browser, capsys: pytest.CaptureFixture[str]) -> None:
+    gateway, invocation_id = observed
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{gateway.url}/")
+
+    assert page.title() == "toolexec status"
+    row = page.locator(f'#invocations tr[data-invocation="{invocation_id}"]')
+    assert "completed" in row.inner_text() and "py_echo" in row.inner_text()
+    assert " ms" in row.locator("td").nth(4).inner_text()  # latency column
+    breaker = page.locator('#circuits tr[data-service="page-service"]')
+    assert "open" in breaker.inner_text()
+    assert page.locator('#registry tr[data-tool="py_echo"]').count() == 1
+    assert page.locator('#registry tr[data-tool="page_refused"]').count() == 1
+
+    page.fill('#audit-search input[name="audit_invocation"]', invocation_id)
+    page.click('#audit-search button[type="submit"]')
+    page.wait_for_selector('table[data-section="audit"]')
+    types = page.locator('table[data-section="audit"] tbody tr td:nth-child(2)').all_inner_texts()
+    assert types[0] == "tool.invoke.requested" and types[-1] == "tool.invoke.completed"
+    assert page.input_value('#audit-search input[name="audit_invocation"]') == invocation_id
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "status_page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    with capsys.disabled():
+        print(f"\nstatus page screenshot: {shot}")
+
+    page.click("#audit a[href^='/v1/audit']")
+    records = json.loads(page.locator("body").inner_text())["records"]
+    assert [r["type"] for r in records] == types
+    page.close()
+
+
+def test_status_page_escapes_what_it_shows(observed, browser) -> None:
+    gateway, _ = observed
+    page = browser.new_page()
+    page.goto(f"{gateway.url}/?audit_tool=%3Cscript%3Ealert(1)%3C%2Fscript%3E")
+    assert page.input_value('#audit-search input[name="audit_tool"]') == "<script>alert(1)</script>"
+    assert page.locator("script").count() == 0
+    assert "No matching audit record." in page.locator("#audit").inner_text()
+    page.close()

@@ -1,0 +1,443 @@
+"""The HTTP gateway (FastAPI): invoke, register, and read the projections.
+
+It holds no state of its own: requests become events on the log (through
+`InvocationClient`), answers come from terminal events or the SQL read models
+(`projections.queries`, `projections.audit`). Errors follow `gateway_errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Protocol
+
+from aiokafka.errors import KafkaError
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from contracts.envelope import Envelope
+from domain.capability import verify_token
+from domain.errors import AuthorizationError
+from domain.manifest import normalise_manifest
+from domain.model import ToolFile, ToolSource
+from projections.audit import AuditQuery, audit_records
+from projections.queries import (
+    invocation_status,
+    list_circuits,
+    list_invocations,
+    search_tools,
+    show_tool,
+)
+from toolexec import keys, metrics, status_page
+from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
+from toolexec.gateway_errors import (
+    ApiError,
+    documented,
+    error_response,
+    install_error_handlers,
+)
+from toolexec.gateway_models import (
+    AuditPage,
+    CircuitList,
+    Health,
+    InvocationError,
+    InvocationView,
+    InvokeAccepted,
+    InvokeRequest,
+    InvokeResult,
+    RegisterRequest,
+    RegisterResult,
+    ToolDetail,
+    ToolList,
+)
+from toolexec.publishing import publish_event
+from toolexec.settings import Settings
+from toolexec.sources import bash_syntax_check
+
+REQUESTED_BY = "urn:toolexec:gateway"
+DEFAULT_TOOL_TIMEOUT = 30.0
+WAIT_SLACK_SECONDS = 10.0
+HEALTH_TIMEOUT = 3.0
+CATCH_UP_SECONDS = 2.0
+TERMINAL_STATUSES = frozenset({"completed", "failed"})
+
+
+class LogProbe(Protocol):
+    """What the gateway asks the broker besides producing: is it up, how far behind."""
+
+    async def ping(self) -> None: ...
+
+    async def lag(self) -> Mapping[str, int]: ...
+
+
+@dataclass
+class GatewayContext:
+    """The running parts the gateway reads and writes through (wired by `gateway_server`)."""
+
+    settings: Settings
+    engine: AsyncEngine
+    client: InvocationClient
+    probe: LogProbe
+    consumers: Callable[[], Mapping[str, str]]
+    """Consumer name -> "running" or why not."""
+    catch_up: Callable[[str, float], Awaitable[bool]]
+    """Wait (bounded) until the named read model holds every record in the log now."""
+    asyncapi: Callable[[], dict[str, Any]] = dict
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _status_url(invocation_id: str) -> str:
+    return f"/v1/invocations/{invocation_id}"
+
+
+def _number(value: Any, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return default
+    return float(value)
+
+
+def wait_bound(manifest: Mapping[str, Any] | None, registry_wait: float) -> float:
+    """How long a sync call waits: the tool's timeout times its attempts, plus the
+    resolver's registry wait and some slack for the other steps."""
+    manifest = manifest or {}
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    timeout = _number(config.get("timeout", manifest.get("timeout_default")),
+                      DEFAULT_TOOL_TIMEOUT)
+    retry = manifest.get("retry_policy") or config.get("retry_policy") or {}
+    attempts = _number(retry.get("max_attempts") if isinstance(retry, Mapping) else None, 1)
+    return timeout * attempts + registry_wait + WAIT_SLACK_SECONDS
+
+
+def invocation_view(row: Mapping[str, Any]) -> InvocationView:
+    """The API view of an invocations row ("cancelled" is a failure with E3703)."""
+    status = row["status"]
+    if status == "failed" and row["error_code"] == "E3703":
+        status = "cancelled"
+    result = None
+    if row["status"] == "completed" and row["result_summary"] is not None:
+        with contextlib.suppress(ValueError):
+            result = json.loads(row["result_summary"])
+    error = None if row["error_code"] is None else InvocationError(
+        code=row["error_code"], message=row["error_message"] or "", stage=row["failed_stage"])
+    keep = ("invocation_id", "tool_id", "version_range", "version", "subject", "requested_by",
+            "attempts", "duration_ms", "requested_at", "updated_at", "finished_at",
+            "cancel_requested", "result_summary", "timeline")
+    return InvocationView(status=status, result=result, error=error,
+                          **{name: row[name] for name in keep})
+
+
+def create_app(ctx: GatewayContext) -> FastAPI:
+    """The gateway's FastAPI application over `ctx`."""
+    app = FastAPI(title="toolexec gateway", version="0.1.0",
+                  description="Invoke tools through the event pipeline and read the projections. "
+                  "Errors are `{\"error\": {\"code\", \"message\", \"details\"}}`.")
+    install_error_handlers(app)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def store_down(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        return error_response(503, "E3001", "projection store unavailable",
+                              {"type": type(exc).__name__})
+
+    @app.exception_handler(KafkaError)
+    async def broker_down(request: Request, exc: KafkaError) -> JSONResponse:
+        return error_response(503, "E3801", "Kafka unavailable", {"type": type(exc).__name__})
+
+    _invocation_routes(app, ctx)
+    _registry_routes(app, ctx)
+    _read_routes(app, ctx)
+    _operations_routes(app, ctx)
+    return app
+
+
+def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
+    @app.post("/v1/tools/invoke", response_model=InvokeResult, tags=["invocations"],
+              responses={202: {"model": InvokeAccepted},
+                         **documented(400, 401, 403, 404, 409, 410, 422, 429, 500, 503, 504)})
+    async def invoke(body: InvokeRequest,
+                     authorization: Annotated[str | None, Header()] = None) -> Any:
+        """Run a tool through the pipeline. The bearer token travels as the request's
+        `captoken`. sync: answers with the result (or the failure's status and code);
+        async: answers 202 with the invocation id at once."""
+        token = _bearer(authorization)
+        if body.execution_mode == "async":
+            try:
+                request = await ctx.client.submit(
+                    body.tool_id, body.parameters, version_range=body.tool_version,
+                    lockfile=body.lockfile, token=token, requested_by=REQUESTED_BY)
+            except InvocationNotDelivered as error:
+                raise ApiError(error.code, error.message, error.details) from None
+            iid = request.data.invocation_id
+            accepted = InvokeAccepted(invocation_id=iid, status_url=_status_url(iid))
+            return JSONResponse(accepted.model_dump(), status_code=202,
+                                headers={"Location": accepted.status_url})
+        bound = body.timeout_seconds or await _tool_wait_bound(ctx, body.tool_id)
+        started = time.monotonic()
+        request_id = str(uuid.uuid4())
+        try:
+            terminal = await ctx.client.invoke(
+                body.tool_id, body.parameters, version_range=body.tool_version,
+                lockfile=body.lockfile, token=token, timeout=bound, invocation_id=request_id,
+                requested_by=REQUESTED_BY)
+        except InvocationUnresolved:
+            raise ApiError("E3002", f"no terminal event within {bound:.0f} s; the invocation "
+                           "goes on: poll status_url",
+                           {"invocation_id": request_id,
+                            "status_url": _status_url(request_id)}) from None
+        except InvocationNotDelivered as error:
+            raise ApiError(error.code, error.message, error.details) from None
+        return _terminal_answer(terminal, started)
+
+    @app.get("/v1/invocations/{invocation_id}", response_model=InvocationView,
+             tags=["invocations"], responses=documented(404, 503))
+    async def invocation(invocation_id: str) -> InvocationView:
+        """Status (requested, resolved, authorized, running, completed, failed, cancelled),
+        timeline, and result or error of one invocation, from the invocations read model."""
+        row = await _invocation_row(ctx, invocation_id)
+        if row is None or row["status"] not in TERMINAL_STATUSES:
+            # Read-your-writes: the answer holds every event in the log when asked (a
+            # sync call's terminal event, an async 202's request).
+            await ctx.catch_up("invocations", CATCH_UP_SECONDS)
+            row = await _invocation_row(ctx, invocation_id)
+        if row is None:
+            raise ApiError("E3702", f"invocation {invocation_id!r} not found",
+                           {"invocation_id": invocation_id})
+        return invocation_view(row)
+
+
+async def _invocation_row(ctx: GatewayContext, invocation_id: str) -> dict[str, Any] | None:
+    async with ctx.engine.connect() as conn:
+        return await invocation_status(conn, invocation_id)
+
+
+async def _tool_wait_bound(ctx: GatewayContext, tool_id: str) -> float:
+    async with ctx.engine.connect() as conn:
+        tool = await show_tool(conn, tool_id)
+    manifest = None
+    if tool is not None:
+        wanted = tool["current_version"] or tool["latest_version"]
+        manifest = next((v["manifest"] for v in tool["versions"] if v["version"] == wanted), None)
+    return wait_bound(manifest, ctx.settings.registry_wait_seconds)
+
+
+def _terminal_answer(terminal: Envelope, started: float) -> InvokeResult:
+    data: Any = terminal.data
+    if terminal.type == "tool.invoke.failed":
+        raise ApiError.from_info(data.error, invocation_id=data.invocation_id, stage=data.stage)
+    return InvokeResult(invocation_id=data.invocation_id, tool_id=data.tool_id,
+                        version=data.version, result=data.result, duration_ms=data.duration_ms,
+                        attempts=data.attempts,
+                        execution_time_ms=round((time.monotonic() - started) * 1000, 3))
+
+
+def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
+    @app.post("/v1/tools/register", response_model=RegisterResult, status_code=201,
+              tags=["registry"], responses=documented(401, 422, 503))
+    async def register(body: RegisterRequest,
+                       authorization: Annotated[str | None, Header()] = None) -> RegisterResult:
+        """Validate (layers 1-2) and publish a tool, as `toolexec publish` does: the
+        event is `tool.published`, or `tool.publish.rejected` answered 422 (E3105)."""
+        publisher = _publisher(ctx, _bearer(authorization))
+        source = ToolSource(normalise_manifest(body.manifest), _files(body),
+                            origin=f"{REQUESTED_BY}/register", layout="directory")
+        async with ctx.engine.connect() as conn:
+            known = {t["tool_id"]: t["tool_type"]
+                     for t in await search_tools(conn, "", limit=100_000)}
+        event = await asyncio.to_thread(publish_event, source, now=datetime.now(UTC),
+                                        published_by=publisher, bash_syntax=bash_syntax_check,
+                                        known_tools=known)
+        await ctx.client.send(event)
+        data: Any = event.data
+        if event.type == "tool.publish.rejected":
+            raise ApiError.from_info(data.error, event_id=event.id)
+        await ctx.catch_up("registry", 5.0)  # GET /v1/tools/{id} sees it next
+        return RegisterResult(tool_id=data.tool_id, version=data.version,
+                              integrity=data.integrity, event_id=event.id)
+
+
+def _publisher(ctx: GatewayContext, token: str | None) -> str | None:
+    """The token's subject; a verified token is required when authorization is on."""
+    if not ctx.settings.auth_required:
+        return None
+    if token is None:
+        raise ApiError("E3203", "a bearer capability token is required to register tools")
+    try:
+        capability = verify_token(token, keys.verification_keys(ctx.settings),
+                                  now=int(time.time()))
+    except AuthorizationError as error:
+        raise ApiError(error.code, error.message) from None
+    return capability.subject
+
+
+def _files(body: RegisterRequest) -> tuple[ToolFile, ...]:
+    files = []
+    for item in body.files:
+        path = item.path
+        if (path.startswith("/") or "\\" in path or "\x00" in path
+                or any(part in ("", ".", "..") for part in path.split("/"))):
+            raise ApiError("E3105", f"file path {path!r} is not a relative POSIX path",
+                           {"path": path})
+        if (item.content is None) == (item.content_base64 is None):
+            raise ApiError("E3105", f"{path}: give exactly one of content, content_base64",
+                           {"path": path})
+        try:
+            content = (item.content.encode("utf-8") if item.content is not None
+                       else base64.b64decode(item.content_base64 or "", validate=True))
+        except (binascii.Error, ValueError) as error:  # UnicodeEncodeError is a ValueError
+            raise ApiError("E3105", f"{path}: content is not valid: {error}",
+                           {"path": path}) from None
+        files.append(ToolFile(path=path, sha256=hashlib.sha256(content).hexdigest(),
+                              is_executable=item.is_executable, content=content))
+    if len({f.path for f in files}) != len(files):
+        raise ApiError("E3105", "file paths repeat")
+    return tuple(sorted(files, key=lambda f: f.path))
+
+
+def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
+    @app.get("/v1/tools", response_model=ToolList, tags=["registry"],
+             responses=documented(422, 503))
+    async def tools(q: Annotated[str, Query(max_length=200)] = "",
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ToolList:
+        """Published tools whose id, type, description or tags hold every word of `q`."""
+        async with ctx.engine.connect() as conn:
+            return ToolList(tools=await search_tools(conn, q, limit=limit))
+
+    @app.get("/v1/tools/{tool_id}", response_model=ToolDetail, tags=["registry"],
+             responses=documented(404, 503))
+    async def tool(tool_id: str) -> ToolDetail:
+        """One tool with every version (manifest, file hashes, integrity, lifecycle)."""
+        async with ctx.engine.connect() as conn:
+            found = await show_tool(conn, tool_id)
+        if found is None:
+            raise ApiError("E3101", f"tool {tool_id!r} not found", {"tool_id": tool_id})
+        return ToolDetail(tool=found)
+
+    @app.get("/v1/audit", response_model=AuditPage, tags=["audit"],
+             responses=documented(422, 503))
+    async def audit(since: datetime | None = None, until: datetime | None = None,
+                    type: Annotated[str | None, Query(max_length=100)] = None,  # noqa: A002
+                    invocation: Annotated[str | None, Query(max_length=200)] = None,
+                    tool: Annotated[str | None, Query(max_length=200)] = None,
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> AuditPage:
+        """Audit records (redacted CloudEvents, hash-chained) in time order, filtered
+        like `toolexec audit replay`; times are ISO 8601 with an offset."""
+        query = AuditQuery(since=_aware(since, "since"), until=_aware(until, "until"),
+                           type=type, invocation_id=invocation, tool_id=tool)
+        records = await audit_page(ctx.engine, query, limit)
+        return AuditPage(records=records, count=len(records), limit=limit)
+
+    @app.get("/v1/circuits", response_model=CircuitList, tags=["circuits"],
+             responses=documented(503))
+    async def circuits(open_only: bool = False) -> CircuitList:
+        """Circuit-breaker state of every external service."""
+        async with ctx.engine.connect() as conn:
+            return CircuitList(circuits=await list_circuits(conn, open_only=open_only))
+
+
+def _aware(moment: datetime | None, name: str) -> datetime | None:
+    if moment is None:
+        return None
+    if moment.utcoffset() is None:
+        raise ApiError("E3004", f"{name} needs a UTC offset (e.g. Z)", {name: str(moment)},
+                       status=422)
+    try:
+        return moment.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise ApiError("E3004", f"{name} is out of range", {name: str(moment)},
+                       status=422) from None
+
+
+async def audit_page(engine: AsyncEngine, query: AuditQuery, limit: int) -> list[dict[str, Any]]:
+    """At most `limit` matching audit records, each with its parsed CloudEvent."""
+    records: list[dict[str, Any]] = []
+    async with engine.connect() as conn, contextlib.aclosing(audit_records(conn, query)) as rows:
+        async for row in rows:
+            records.append({k: v for k, v in row.items() if k != "document"})
+            if len(records) >= limit:
+                break
+    return records
+
+
+def _operations_routes(app: FastAPI, ctx: GatewayContext) -> None:
+    @app.get("/health", response_model=Health, tags=["operations"],
+             responses={503: {"model": Health}})
+    async def health() -> JSONResponse:
+        """Broker, projection store and consumers; 503 when any of them is not ok."""
+        checks = {"broker": await _check(ctx.probe.ping()),
+                  "database": await _check(_select_one(ctx.engine)),
+                  "consumers": _consumers_check(ctx.consumers())}
+        ok = all(check["ok"] for check in checks.values())
+        body = Health(status="ok" if ok else "degraded", checks=checks)
+        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["operations"], response_class=Response,
+             responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus() -> Response:
+        """Prometheus text format: invocations by tool and outcome, step latencies,
+        consumer lag, breaker states (and every other metric of this process)."""
+        async with ctx.engine.connect() as conn:
+            rows = await list_circuits(conn)
+        with contextlib.suppress(KafkaError, SQLAlchemyError, TimeoutError):
+            await asyncio.wait_for(metrics.refresh_gauges(rows, ctx.probe.lag), HEALTH_TIMEOUT)
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/asyncapi.json", tags=["operations"])
+    async def asyncapi() -> dict[str, Any]:
+        """AsyncAPI 3.0 document of the event contracts (generated by FastStream)."""
+        return ctx.asyncapi()
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page(audit_tool: str = "", audit_type: str = "", audit_invocation: str = "",
+                   audit_limit: int = 50) -> HTMLResponse:
+        filters = status_page.AuditFilters(tool=audit_tool.strip(), type=audit_type.strip(),
+                                           invocation=audit_invocation.strip(),
+                                           limit=max(1, min(audit_limit, 500)))
+        async with ctx.engine.connect() as conn:
+            invocations = await list_invocations(conn, limit=50)
+            circuits = await list_circuits(conn)
+            tools = await search_tools(conn, "", limit=500)
+        audit_rows = None
+        if filters.active:
+            audit_rows = await audit_page(ctx.engine, AuditQuery(
+                type=filters.type or None, invocation_id=filters.invocation or None,
+                tool_id=filters.tool or None), filters.limit)
+        return HTMLResponse(status_page.render(
+            invocations=[invocation_view(row) for row in invocations], circuits=circuits,
+            tools=tools, filters=filters, audit_rows=audit_rows))
+
+
+async def _check(probe: Awaitable[Any]) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(probe, HEALTH_TIMEOUT)
+    except Exception as error:  # noqa: BLE001 - boundary: any failure is "not ok"
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"[:300]}
+    return {"ok": True, "latency_ms": round((time.monotonic() - started) * 1000, 2)}
+
+
+async def _select_one(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+def _consumers_check(states: Mapping[str, str]) -> dict[str, Any]:
+    return {"ok": bool(states) and all(state == "running" for state in states.values()),
+            "consumers": dict(states)}

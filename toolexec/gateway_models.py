@@ -1,0 +1,133 @@
+"""Request and response bodies of the HTTP gateway (they make its OpenAPI document)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+InvocationStatus = Literal["requested", "resolved", "authorized", "running", "completed",
+                           "failed", "cancelled"]
+
+
+class InvokeRequest(BaseModel):
+    """`POST /v1/tools/invoke`: which tool, with what, and whether to wait."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_id: str = Field(min_length=1, max_length=200, description="Tool to run.")
+    tool_version: str = Field(default="*", min_length=1, max_length=200,
+                              description="Semver range or exact version; ignored with a lockfile.")
+    parameters: dict[str, JsonValue] = Field(default_factory=dict,
+                                             description="Tool parameters (a JSON object).")
+    lockfile: dict[str, JsonValue] | None = Field(
+        default=None, description="A lockfile (`toolexec lock`) pinning the chain.")
+    execution_mode: Literal["sync", "async"] = Field(
+        default="sync", description="sync: answer with the result; async: answer 202 at once.")
+    timeout_seconds: float | None = Field(
+        default=None, gt=0, le=3600,
+        description="Longest a sync call waits (default: the tool's timeout and retries).")
+
+
+class InvokeResult(BaseModel):
+    """A completed invocation's result (sync mode)."""
+
+    invocation_id: str
+    status: Literal["completed"] = "completed"
+    tool_id: str
+    version: str
+    result: JsonValue = Field(description="Validated, redacted result.")
+    duration_ms: float = Field(description="Wall time of the final attempt.")
+    attempts: int
+    execution_time_ms: float = Field(description="Wall time seen by the gateway.")
+
+
+class InvokeAccepted(BaseModel):
+    """An invocation accepted in async mode: poll `status_url`."""
+
+    invocation_id: str
+    status: Literal["requested"] = "requested"
+    status_url: str
+
+
+class InvocationError(BaseModel):
+    code: str
+    message: str
+    stage: str | None = None
+
+
+class InvocationView(BaseModel):
+    """One invocation as the invocations read model holds it."""
+
+    invocation_id: str
+    status: InvocationStatus
+    tool_id: str | None = None
+    version_range: str | None = None
+    version: str | None = None
+    subject: str | None = None
+    requested_by: str | None = None
+    attempts: int = 0
+    duration_ms: float | None = None
+    requested_at: str | None = None
+    updated_at: str | None = None
+    finished_at: str | None = None
+    cancel_requested: bool = False
+    result: JsonValue = Field(default=None, description="The (redacted) result when completed "
+                              "and it fits the read model's summary.")
+    result_summary: str | None = Field(default=None, description="Redacted result text, "
+                                       "truncated to 500 characters.")
+    error: InvocationError | None = None
+    timeline: list[dict[str, JsonValue]] = Field(default_factory=list,
+                                                 description="Every event, in log order.")
+
+
+class RegisterFile(BaseModel):
+    """One file of a tool: text in `content`, or bytes in `content_base64`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, max_length=500, description="Relative POSIX path.")
+    content: str | None = Field(default=None, description="UTF-8 text content.")
+    content_base64: str | None = Field(default=None, description="Standard base64 content.")
+    is_executable: bool = False
+
+
+class RegisterRequest(BaseModel):
+    """`POST /v1/tools/register`: a tool source, validated and published like
+    `toolexec publish`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    manifest: dict[str, JsonValue] = Field(description="The manifest (tool.yaml as JSON).")
+    files: list[RegisterFile] = Field(default_factory=list, max_length=1000)
+
+
+class RegisterResult(BaseModel):
+    tool_id: str
+    version: str
+    integrity: str
+    event_id: str
+
+
+class ToolList(BaseModel):
+    tools: list[dict[str, Any]]
+
+
+class ToolDetail(BaseModel):
+    tool: dict[str, Any]
+
+
+class AuditPage(BaseModel):
+    records: list[dict[str, Any]] = Field(description="Redacted CloudEvent documents with "
+                                          "their position in the log and hash chain.")
+    count: int
+    limit: int
+
+
+class CircuitList(BaseModel):
+    circuits: list[dict[str, Any]]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    checks: dict[str, dict[str, Any]]

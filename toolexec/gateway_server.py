@@ -1,0 +1,206 @@
+"""Serving the gateway inside a running stack: uvicorn on the stack's event loop.
+
+`serve_gateway(stack, read_models, settings)` wires the gateway's context from the
+running parts (broker, read models, consumers), binds the socket (port 0 = a free
+port), and yields the gateway's URL until the block ends; the process's own signal
+handling (Ctrl-C in `toolexec up`) decides when that is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Generator, Mapping
+from typing import Any
+
+import structlog
+import uvicorn
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from contracts import topics
+from contracts.kafka_binding import decode
+from projections.runner import stored_offsets
+from toolexec.asyncapi import asyncapi_document
+from toolexec.client import InvocationClient
+from toolexec.gateway import GatewayContext, create_app
+from toolexec.metrics import PipelineMetrics
+from toolexec.read_models import ReadModels
+from toolexec.settings import Settings, consumer_kwargs
+from toolexec.stack import Stack
+
+log = structlog.get_logger(__name__)
+
+START_TIMEOUT = 15.0
+STOP_TIMEOUT = 10.0
+
+
+class KafkaProbe:
+    """Broker liveness and consumer lag (pipeline groups' commits, read models' stored
+    offsets) against the log's end offsets."""
+
+    def __init__(self, bootstrap: str, engine: AsyncEngine, groups: list[str],
+                 read_models: Mapping[str, tuple[str, ...]]) -> None:
+        self._bootstrap = bootstrap
+        self._engine = engine
+        self._groups = groups
+        self._read_models = read_models
+        self._consumer: AIOKafkaConsumer | None = None
+        # One never-subscribing member per group reads its commits (OffsetFetch); the
+        # admin client's OffsetFetch is not understood by Tansu.
+        self._readers: dict[str, AIOKafkaConsumer] = {}
+
+    async def start(self) -> None:
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None)
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        for reader in self._readers.values():
+            await reader.stop()
+        self._readers.clear()
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def _committed(self, group: str,
+                         places: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        reader = self._readers.get(group)
+        if reader is None:
+            reader = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=group,
+                                      enable_auto_commit=False)
+            await reader.start()
+            self._readers[group] = reader
+        committed = {}
+        for topic, partition in places:
+            offset = await reader.committed(TopicPartition(topic, partition))
+            if offset is not None:
+                committed[(topic, partition)] = offset
+        return committed
+
+    async def ping(self) -> None:
+        assert self._consumer is not None
+        await self._consumer.topics()  # a metadata round trip
+
+    async def _ends(self) -> dict[tuple[str, int], int]:
+        assert self._consumer is not None
+        tps = [TopicPartition(topic, p) for topic in topics.ALL_TOPICS
+               for p in self._consumer.partitions_for_topic(topic) or ()]
+        ends = await self._consumer.end_offsets(tps) if tps else {}
+        return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+
+    async def lag(self) -> dict[str, int]:
+        ends = await self._ends()
+        lag: dict[str, int] = {}
+        invocations = [place for place in ends if place[0] == topics.INVOCATIONS]
+        for group in self._groups:
+            positions = await self._committed(group, invocations)
+            lag[group] = _behind(ends, positions, (topics.INVOCATIONS,))
+        for name, model_topics in self._read_models.items():
+            stored = await stored_offsets(self._engine, name)
+            lag[f"projection.{name}"] = _behind(ends, stored, model_topics)
+        return lag
+
+
+def _behind(ends: Mapping[tuple[str, int], int], positions: Mapping[tuple[str, int], int],
+            of_topics: tuple[str, ...]) -> int:
+    return sum(max(end - max(positions.get(place, 0), 0), 0)
+               for place, end in ends.items() if place[0] in of_topics)
+
+
+def consumer_states(stack: Stack, read_models: ReadModels) -> dict[str, str]:
+    """Every consumer of this process: "running", or why not."""
+    states: dict[str, str] = {}
+    broker = stack.broker
+    for subscriber in broker.subscribers if broker is not None else ():
+        group = getattr(subscriber, "group_id", None)
+        watched = ",".join(str(getattr(t, "name", t)) for t in getattr(subscriber, "topics", ()))
+        name = group or f"view:{watched}"
+        states[name] = "running" if getattr(subscriber, "running", False) else "stopped"
+    for name, runner in read_models.runners.items():
+        failure = runner.failure
+        states[f"projection.{name}"] = ("running" if failure is None
+                                        else f"failed: {type(failure).__name__}")
+    return states
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the host process owns Ctrl-C."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on (host, port); port 0 picks a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(stack: Stack, read_models: ReadModels,
+                        settings: Settings) -> AsyncIterator[str]:
+    """Run the gateway over `stack` and `read_models`; yields its base URL."""
+    observed = PipelineMetrics(lambda r: decode(r.key, r.value, r.headers))
+    client = InvocationClient(stack.bootstrap,
+                              fetch_max_wait_ms=consumer_kwargs(settings)["fetch_max_wait_ms"],
+                              observer=observed.observe)
+    groups = sorted({g for s in (stack.broker.subscribers if stack.broker else ())
+                     if (g := getattr(s, "group_id", None))})
+    probe = KafkaProbe(stack.bootstrap, read_models.engine, groups,
+                       {name: tuple(runner.model.topics)
+                        for name, runner in read_models.runners.items()})
+
+    async def catch_up(name: str, timeout: float) -> bool:
+        runner = read_models.runners.get(name)
+        return await runner.wait_caught_up(timeout) if runner is not None else False
+
+    document = asyncapi_document(stack.bootstrap)
+    await client.start()
+    try:
+        await probe.start()
+        context = GatewayContext(settings=settings, engine=read_models.engine, client=client,
+                                 probe=probe, consumers=lambda: consumer_states(stack, read_models),
+                                 catch_up=catch_up, asyncapi=lambda: document)
+        sock = bind(settings.gateway_host, settings.gateway_port)
+        async with _serving(create_app(context), sock) as url:
+            yield url
+    finally:
+        await probe.stop()
+        await client.stop()
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Any, sock: socket.socket) -> AsyncIterator[str]:
+    server = _EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                            access_log=False))
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="gateway")
+    try:
+        async with asyncio.timeout(START_TIMEOUT):
+            while not server.started:
+                if task.done():
+                    task.result()  # raises what stopped it
+                    raise RuntimeError("gateway stopped while starting")
+                await asyncio.sleep(0.02)
+        url = url_of(sock)
+        log.info("gateway.started", url=url)
+        yield url
+    finally:
+        server.should_exit = True
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT):
+                await task
+        except TimeoutError:
+            server.force_exit = True
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        sock.close()

@@ -1,0 +1,256 @@
+"""`toolexec mcp`: an MCP server (official SDK) that lets agents reach toolexec.
+
+Tools, after the Kiwi MCP notes (seed 003):
+- `search`  query the registry read model (tool ids, types, descriptions, tags);
+- `load`    one tool's manifest, files and metadata from the registry read model
+            (file contents too when the local content store holds them);
+- `execute` `run` invokes a tool through the full event pipeline, exactly as
+            `toolexec run` does (the running `up` found via .toolexec/runtime.json,
+            else an embedded stack for the call); `sign` computes a tool source's
+            canonical integrity; `lock` freezes a tool's verified chain to a lockfile;
+- `help`    what the tools do and how to call them.
+
+Every failure comes back as an MCP tool error (`isError`) whose structured content
+and text are `{"error": {"code": "E3xxx", "message", "details"}}`. Served over stdio
+by default, or streamable HTTP (`--http`, path `/mcp`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import mcp_types
+from mcp.server.mcpserver import MCPServer
+from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from consumers.primitives.file_store import ContentStore
+from domain.errors import ToolexecError
+from projections.database import make_engine, migrate
+from projections.queries import search_tools, show_tool
+from toolexec.cli_authoring import lock_chain, source_integrity
+from toolexec.cli_runtime import invoke_tool
+from toolexec.runtime_file import read_runtime
+from toolexec.settings import Settings
+
+err = Console(stderr=True)
+
+MAX_INLINE_FILE_BYTES = 256 * 1024
+HELP = {
+    "overview": (
+        "toolexec runs tools (manifests plus content-addressed files) through an "
+        "event-sourced pipeline: resolve -> authorize -> execute -> finalize. "
+        "Tools: search (find tools), load (inspect one), execute (run | sign | lock), "
+        "help (this text). Errors carry E3xxx codes."),
+    "search": "search(query, limit=10): tools whose id, type, description or tags "
+              "contain every word of the query. An empty query lists tools.",
+    "load": "load(tool_id, version=None): the manifest, files (path, sha256, size, "
+            "content when available) and metadata (integrity, lifecycle, versions).",
+    "execute": (
+        "execute(action, ...): action 'run' with tool_id, parameters (object), "
+        "version_range ('*', '^1'...), lockfile (object), token (capability JWT), "
+        "timeout; returns the result or the failure's code. Action 'sign' with path "
+        "(a tool source) returns its canonical integrity sha256:<hex>. Action 'lock' "
+        "with tool_id and version_range freezes the verified chain to a lockfile "
+        "(written to `path` when given)."),
+}
+
+
+class GatewayError(ToolexecError):
+    """A request the gateway itself refuses (bad arguments)."""
+
+    code = "E3301"
+
+
+class Gateway:
+    """The state behind the MCP tools: settings, tool directories, the read-model
+    engine (opened on first use)."""
+
+    def __init__(self, settings: Settings, tools: list[Path]) -> None:
+        self.settings = settings
+        self.tools = tools
+        self._engine: AsyncEngine | None = None
+
+    async def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            runtime = read_runtime(self.settings) or {}
+            url = runtime.get("database_url") or self.settings.effective_database_url
+            if not self.settings.database_url:
+                self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+            engine = make_engine(url)
+            await migrate(engine)
+            self._engine = engine
+        return self._engine
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+
+    async def search(self, query: str, limit: int) -> dict[str, Any]:
+        if not 1 <= limit <= 1000:
+            raise GatewayError("limit must be between 1 and 1000", details={"limit": limit})
+        async with (await self.engine()).connect() as conn:
+            rows = await search_tools(conn, query, limit=limit)
+        results = [{"tool_id": r["tool_id"], "tool_type": r["tool_type"],
+                    "description": r["description"],
+                    "version": r["current_version"] or r["latest_version"],
+                    "lifecycle": r["lifecycle"], "tags": r["tags"]} for r in rows]
+        return {"query": query, "results": results, "total": len(results)}
+
+    async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:
+        async with (await self.engine()).connect() as conn:
+            tool = await show_tool(conn, tool_id)
+        if tool is None:
+            raise ToolexecError(f"tool {tool_id!r} not found", code="E3101",
+                                details={"tool_id": tool_id})
+        wanted = version or tool["current_version"] or tool["latest_version"]
+        found = next((v for v in tool["versions"] if v["version"] == wanted), None)
+        if found is None:
+            raise ToolexecError(f"{tool_id}@{wanted} not found", code="E3102",
+                                details={"tool_id": tool_id, "version": wanted,
+                                         "available": [v["version"] for v in tool["versions"]]})
+        return {
+            "tool_id": tool_id, "version": found["version"], "manifest": found["manifest"],
+            "files": [self._file(f) for f in found["files"]],
+            "metadata": {
+                "tool_type": found["tool_type"], "executor": found["executor"],
+                "integrity": found["integrity"], "lifecycle": found["lifecycle"],
+                "description": found["description"], "published_at": found["published_at"],
+                "published_by": found["published_by"], "source": found["source"],
+                "current_version": tool["current_version"], "tags": tool["tags"],
+                "versions": [v["version"] for v in tool["versions"]]},
+        }
+
+    def _file(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """A file of the read model, with its text when the content store has it."""
+        store = ContentStore(Path(self.settings.state_dir) / "cas")
+        content: str | None = None
+        try:
+            if entry.get("size", 0) <= MAX_INLINE_FILE_BYTES and store.has(entry["sha256"]):
+                content = store.get(entry["sha256"]).decode("utf-8")
+        except (ToolexecError, OSError, UnicodeDecodeError):
+            content = None
+        return {**entry, "content": content}
+
+    async def run(self, tool_id: str, parameters: dict[str, Any], version_range: str,
+                  lockfile: dict[str, Any] | None, token: str | None,
+                  timeout: float) -> dict[str, Any]:
+        terminal = await invoke_tool(self.settings, tool_id, version_range, parameters,
+                                     lockfile=lockfile, token=token, tools=self.tools,
+                                     timeout=timeout)
+        data = terminal.data
+        if terminal.type != "tool.invoke.completed":
+            raise ToolexecError(data.error.message, code=data.error.code,
+                                details={**data.error.details,
+                                         "invocation_id": data.invocation_id})
+        return {"action": "run", "status": "completed", "tool_id": data.tool_id,
+                "version": data.version, "invocation_id": data.invocation_id,
+                "result": data.result, "duration_ms": data.duration_ms,
+                "attempts": data.attempts}
+
+    def sign(self, path: str | None) -> dict[str, Any]:
+        if not path:
+            raise GatewayError("action 'sign' needs the path of a tool source")
+        tool_id, version, integrity = source_integrity(Path(path))
+        return {"action": "sign", "status": "signed", "tool_id": tool_id, "version": version,
+                "integrity": integrity}
+
+    def lock(self, tool_id: str, version_range: str, path: str | None) -> dict[str, Any]:
+        dirs = self.tools or [self.settings.tools_dir]
+        lockfile, warnings = lock_chain(tool_id, version_range, dirs)
+        if path:
+            try:
+                Path(path).write_text(json.dumps(lockfile, indent=2, sort_keys=True) + "\n",
+                                      encoding="utf-8")
+            except OSError as error:
+                raise GatewayError(f"cannot write {path}: {error.strerror or error}",
+                                   details={"path": path}) from error
+        return {"action": "lock", "status": "locked", "lockfile": lockfile,
+                "warnings": warnings, "path": path}
+
+
+def _ok(payload: dict[str, Any]) -> mcp_types.CallToolResult:
+    text = json.dumps(payload, ensure_ascii=False, default=str)
+    return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)],
+                                    structured_content=json.loads(text))
+
+
+def _error(error: ToolexecError) -> mcp_types.CallToolResult:
+    body = {"error": {"code": error.code, "message": error.message,
+                      "details": dict(error.details or {})}}
+    text = json.dumps(body, ensure_ascii=False, default=str)
+    return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)],
+                                    structured_content=json.loads(text), is_error=True)
+
+
+async def _guarded(work: Any) -> mcp_types.CallToolResult:
+    """Run one tool's work; toolexec errors and an unreachable store become tool errors."""
+    try:
+        return _ok(await work())
+    except ToolexecError as error:
+        return _error(error)
+    except (SQLAlchemyError, OSError) as error:  # boundary: the read-model store is down
+        return _error(ToolexecError(f"projection store unavailable: {error}"[:500],
+                                    code="E3001"))
+
+
+def build_server(gateway: Gateway) -> MCPServer:
+    """The MCP server exposing search, load, execute and help over `gateway`."""
+    @contextlib.asynccontextmanager
+    async def lifespan(_: MCPServer) -> AsyncIterator[None]:
+        try:
+            yield None
+        finally:  # the engine is opened again on the next use
+            await gateway.close()
+
+    server = MCPServer("toolexec", version="0.1.0", instructions=HELP["overview"],
+                       lifespan=lifespan)
+
+    @server.tool(description=HELP["search"])
+    async def search(query: str = "", limit: int = 10) -> mcp_types.CallToolResult:
+        return await _guarded(lambda: gateway.search(query, limit))
+
+    @server.tool(description=HELP["load"])
+    async def load(tool_id: str, version: str | None = None) -> mcp_types.CallToolResult:
+        return await _guarded(lambda: gateway.load(tool_id, version))
+
+    @server.tool(description=HELP["execute"])
+    async def execute(action: Literal["run", "sign", "lock"], tool_id: str | None = None,
+                      parameters: dict[str, Any] | None = None, version_range: str = "*",
+                      lockfile: dict[str, Any] | None = None, token: str | None = None,
+                      path: str | None = None,
+                      timeout: float = 120.0) -> mcp_types.CallToolResult:
+        async def work() -> dict[str, Any]:
+            if action == "sign":
+                return gateway.sign(path)
+            if not tool_id:
+                raise GatewayError(f"action {action!r} needs a tool_id")
+            if action == "lock":
+                return gateway.lock(tool_id, version_range, path)
+            return await gateway.run(tool_id, parameters or {}, version_range, lockfile,
+                                     token, timeout)
+        return await _guarded(work)
+
+    @server.tool(name="help", description="How to use toolexec's MCP tools.")
+    def help_(topic: str | None = None) -> str:
+        if topic is None:
+            return "\n\n".join(HELP.values())
+        return HELP.get(topic, f"unknown topic {topic!r}; topics: {', '.join(HELP)}")
+
+    return server
+
+
+def serve(settings: Settings, tools: list[Path], *, http: bool, host: str, port: int) -> None:
+    """Serve the gateway over stdio, or streamable HTTP at http://HOST:PORT/mcp."""
+    server = build_server(Gateway(settings, tools))
+    if http:
+        err.print(f"toolexec mcp: streamable HTTP on http://{host}:{port}/mcp")
+        server.run("streamable-http", host=host, port=port)
+    else:
+        server.run("stdio")

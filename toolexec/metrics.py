@@ -1,0 +1,116 @@
+"""Prometheus metrics of a running toolexec, on the default registry (served at /metrics).
+
+Invocation outcomes and per-step latencies are observed from the invocations topic
+itself (the gateway's client tails it), so they cover every invocation on the log
+since this process started, whichever producer sent it. Consumer lag and breaker
+states are read when scraped (`refresh_gauges`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any, Final
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from consumers.pipeline import header_type
+
+INVOCATIONS: Final = Counter(
+    "toolexec_invocations", "Invocations that reached their terminal event, by tool and "
+    "outcome (completed | failed) and error code", ["tool_id", "outcome", "code"])
+STEP_SECONDS: Final = Histogram(
+    "toolexec_pipeline_step_seconds", "Latency of each pipeline step, from the event that "
+    "triggers it to the event it emits (event times); `total` is request to terminal event",
+    ["step"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                       5.0, 10.0, 30.0, 60.0, 120.0, 300.0))
+CONSUMER_LAG: Final = Gauge(
+    "toolexec_consumer_lag", "Records on the log not yet consumed, per consumer group "
+    "(pipeline steps) or read model", ["consumer"])
+CIRCUIT_STATE: Final = Gauge(
+    "toolexec_circuit_state", "Circuit-breaker state per external service: 0 closed, "
+    "1 half_open, 2 open", ["service_id"])
+CIRCUIT_STATE_CODES: Final = {"closed": 0, "half_open": 1, "open": 2}
+
+TERMINAL: Final = frozenset({"tool.invoke.completed", "tool.invoke.failed"})
+# step name -> (event that ends it, event that starts it)
+STEPS: Final = (
+    ("resolve", "tool.chain.resolved", "tool.invoke.requested"),
+    ("authorize", "tool.permission.decided", "tool.chain.resolved"),
+    ("execute", "tool.execution.finished", "tool.permission.decided"),
+    ("finalize", "terminal", "tool.execution.finished"),
+    ("total", "terminal", "tool.invoke.requested"),
+)
+TRACKED: Final = frozenset({"tool.invoke.requested", "tool.chain.resolved",
+                            "tool.permission.decided", "tool.execution.finished"})
+
+Decoder = Callable[[Any], Any]
+
+
+class PipelineMetrics:
+    """Folds invocation records into `INVOCATIONS` and `STEP_SECONDS`.
+
+    Keeps the event times of at most `capacity` unfinished invocations (oldest dropped),
+    so a flood of invocations that never end cannot grow it without bound."""
+
+    def __init__(self, decode: Decoder, capacity: int = 10_000) -> None:
+        self._decode = decode
+        self._capacity = capacity
+        self._times: OrderedDict[str, dict[str, float]] = OrderedDict()
+
+    def observe(self, record: Any) -> None:
+        """One record of the invocations topic (an aiokafka ConsumerRecord)."""
+        kind = header_type(record.headers)
+        key = record.key.decode("utf-8", "replace") if record.key else None
+        if kind is None or key is None:
+            return
+        if kind in TRACKED:
+            moment = _header_time(record.headers)
+            if moment is not None:
+                # Retries emit several execution.finished: the last one counts.
+                self._times.setdefault(key, {})[kind] = moment
+                self._times.move_to_end(key)
+                while len(self._times) > self._capacity:
+                    self._times.popitem(last=False)
+        elif kind in TERMINAL:
+            self._finish(key, kind, record)
+
+    def _finish(self, key: str, kind: str, record: Any) -> None:
+        try:
+            data = self._decode(record).data
+        except Exception:  # noqa: BLE001 - an undecodable record is not counted
+            return
+        error = getattr(data, "error", None)
+        INVOCATIONS.labels(tool_id=str(getattr(data, "tool_id", None) or "unknown"),
+                           outcome="completed" if kind == "tool.invoke.completed" else "failed",
+                           code=error.code if error is not None else "").inc()
+        times = self._times.pop(key, {})
+        end = _header_time(record.headers)
+        if end is None:
+            return
+        times["terminal"] = end
+        for step, stop, start in STEPS:
+            if stop in times and start in times:
+                STEP_SECONDS.labels(step=step).observe(max(times[stop] - times[start], 0.0))
+
+
+def _header_time(headers: Iterable[tuple[str, bytes]]) -> float | None:
+    for name, value in headers or ():
+        if name == "ce_time":
+            try:
+                text = value.decode("ascii")
+                return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+            except (UnicodeDecodeError, ValueError):
+                return None
+    return None
+
+
+async def refresh_gauges(circuits: Iterable[Mapping[str, Any]],
+                         lag: Callable[[], Awaitable[Mapping[str, int]]]) -> None:
+    """Set the breaker-state and consumer-lag gauges from their current sources."""
+    for row in circuits:
+        CIRCUIT_STATE.labels(service_id=row["service_id"]).set(
+            CIRCUIT_STATE_CODES.get(row["state"], -1))
+    for consumer, records in (await lag()).items():
+        CONSUMER_LAG.labels(consumer=consumer).set(records)
