@@ -53,7 +53,11 @@ class AuditEntry:
     hash: str
 
     def as_row(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset,
+                "event_id": self.event_id, "type": self.type, "time": self.time,
+                "invocation_id": self.invocation_id, "tool_id": self.tool_id,
+                "document": self.document, "redactions": self.redactions,
+                "prev_hash": self.prev_hash, "hash": self.hash}
 
 
 def captoken_identity(envelope: Envelope) -> tuple[str | None, str | None]:

@@ -7,6 +7,10 @@ anywhere leaves either all of a batch or none of it. Offsets are written first a
 only if they still hold the values this runner read (optimistic concurrency): a
 second runner or a rebuild working on the same read model makes one of them back off
 and re-read its position instead of applying a batch twice.
+
+A runner can feed several read models (a rebuild of all of them does): each record is
+then fetched and decoded once; every model keeps its own offsets and applied ids in
+the same transaction, and a model already past a record skips it.
 """
 
 from __future__ import annotations

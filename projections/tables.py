@@ -8,6 +8,7 @@ equal incremental ones value for value). JSON columns hold redacted JSON values.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from sqlalchemy import (
     JSON,
@@ -28,6 +29,7 @@ metadata = MetaData()
 ISO_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
+@lru_cache(maxsize=4096)  # every read model formats each event's time: once per event
 def iso(moment: datetime) -> str:
     """`moment` as fixed-width UTC text, e.g. ``2026-11-22T12:00:00.000000Z``."""
     if moment.tzinfo is not UTC:

@@ -25,7 +25,7 @@ from projections.audit import AuditQuery, audit_records, verify_audit
 from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.queries import search_tools, show_tool
-from projections.rebuild import RebuildReport, rebuild
+from projections.rebuild import RebuildReport, rebuild_together
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs
 
@@ -106,24 +106,22 @@ def rebuild_command(
     bootstrap = _bootstrap(settings, as_json)
 
     async def work(engine: AsyncEngine) -> list[RebuildReport]:
-        reports = []
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[rate]:>8.0f} events/s"), TimeElapsedColumn(),
                       console=err, disable=as_json or not err.is_terminal) as progress:
-            for model in chosen:
-                task = progress.add_task(model.name, total=None, rate=0.0)
-                started = asyncio.get_running_loop().time()
+            task = progress.add_task(" + ".join(m.name for m in chosen), total=None, rate=0.0)
+            started = asyncio.get_running_loop().time()
 
-                def update(done: int, total: int, task: Any = task, started: float = started
-                           ) -> None:
-                    elapsed = asyncio.get_running_loop().time() - started
-                    progress.update(task, completed=done, total=max(total, done),
-                                    rate=done / elapsed if elapsed > 0 else 0.0)
+            def update(done: int, total: int) -> None:
+                elapsed = asyncio.get_running_loop().time() - started
+                progress.update(task, completed=done, total=max(total, done),
+                                rate=done / elapsed if elapsed > 0 else 0.0)
 
-                reports.append(await rebuild(engine, model, bootstrap,
-                                             consumer_options=consumer_kwargs(settings),
-                                             progress=update))
-        return reports
+            # One pass over the log for every chosen model: each record fetched and
+            # decoded once.
+            return await rebuild_together(engine, chosen, bootstrap,
+                                          consumer_options=consumer_kwargs(settings),
+                                          progress=update)
 
     reports = _with_engine(settings, work, as_json)
     rows = [{"name": r.name, "records": r.records, "applied": r.applied,

@@ -17,6 +17,12 @@ from toolexec.settings import Settings, consumer_kwargs
 
 log = structlog.get_logger(__name__)
 
+PROJECTION_FETCH_WAIT_MS = 100
+"""Floor of the projection runners' fetch wait. Read models are eventually consistent
+and nobody waits hop by hop on them; on a broker that holds every fetch for the full
+wait (Tansu), the pipeline's 5 ms would make four more consumers poll 200 times a
+second each while idle."""
+
 
 @dataclass
 class ReadModels:
@@ -47,7 +53,7 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         await migrate(engine)
         for name, model in read_models().items():
             runner = ProjectionRunner(engine, model, bootstrap,
-                                      consumer_options=consumer_kwargs(settings))
+                                      consumer_options=_runner_options(settings))
             await runner.start()
             handle.runners[name] = runner
     except BaseException:
@@ -55,3 +61,8 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         raise
     log.info("read_models.started", models=sorted(handle.runners))
     return handle
+
+
+def _runner_options(settings: Settings) -> dict[str, int]:
+    wait = consumer_kwargs(settings)["fetch_max_wait_ms"]
+    return {"fetch_max_wait_ms": max(wait, PROJECTION_FETCH_WAIT_MS)}
