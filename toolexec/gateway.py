@@ -276,9 +276,8 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
         return RegisterResult(tool_id=data.tool_id, version=data.version,
                               integrity=data.integrity, event_id=event.id)
 
-
     @app.post("/v1/tools/{tool_id}/lifecycle", response_model=LifecycleResult,
-              tags=["registry"], responses=documented(401, 404, 422, 503))
+              tags=["registry"], responses=documented(400, 401, 404, 422, 503))
     async def lifecycle(tool_id: str, body: LifecycleRequest,
                         authorization: Annotated[str | None, Header()] = None) -> LifecycleResult:
         """Deprecate, remove or restore a tool version (or every version) as
