@@ -1,11 +1,20 @@
-"""Deciding a lifecycle change against what the registry knows."""
+"""Deciding a lifecycle change against what the registry knows, and folding one."""
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+
 import pytest
 
+from contracts.events import PublishedFile, ToolLifecycleChanged, ToolPublished
 from domain.errors import RequestError, ToolNotFound, VersionNotFound
 from domain.lifecycle import LifecycleChange, decide_lifecycle_change
+from projections.registry_table import fold_registry
+from projections.registry_view import RegistryView
+from projections.store import Rows
+from tests.projection_events import envelope
 
 HELLO = {"1.0.0": "active", "1.1.0": "active"}
 TOOLS = ("hello", "hello_v2")
@@ -54,3 +63,41 @@ def test_an_unknown_replacement_is_e3101():
 def test_a_replacement_may_name_a_version_range():
     change = LifecycleChange("hello", "1.0.0", "deprecated", replacement_tool_id="hello_v2@^2")
     assert decide_lifecycle_change(change, HELLO, TOOLS) == change
+
+
+def _published(tool_id: str, version: str):
+    content = b"print('{}')\n"
+    files = [PublishedFile(path="main.py", sha256=hashlib.sha256(content).hexdigest(),
+                           is_executable=False, size=len(content),
+                           content_b64gz=base64.b64encode(gzip.compress(content)).decode())]
+    manifest = {"tool_id": tool_id, "version": version, "tool_type": "script",
+                "executor": "python_runtime"}
+    return envelope(ToolPublished(tool_id=tool_id, version=version, tool_type="script",
+                                  executor="python_runtime", manifest=manifest, files=files,
+                                  integrity="sha256:" + "ab" * 32),
+                    tool_id, id=f"pub-{tool_id}-{version}")
+
+
+def _changed(version: str | None, state: str, reason: str | None = None,
+             replacement: str | None = None):
+    data = ToolLifecycleChanged(tool_id="grep", version=version, lifecycle=state, reason=reason,
+                                replacement_tool_id=replacement)
+    return envelope(data, "grep", id=f"life-{version}-{state}")
+
+
+def test_the_resolver_view_and_the_sql_table_fold_lifecycles_alike():
+    events = [_published("grep", "1.0.0"), _published("grep", "1.1.0"),
+              _changed(None, "deprecated", "old"),
+              _changed("1.1.0", "removed", "broken", "rg"),
+              _changed("9.9.9", "removed")]  # an unknown version changes nothing
+    view = RegistryView()
+    rows: Rows = {"registry_tools": [], "registry_versions": []}
+    for event in events:
+        view.apply(event)
+        rows = fold_registry(rows, event)
+    in_memory = [(tv.version, tv.lifecycle, tv.lifecycle_reason, tv.replacement_tool_id)
+                 for tv in view.versions("grep")]
+    in_sql = [(r["version"], r["lifecycle"], r["lifecycle_reason"], r["replacement_tool_id"])
+              for r in rows["registry_versions"]]
+    assert in_memory == in_sql == [("1.0.0", "deprecated", "old", None),
+                                   ("1.1.0", "removed", "broken", "rg")]
