@@ -4,13 +4,13 @@ A version is `active`, `deprecated` or `sunset` (both still resolve, with a warn
 or `removed` (never resolves; asking for it fails with E3104). `decide_lifecycle_change`
 checks a requested change against what the registry knows and returns the change to
 record; it is the rule both the CLI and the HTTP gateway apply before emitting
-`tool.lifecycle.changed`.
+`tool.lifecycle.changed`. Deprecating every version leaves removed ones removed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from domain.errors import RequestError, ToolNotFound, VersionNotFound, VersionRemoved
 from domain.model import LIFECYCLE_STATES, ToolVersion
@@ -31,14 +31,17 @@ def decide_lifecycle_change(
     change: LifecycleChange,
     known_versions: Mapping[str, str] | None,
     known_tools: Sequence[str] | frozenset[str] = frozenset(),
-) -> LifecycleChange:
-    """Check `change` against the registry and return it, ready to record.
+) -> tuple[LifecycleChange, ...]:
+    """Check `change` against the registry; the changes to record.
 
+    A change of every version (`version` None) to deprecated or sunset becomes one
+    change per version not removed when some are (a removed version stays removed).
     `known_versions` is version -> current lifecycle of `change.tool_id` (None when the
     tool is unknown); `known_tools` are the tool ids a replacement may name. Raises
     RequestError (E3004: unknown state, removal without a version, a tool replacing
-    itself), ToolNotFound (E3101: the tool or its replacement) or VersionNotFound
-    (E3102, with the available versions).
+    itself), ToolNotFound (E3101: the tool or its replacement), VersionNotFound
+    (E3102, with the available versions) or VersionRemoved (E3104: deprecating a tool
+    whose versions were all removed).
     """
     if change.state not in LIFECYCLE_STATES:
         raise RequestError(f"unknown lifecycle state {change.state!r}; expected one of "
@@ -56,7 +59,19 @@ def decide_lifecycle_change(
             details={"tool_id": change.tool_id, "version": change.version,
                      "available": list(known_versions)})
     _check_replacement(change, known_tools)
-    return change
+    return _per_version(change, known_versions)
+
+
+def _per_version(change: LifecycleChange,
+                 known_versions: Mapping[str, str]) -> tuple[LifecycleChange, ...]:
+    removed = [v for v, state in known_versions.items() if state == "removed"]
+    if change.version is not None or change.state == "active" or not removed:
+        return (change,)
+    kept = [v for v in known_versions if v not in removed]
+    if not kept:
+        raise VersionRemoved(f"every version of {change.tool_id} was removed",
+                             details={"tool_id": change.tool_id, "removed": removed})
+    return tuple(replace(change, version=v) for v in kept)
 
 
 def _check_replacement(change: LifecycleChange, known_tools: Sequence[str] | frozenset[str]) -> None:

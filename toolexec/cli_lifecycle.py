@@ -90,30 +90,33 @@ def _change(tool: str, state: str, reason: str | None, replacement: str | None,
     change = LifecycleChange(tool_id, version or None, state, reason=reason,
                              replacement_tool_id=replacement)
     try:
-        event_id, shown = asyncio.run(_emit(str(bootstrap), str(database_url), change))
+        event_ids, shown = asyncio.run(_emit(str(bootstrap), str(database_url), change))
     except ToolexecError as error:
         _fail(error.code, error.message, as_json, error.details)
-    _report(change, event_id, shown, as_json)
+    _report(change, event_ids, shown, as_json)
 
 
 async def _emit(bootstrap: str, database_url: str,
-                change: LifecycleChange) -> tuple[str, dict[str, Any] | None]:
+                change: LifecycleChange) -> tuple[list[str], dict[str, Any] | None]:
     from projections.database import make_engine
     from toolexec.client import InvocationClient
     from toolexec.lifecycle import lifecycle_event
 
     engine = make_engine(database_url)
     try:
-        checked = await _checked(engine, change)
-        event = lifecycle_event(checked, now=datetime.now(UTC))
+        changes = await _checked(engine, change)
+        now = datetime.now(UTC)
+        events = [lifecycle_event(checked, now=now) for checked in changes]
         async with InvocationClient(bootstrap) as client:
-            await client.send(event)
-        return event.id, await _wait_shown(engine, checked)
+            for event in events:
+                await client.send(event)
+        return [e.id for e in events], await _wait_shown(engine, changes)
     finally:
         await engine.dispose()
 
 
-async def _checked(engine: AsyncEngine, change: LifecycleChange) -> LifecycleChange:
+async def _checked(engine: AsyncEngine,
+                   change: LifecycleChange) -> tuple[LifecycleChange, ...]:
     """Check against the read model; on "not found", retry until it may have caught up."""
     from domain.errors import RegistryError
     from toolexec.lifecycle import checked_change
@@ -129,28 +132,29 @@ async def _checked(engine: AsyncEngine, change: LifecycleChange) -> LifecycleCha
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def _wait_shown(engine: AsyncEngine, change: LifecycleChange) -> dict[str, Any] | None:
-    """The tool's read-model row once it shows `change` (None if not within the bound)."""
+async def _wait_shown(engine: AsyncEngine,
+                      changes: tuple[LifecycleChange, ...]) -> dict[str, Any] | None:
+    """The tool's read-model row once it shows `changes` (None if not within the bound)."""
     from projections.queries import show_tool
-    from toolexec.lifecycle import shows_change
+    from toolexec.lifecycle import shows_changes
 
     deadline = time.monotonic() + READ_MODEL_WAIT_SECONDS
     while time.monotonic() < deadline:
         async with engine.connect() as conn:
-            tool = await show_tool(conn, change.tool_id)
-        if shows_change(tool, change):
+            tool = await show_tool(conn, changes[0].tool_id)
+        if shows_changes(tool, changes):
             return tool
         await asyncio.sleep(POLL_SECONDS)
     return None
 
 
-def _report(change: LifecycleChange, event_id: str, shown: dict[str, Any] | None,
+def _report(change: LifecycleChange, event_ids: list[str], shown: dict[str, Any] | None,
             as_json: bool) -> None:
     versions = [{"version": v["version"], "lifecycle": v["lifecycle"]}
                 for v in (shown or {}).get("versions", [])]
     if as_json:
         typer.echo(json.dumps({
-            "event_id": event_id, "tool_id": change.tool_id, "version": change.version,
+            "event_ids": event_ids, "tool_id": change.tool_id, "version": change.version,
             "lifecycle": change.state, "reason": change.reason,
             "replacement_tool_id": change.replacement_tool_id,
             "applied": shown is not None, "versions": versions}, indent=2))
@@ -163,7 +167,7 @@ def _report(change: LifecycleChange, event_id: str, shown: dict[str, Any] | None
                  if change.replacement_tool_id else ""), highlight=False)
     if shown is None:
         err.print("[yellow]the read model does not show it yet[/] (event "
-                  f"{event_id}); `toolexec show {escape(change.tool_id)}` will")
+                  f"{', '.join(event_ids)}); `toolexec show {escape(change.tool_id)}` will")
     else:
         out.print(", ".join(f"{v['version']} {v['lifecycle']}" for v in versions),
                   highlight=False)

@@ -285,16 +285,19 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
         _publisher(ctx, _bearer(authorization), action="change a tool's lifecycle")
         change = LifecycleChange(tool_id, body.version, body.state, reason=body.reason,
                                  replacement_tool_id=body.replacement)
-        checked = await _checked_change(ctx, change)
-        event = lifecycle_event(checked, now=datetime.now(UTC))
-        await ctx.client.send(event)
+        now = datetime.now(UTC)
+        events = [lifecycle_event(checked, now=now)
+                  for checked in await _checked_change(ctx, change)]
+        for event in events:
+            await ctx.client.send(event)
         await ctx.catch_up("registry", 5.0)  # GET /v1/tools/{id} sees it next
-        return LifecycleResult(tool_id=tool_id, version=checked.version, state=checked.state,
-                               reason=checked.reason, replacement=checked.replacement_tool_id,
-                               event_id=event.id)
+        return LifecycleResult(tool_id=tool_id, version=body.version, state=body.state,
+                               reason=body.reason, replacement=body.replacement,
+                               event_ids=[e.id for e in events])
 
 
-async def _checked_change(ctx: GatewayContext, change: LifecycleChange) -> LifecycleChange:
+async def _checked_change(ctx: GatewayContext,
+                          change: LifecycleChange) -> tuple[LifecycleChange, ...]:
     """The change checked against the registry read model; before answering "not
     found" the read model catches up with the log (read-your-writes)."""
     try:
@@ -306,7 +309,8 @@ async def _checked_change(ctx: GatewayContext, change: LifecycleChange) -> Lifec
     return await _check_once(ctx, change)
 
 
-async def _check_once(ctx: GatewayContext, change: LifecycleChange) -> LifecycleChange:
+async def _check_once(ctx: GatewayContext,
+                      change: LifecycleChange) -> tuple[LifecycleChange, ...]:
     try:
         async with ctx.engine.connect() as conn:
             return await checked_change(conn, change)

@@ -130,7 +130,8 @@ class LifecycleResult(BaseModel):
     state: str
     reason: str | None
     replacement: str | None
-    event_id: str
+    event_ids: list[str] = Field(description="tool.lifecycle.changed events emitted (one per "
+                                             "version when some were removed before).")
 
 
 class ToolList(BaseModel):

@@ -4,6 +4,7 @@ against the registry read model, then build the `tool.lifecycle.changed` event."
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -17,8 +18,10 @@ from projections.queries import show_tool
 SOURCE = "urn:toolexec:lifecycle"
 
 
-async def checked_change(conn: AsyncConnection, change: LifecycleChange) -> LifecycleChange:
-    """`change` checked against the registry read model (E3101, E3102, E3004)."""
+async def checked_change(conn: AsyncConnection,
+                         change: LifecycleChange) -> tuple[LifecycleChange, ...]:
+    """`change` checked against the registry read model (E3101, E3102, E3104, E3004):
+    the changes to record."""
     tool = await show_tool(conn, change.tool_id)
     versions = None if tool is None else {v["version"]: v["lifecycle"] for v in tool["versions"]}
     known: list[str] = []
@@ -40,9 +43,9 @@ def lifecycle_event(change: LifecycleChange, *, now: datetime) -> Envelope:
                         correlationid=event_id, id=event_id, time=now)
 
 
-def shows_change(tool: dict[str, Any] | None, change: LifecycleChange) -> bool:
-    """Whether a `show_tool` row already reflects `change` (read-your-writes check)."""
+def shows_changes(tool: dict[str, Any] | None, changes: Sequence[LifecycleChange]) -> bool:
+    """Whether a `show_tool` row already reflects `changes` (read-your-writes check)."""
     if tool is None:
         return False
-    return all(v["lifecycle"] == change.state for v in tool["versions"]
+    return all(v["lifecycle"] == change.state for change in changes for v in tool["versions"]
                if change.version is None or v["version"] == change.version)

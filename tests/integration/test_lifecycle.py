@@ -98,14 +98,24 @@ def test_removing_one_version_falls_back_to_the_remaining_one(system) -> None:
     assert response.json()["version"] == "1.0.0"
 
 
+def test_deprecating_every_version_leaves_a_removed_one_removed(system) -> None:
+    publish(system, "lc_all", "1.0.0", "1.1.0")
+    assert cli_json(system, "remove", "lc_all@1.1.0")[0] == 0
+    code, answer = cli_json(system, "deprecate", "lc_all")
+    assert code == 0, answer
+    assert len(answer["event_ids"]) == 1
+    assert lifecycles(system, "lc_all") == {"1.0.0": "deprecated", "1.1.0": "removed"}
+
+
 def test_show_lists_the_lifecycle_of_every_version(system) -> None:
     publish(system, "lc_shown", "1.0.0", "1.1.0", "2.0.0")
-    assert cli_json(system, "deprecate", "lc_shown@1.0.0")[0] == 0
-    assert cli_json(system, "remove", "lc_shown@1.1.0")[0] == 0
+    assert cli_json(system, "deprecate", "lc_shown@1.0.0", "--reason", "too old")[0] == 0
+    assert cli_json(system, "remove", "lc_shown@1.1.0", "--replacement", "py_echo")[0] == 0
     assert lifecycles(system, "lc_shown") == {
         "1.0.0": "deprecated", "1.1.0": "removed", "2.0.0": "active"}
-    table = cli(system, "show", "lc_shown").stdout
-    assert "deprecated" in table and "removed" in table
+    table = toolexec("show", "lc_shown", cwd=system.cwd, env={**system.env, "COLUMNS": "300"})
+    assert "deprecated (too old)" in table.stdout
+    assert "removed (use py_echo)" in table.stdout
 
 
 def test_rebuilding_the_registry_reproduces_the_lifecycle_states(system) -> None:

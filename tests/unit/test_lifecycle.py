@@ -9,7 +9,7 @@ import hashlib
 import pytest
 
 from contracts.events import PublishedFile, ToolLifecycleChanged, ToolPublished
-from domain.errors import RequestError, ToolNotFound, VersionNotFound
+from domain.errors import RequestError, ToolNotFound, VersionNotFound, VersionRemoved
 from domain.lifecycle import LifecycleChange, decide_lifecycle_change
 from projections.registry_table import fold_registry
 from projections.registry_view import RegistryView
@@ -23,12 +23,31 @@ TOOLS = ("hello", "hello_v2")
 def test_deprecating_a_known_version_is_accepted_as_asked():
     change = LifecycleChange("hello", "1.0.0", "deprecated", reason="slow",
                              replacement_tool_id="hello_v2")
-    assert decide_lifecycle_change(change, HELLO, TOOLS) == change
+    assert decide_lifecycle_change(change, HELLO, TOOLS) == (change,)
 
 
 def test_deprecating_every_version_needs_no_version():
     change = LifecycleChange("hello", None, "deprecated")
-    assert decide_lifecycle_change(change, HELLO, TOOLS).version is None
+    assert [c.version for c in decide_lifecycle_change(change, HELLO, TOOLS)] == [None]
+
+
+def test_deprecating_every_version_leaves_removed_ones_removed():
+    known = {"1.0.0": "removed", "1.1.0": "active", "1.2.0": "deprecated"}
+    changes = decide_lifecycle_change(LifecycleChange("hello", None, "deprecated"), known)
+    assert [(c.version, c.state) for c in changes] == [("1.1.0", "deprecated"),
+                                                       ("1.2.0", "deprecated")]
+
+
+def test_restoring_every_version_restores_removed_ones_too():
+    known = {"1.0.0": "removed", "1.1.0": "deprecated"}
+    changes = decide_lifecycle_change(LifecycleChange("hello", None, "active"), known)
+    assert [c.version for c in changes] == [None]
+
+
+def test_deprecating_a_tool_whose_versions_were_all_removed_is_e3104():
+    with pytest.raises(VersionRemoved):
+        decide_lifecycle_change(LifecycleChange("hello", None, "deprecated"),
+                                {"1.0.0": "removed"})
 
 
 def test_an_unknown_tool_is_e3101():
@@ -62,7 +81,7 @@ def test_an_unknown_replacement_is_e3101():
 
 def test_a_replacement_may_name_a_version_range():
     change = LifecycleChange("hello", "1.0.0", "deprecated", replacement_tool_id="hello_v2@^2")
-    assert decide_lifecycle_change(change, HELLO, TOOLS) == change
+    assert decide_lifecycle_change(change, HELLO, TOOLS) == (change,)
 
 
 def _published(tool_id: str, version: str):
