@@ -104,7 +104,7 @@ async def _emit(bootstrap: str, database_url: str,
 
     engine = make_engine(database_url)
     try:
-        changes = await _checked(engine, change)
+        changes = await _checked(engine, bootstrap, change)
         now = datetime.now(UTC)
         events = [lifecycle_event(checked, now=now) for checked in changes]
         async with InvocationClient(bootstrap) as client:
@@ -115,21 +115,49 @@ async def _emit(bootstrap: str, database_url: str,
         await engine.dispose()
 
 
-async def _checked(engine: AsyncEngine,
+async def _checked(engine: AsyncEngine, bootstrap: str,
                    change: LifecycleChange) -> tuple[LifecycleChange, ...]:
-    """Check against the read model; on "not found", retry until it may have caught up."""
+    """Check against the read model; before answering "not found", wait (bounded) until
+    it holds every registry record in the log now (read-your-writes), and check again."""
     from domain.errors import RegistryError
     from toolexec.lifecycle import checked_change
 
+    try:
+        async with engine.connect() as conn:
+            return await checked_change(conn, change)
+    except RegistryError as miss:
+        if miss.code not in ("E3101", "E3102"):
+            raise
+    await _registry_caught_up(engine, bootstrap)
+    async with engine.connect() as conn:
+        return await checked_change(conn, change)
+
+
+async def _registry_caught_up(engine: AsyncEngine, bootstrap: str) -> bool:
+    """Wait (bounded) until the registry read model has folded the registry topic up to
+    its end offsets as they are now."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from contracts.topics import REGISTRY
+    from projections.registry_table import NAME
+    from projections.runner import stored_offsets
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer.topics()
+        partitions = [TopicPartition(REGISTRY, p)
+                      for p in consumer.partitions_for_topic(REGISTRY) or ()]
+        ends = await consumer.end_offsets(partitions) if partitions else {}
+    finally:
+        await consumer.stop()
     deadline = time.monotonic() + READ_MODEL_WAIT_SECONDS
-    while True:
-        try:
-            async with engine.connect() as conn:
-                return await checked_change(conn, change)
-        except RegistryError as miss:
-            if miss.code not in ("E3101", "E3102") or time.monotonic() >= deadline:
-                raise
+    while time.monotonic() < deadline:
+        stored = await stored_offsets(engine, NAME)
+        if all(stored.get((tp.topic, tp.partition), 0) >= end for tp, end in ends.items()):
+            return True
         await asyncio.sleep(POLL_SECONDS)
+    return False
 
 
 async def _wait_shown(engine: AsyncEngine,
