@@ -6,12 +6,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts.envelope import Envelope, new_envelope
-from contracts.events import ToolLifecycleChanged
+from contracts.events import Lifecycle, ToolLifecycleChanged
 from domain.lifecycle import LifecycleChange, decide_lifecycle_change
 from projections.queries import show_tool
 
@@ -35,7 +35,7 @@ async def checked_change(conn: AsyncConnection,
 def lifecycle_event(change: LifecycleChange, *, now: datetime) -> Envelope:
     """The `tool.lifecycle.changed` event recording `change` (a new fact: its own id)."""
     data = ToolLifecycleChanged(tool_id=change.tool_id, version=change.version,
-                                lifecycle=change.state,  # type: ignore[arg-type]
+                                lifecycle=cast(Lifecycle, change.state),
                                 reason=change.reason,
                                 replacement_tool_id=change.replacement_tool_id)
     event_id = str(uuid.uuid4())
