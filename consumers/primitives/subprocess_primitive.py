@@ -32,7 +32,10 @@ signal) and did not time out:
 2. a memory limit was set and the child died of SIGKILL that we did not send (under
    rlimits the only usual sender is the kernel's OOM killer); or
 3. a memory limit was set, the child died of SIGSEGV/SIGBUS/SIGABRT (unchecked
-   allocation failures) and its peak RSS reached 75 % of the limit.
+   allocation failures) and its own peak RSS reached 75 % of the limit. Linux keeps
+   the peak RSS of the address space a process leaves at exec, and a vfork child
+   leaves ours, so `ru_maxrss` up to our own peak says nothing about the tool: only
+   a peak above ours counts as the tool's.
 A crash that meets none of these is E3404, so an ordinary segfault is not reported
 as OOM; the cost is that a C program that crashes on a failed allocation of
 untouched (virtual, not resident) memory is reported as a crash.
@@ -160,7 +163,8 @@ async def _supervise(process: _ToolProcess, stdin: bytes, plan: SubprocessPlan,
             status = _unwrap_bwrap_status(status, process.stderr)
         elif sandbox == "landlock":
             _check_landlock_setup(status, process.stderr)
-        error = _error_for(status, usage, timed_out, process.stderr, plan)
+        error = _error_for(status, usage, timed_out, process.stderr, plan,
+                           inherited_rss=process.inherited_rss)
         return PrimitiveOutcome(
             ok=error is None,
             stdout=bytes(process.stdout.data), stderr=bytes(process.stderr.data),
@@ -393,6 +397,7 @@ class _ToolProcess:
         self.pid = popen.pid
         self.stdout = _Capture(limits.stdout_max_bytes)
         self.stderr = _Capture(limits.stderr_max_bytes)
+        self.inherited_rss = _max_rss(resource.getrusage(resource.RUSAGE_SELF))
         self._exited: asyncio.Future[tuple[int | None, Any]] = self._loop.create_future()
         self._drained: asyncio.Future[None] = self._loop.create_future()
         self._open_pipes = 0
@@ -536,7 +541,8 @@ class _ToolProcess:
 
 
 def _error_for(status: int | None, usage: Any, timed_out: bool, stderr: _Capture,
-               plan: SubprocessPlan) -> dict[str, Any] | None:
+               plan: SubprocessPlan, *, inherited_rss: int | None = None,
+               ) -> dict[str, Any] | None:
     if timed_out:
         return _error("E3402", f"tool timed out after {plan.timeout_seconds:g}s; "
                       "its process group was killed", timeout_seconds=plan.timeout_seconds)
@@ -553,9 +559,10 @@ def _error_for(status: int | None, usage: Any, timed_out: bool, stderr: _Capture
     limit_error = _resource_limit_error(code, usage, plan.limits)
     if limit_error is not None:
         return limit_error | {"details": {**limit_error["details"], **details}}
-    if _out_of_memory(code, tail, usage, plan.limits):
+    peak_rss = _own_peak_rss(usage, inherited_rss)
+    if _out_of_memory(code, tail, peak_rss, plan.limits):
         return _error("E3403", "tool ran out of memory", memory_bytes=plan.limits.memory_bytes,
-                      max_rss_bytes=_max_rss(usage), **details)
+                      max_rss_bytes=peak_rss, **details)
     if code < 0:
         name = _signal_name(-code)
         return _error("E3404", f"tool was killed by {name}", signal=name, **details)
@@ -576,7 +583,8 @@ def _resource_limit_error(code: int, usage: Any,
     return None
 
 
-def _out_of_memory(code: int, stderr_tail: bytes, usage: Any, limits: ResourceLimits) -> bool:
+def _out_of_memory(code: int, stderr_tail: bytes, peak_rss: int | None,
+                   limits: ResourceLimits) -> bool:
     """The heuristic of the module docstring."""
     if _OOM_MARKERS.search(stderr_tail):
         return True
@@ -584,9 +592,8 @@ def _out_of_memory(code: int, stderr_tail: bytes, usage: Any, limits: ResourceLi
         return False
     if code == -signal.SIGKILL:
         return True
-    max_rss = _max_rss(usage)
-    return (-code in _CRASH_SIGNALS and max_rss is not None
-            and max_rss >= _OOM_RSS_FRACTION * limits.memory_bytes)
+    return (-code in _CRASH_SIGNALS and peak_rss is not None
+            and peak_rss >= _OOM_RSS_FRACTION * limits.memory_bytes)
 
 
 def _drain_into(pipe: Any, capture: _Capture) -> bool:
@@ -605,6 +612,14 @@ def _drain_into(pipe: Any, capture: _Capture) -> bool:
 
 def _max_rss(usage: Any) -> int | None:
     return None if usage is None else int(usage.ru_maxrss) * 1024
+
+
+def _own_peak_rss(usage: Any, inherited_rss: int | None) -> int | None:
+    """The child's peak RSS, or None when it may be the one inherited from us."""
+    peak = _max_rss(usage)
+    if peak is None or (inherited_rss is not None and peak <= inherited_rss):
+        return None
+    return peak
 
 
 def _signal_name(number: int) -> str:

@@ -200,6 +200,21 @@ async def test_a_plain_crash_is_E3404_not_out_of_memory(run: Any) -> None:
     assert outcome.exit_code == -11
 
 
+async def test_a_crash_is_not_blamed_on_memory_our_own_process_used(run: Any) -> None:
+    # The spawned child inherits our peak RSS through vfork/exec; with a limit below
+    # it that inherited figure is past 75 % of the limit, yet it is not the tool's.
+    import resource
+
+    own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    limits = ResourceLimits(memory_bytes=max(own_peak, 48 * 1024 * 1024))
+    tool = """
+    import os, signal
+    os.kill(os.getpid(), signal.SIGSEGV)
+    """
+    outcome = await run(python_plan(tool, limits=limits))
+    assert outcome.error is not None and outcome.error["code"] == "E3404", outcome.error
+
+
 async def test_cpu_time_limit_is_E3407(run: Any) -> None:
     tool = """
     while True:
