@@ -3,7 +3,9 @@ read models, driven through the HTTP gateway and the CLI as users do."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,6 +94,55 @@ def test_cancelling_a_running_tool_kills_its_process_group_and_ends_cancelled(
     finished = gateway.http.get("/v1/audit", params={
         "invocation": invocation_id, "type": "tool.execution.finished"}).json()["records"]
     assert [f["event"]["data"]["error"]["code"] for f in finished] == ["E3703"]
+
+
+class _HangingHandler(http.server.BaseHTTPRequestHandler):
+    """Answers only once the test lets it (`release`); tells when a request arrived."""
+
+    arrived = threading.Event()
+    release = threading.Event()
+
+    def do_GET(self) -> None:  # noqa: N802
+        type(self).arrived.set()
+        type(self).release.wait(60)
+        body = b'{"late": true}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hanging_server() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HangingHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    _HangingHandler.release.set()
+    server.shutdown()
+
+
+def test_cancelling_a_pending_http_call_ends_it_before_the_service_answers(
+        gateway: RunningGateway, hanging_server: int) -> None:
+    tool = {"tool_id": "hanging_api", "version": "1.0.0", "tool_type": "api",
+            "executor": "http_client", "description": "Calls a service that does not answer.",
+            "config": {"method": "GET", "url_template": f"http://127.0.0.1:{hanging_server}/x"},
+            "retry_policy": {"max_attempts": 3}, "timeout_default": 60,
+            "network_policy": {"allowed_domains": ["127.0.0.1"],
+                               "allowed_ports": [hanging_server]}}
+    assert gateway.register(tool).status_code == 201
+    accepted = gateway.invoke("hanging_api", execution_mode="async")
+    invocation_id = accepted.json()["invocation_id"]
+    assert _HangingHandler.arrived.wait(30)
+    response = gateway.http.post(f"/v1/invocations/{invocation_id}/cancel")
+    assert response.status_code == 202, response.text
+    view = _ended(gateway, invocation_id)
+    assert not _HangingHandler.release.is_set()  # the service has still not answered
+    assert view["status"] == "cancelled" and view["attempts"] == 1
 
 
 def test_cancelling_a_finished_invocation_is_409_and_changes_nothing(
