@@ -143,7 +143,7 @@ def attach_step(broker: KafkaBroker, step: Step, deps: PipelineDeps, *,
     subscribe = broker.subscriber(topics.INVOCATIONS, group_id=step.group,
                                   auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL,
                                   **consumer_options)
-    if step.max_workers <= 1:
+    if step.max_workers <= 1 and not step.immediate:  # immediate records need the other path
         @subscribe
         async def handle(message: Any) -> None:
             record = message.raw_message
