@@ -171,8 +171,9 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
         finally:
             await leave_attempt(deps.gate, passed)
         outcome = outcome_past_deadline(outcome, passed)
-        retry = (attempt < policy.max_attempts and is_retriable(outcome, policy)
-                 and not cancels.is_cancelled(decision.invocation_id))
+        # A cancel seen as a retriable failure came in ends at the next attempt's
+        # claim, with E3703, without running it.
+        retry = attempt < policy.max_attempts and is_retriable(outcome, policy)
         finished = _finished(decision, attempt, outcome, manifest, secret_values, final=not retry)
         await _conclude(key, derive(event, finished, step=f"execute.finished.{attempt}",
                                     now=deps.clock()), deps)
