@@ -79,3 +79,15 @@ def test_cancelling_needs_a_token_of_the_invocations_subject(secured) -> None:
     assert forbidden.status_code == 403 and forbidden.json()["error"]["code"] == "E3206"
     owner = secured.http.post(cancel, headers=bearer(secured.token("py_echo@^1")))
     assert owner.status_code == 409  # allowed to ask, but it already ended
+
+
+def test_changing_a_lifecycle_needs_a_valid_token(secured) -> None:
+    url, body = "/v1/tools/sh_upper/lifecycle", {"version": "1.0.0", "state": "deprecated"}
+    refused = secured.http.post(url, json=body)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "E3203"
+    forged = secured.http.post(url, json=body, headers=bearer("e30.e30.bm9wZQ"))
+    assert forged.status_code == 401
+    accepted = secured.http.post(url, json=body, headers=bearer(secured.token("sh_upper@^1")))
+    assert accepted.status_code == 200, accepted.text
+    shown = secured.http.get("/v1/tools/sh_upper").json()["tool"]
+    assert [v["lifecycle"] for v in shown["versions"]] == ["deprecated"]
