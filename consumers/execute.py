@@ -5,22 +5,36 @@ resolved (same integrities), validates parameters against the leaf's schema
 (E3301, every violation), claims `invocation_id/attempt` so a redelivery never runs
 a tool twice, merges configs into the primitive's plan and runs it, retrying
 retriable failures with full-jitter backoff per the manifest's retry_policy.
+
+`tool.invoke.cancel.requested` stops an invocation here (see consumers.cancellation):
+before its first attempt it never starts; a running attempt is interrupted and
+finishes with E3703; a retry backoff ends and no further attempt runs. Each ends
+with one terminal `tool.invoke.failed` E3703. A cancel of an invocation that already
+ended here publishes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from consumers.admission import AttemptGate, enter_attempt, leave_attempt, outcome_past_deadline
+from consumers.cancellation import Cancellations, JobCancelled
 from consumers.events import derive, error_info, failed
 from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, RegistryReader, Secrets
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
-from contracts.events import ExecutionFinished, ExecutionStarted, PermissionDecided
+from contracts.events import (
+    ExecutionFinished,
+    ExecutionStarted,
+    InvokeCancelRequested,
+    PermissionDecided,
+)
 from contracts.kafka_binding import from_document, to_document
 from domain.claims import ClaimDecision, ClaimRecord, ClaimStatus
 from domain.credentials import REFERENCE, declared_credentials, references, scoped_secrets
@@ -47,6 +61,14 @@ class ExecuteDeps:
     random: Callable[[], float]
     sleep: Callable[[float], Any] = asyncio.sleep
     gate: AttemptGate = dataclasses.field(default_factory=AttemptGate)
+    cancellations: Cancellations = dataclasses.field(default_factory=Cancellations)
+
+
+async def on_cancel_requested(event: Envelope, deps: ExecuteDeps) -> None:
+    """Remember the cancel and interrupt the invocation's running attempt, if any; the
+    attempt loop publishes what follows (nothing when the invocation already ended)."""
+    request: InvokeCancelRequested = event.data
+    deps.cancellations.request(request.invocation_id, request.reason)
 
 
 async def on_permission_decided(event: Envelope, deps: ExecuteDeps) -> None:
@@ -122,10 +144,15 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
         if claim.status is ClaimStatus.ABANDONED:
             await _conclude(key, _unknown(event, decision, attempt, manifest, deps), deps)
             return
+        cancels = deps.cancellations
         try:
-            passed = await enter_attempt(deps.gate, manifest, decision.deadline,
-                                         plan.timeout_seconds, clock=deps.clock, sleep=deps.sleep)
-        except ToolexecError as refused:  # E3002 deadline, E3501 breaker, E3504 rate limit
+            if cancels.is_cancelled(decision.invocation_id):
+                raise cancels.error(decision.invocation_id)
+            passed = await cancels.interruptible(decision.invocation_id, enter_attempt(
+                deps.gate, manifest, decision.deadline, plan.timeout_seconds,
+                clock=deps.clock, sleep=deps.sleep))
+        except ToolexecError as refused:  # E3002 deadline, E3501 breaker, E3504 rate
+            # limit, E3703 cancelled before the attempt started
             await _conclude(key, failed(event, refused, stage="execute",
                                         invocation_id=decision.invocation_id,
                                         tool_id=decision.tool_id, version=decision.version,
@@ -133,20 +160,28 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
             return
         await deps.publish(derive(event, _started(decision, attempt, plan, deps.runner.sandbox),
                                   step=f"execute.started.{attempt}", now=deps.clock()))
+        started = time.perf_counter()
         try:
-            outcome = await _run_primitive(
+            outcome = await cancels.interruptible(decision.invocation_id, _run_primitive(
                 deps, dataclasses.replace(resolved_plan, timeout_seconds=passed.timeout_seconds),
-                decision.parameters)
+                decision.parameters))
+        except JobCancelled as cancelled:
+            outcome = PrimitiveOutcome(ok=False, error=cancelled.to_dict(),
+                                       duration_ms=(time.perf_counter() - started) * 1000)
         finally:
             await leave_attempt(deps.gate, passed)
         outcome = outcome_past_deadline(outcome, passed)
+        # A cancel seen as a retriable failure came in ends at the next attempt's
+        # claim, with E3703, without running it.
         retry = attempt < policy.max_attempts and is_retriable(outcome, policy)
         finished = _finished(decision, attempt, outcome, manifest, secret_values, final=not retry)
         await _conclude(key, derive(event, finished, step=f"execute.finished.{attempt}",
                                     now=deps.clock()), deps)
         if not retry:
             return
-        await deps.sleep(backoff_delay(attempt, policy, deps.random()))
+        with contextlib.suppress(JobCancelled):  # the next attempt then ends as cancelled
+            await cancels.interruptible(decision.invocation_id,
+                                        deps.sleep(backoff_delay(attempt, policy, deps.random())))
         attempt += 1
 
 

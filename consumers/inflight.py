@@ -112,6 +112,17 @@ class InFlight:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def run_now(self, record: Any, work: Callable[[], Awaitable[None]],
+                      commit: Commit) -> None:
+        """Run quick `work` inline, without a slot, in order with the others."""
+        tp = TopicPartition(record.topic, record.partition)
+        window = self._windows.setdefault(tp, PartitionWindow())
+        window.start(record.offset)
+        await work()  # process_record never raises
+        position = window.finish(record.offset)
+        if position is not None:
+            await commit({tp: position})
+
     async def skip(self, record: Any, commit: Commit) -> None:
         """A record with nothing to do: done at once, in order with the others."""
         tp = TopicPartition(record.topic, record.partition)

@@ -70,6 +70,9 @@ class Step:
     """Whether a poison record ends the invocation with tool.invoke.failed (False for
     side steps, such as circuits, that are not on the invocation's path)."""
     consumer_options: Mapping[str, Any] = field(default_factory=dict)
+    immediate: frozenset[str] = frozenset()
+    """Event types handled at once, without waiting for a free worker slot (quick
+    signals to work in flight, such as a cancel while every slot runs a tool)."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,10 @@ def pipeline_steps(deps: PipelineDeps, *, group_prefix: str, execute_workers: in
              dead_letter_undecodable=True),
         Step(f"{group_prefix}.execute",
              {"tool.permission.decided":
-              lambda e: execute.on_permission_decided(e, deps.execute)},
-             max_workers=execute_workers),
+              lambda e: execute.on_permission_decided(e, deps.execute),
+              "tool.invoke.cancel.requested":
+              lambda e: execute.on_cancel_requested(e, deps.execute)},
+             max_workers=execute_workers, immediate=frozenset({"tool.invoke.cancel.requested"})),
         Step(f"{group_prefix}.finalize",
              {"tool.execution.finished":
               lambda e: finalize.on_execution_finished(e, deps.finalize)}),
@@ -138,7 +143,7 @@ def attach_step(broker: KafkaBroker, step: Step, deps: PipelineDeps, *,
     subscribe = broker.subscriber(topics.INVOCATIONS, group_id=step.group,
                                   auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL,
                                   **consumer_options)
-    if step.max_workers <= 1:
+    if step.max_workers <= 1 and not step.immediate:  # immediate records need the other path
         @subscribe
         async def handle(message: Any) -> None:
             record = message.raw_message
@@ -165,6 +170,9 @@ def attach_step(broker: KafkaBroker, step: Step, deps: PipelineDeps, *,
         ce_type = header_type(record.headers)
         if ce_type is not None and ce_type not in step.handlers:
             await inflight.skip(record, commit)  # no task for records of other steps
+            return
+        if ce_type in step.immediate:
+            await inflight.run_now(record, lambda: process_record(record, step, deps), commit)
             return
         await inflight.submit(record, lambda: process_record(record, step, deps), commit)
 

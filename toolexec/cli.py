@@ -8,6 +8,7 @@ import typer
 from toolexec import (
     bench,
     cli_authoring,
+    cli_cancel,
     cli_lifecycle,
     cli_mcp,
     cli_projections,
@@ -24,6 +25,7 @@ app = typer.Typer(
 
 cli_authoring.register(app)  # validate, integrity, lock: no running system needed
 cli_runtime.register(app)  # up, run, publish
+cli_cancel.register(app)  # cancel
 cli_lifecycle.register(app)  # deprecate, remove, restore
 cli_security.register(app)  # token issue, policy apply, keys
 cli_projections.register(app)  # projections rebuild, search, show, status, audit

@@ -27,7 +27,7 @@ from consumers.delivery import transient_broker_error
 from consumers.pipeline import header_type
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
-from contracts.events import InvokeRequested
+from contracts.events import InvokeCancelRequested, InvokeRequested
 from contracts.kafka_binding import UndecodableRecord, decode, encode
 from domain.errors import ToolexecError
 
@@ -169,6 +169,21 @@ class InvocationClient:
         finally:
             self._waiters.pop(invocation_id, None)
             self._progress.pop(invocation_id, None)
+
+    async def cancel(self, invocation_id: str, reason: str | None = None, *,
+                     requested_by: str | None = None, timeout: float = 30.0) -> Envelope:
+        """Emit `tool.invoke.cancel.requested` for `invocation_id` and return it.
+
+        The executor stops the invocation if it has not ended yet (it then ends with
+        `tool.invoke.failed` E3703); a cancel of an ended invocation changes nothing.
+        Raises `InvocationNotDelivered` (E3001) when the broker does not take it in time."""
+        envelope = new_envelope(
+            InvokeCancelRequested(invocation_id=invocation_id, reason=reason,
+                                  requested_by=requested_by),
+            source=SOURCE, partitionkey=invocation_id, correlationid=invocation_id,
+            id=str(uuid.uuid4()), time=datetime.now(UTC))
+        await self._deliver(envelope, asyncio.get_running_loop().time() + timeout)
+        return envelope
 
     async def _deliver(self, envelope: Envelope, deadline: float) -> None:
         """Send `envelope`, retrying transient broker errors until `deadline`."""

@@ -52,6 +52,8 @@ from toolexec.gateway_errors import (
 )
 from toolexec.gateway_models import (
     AuditPage,
+    CancelAccepted,
+    CancelRequest,
     CircuitList,
     Health,
     InvocationError,
@@ -226,6 +228,38 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
                            {"invocation_id": invocation_id})
         return invocation_view(row)
 
+    @app.post("/v1/invocations/{invocation_id}/cancel", response_model=CancelAccepted,
+              status_code=202, tags=["invocations"],
+              responses=documented(401, 403, 404, 409, 422, 503))
+    async def cancel(invocation_id: str, body: CancelRequest | None = None,
+                     authorization: Annotated[str | None, Header()] = None) -> JSONResponse:
+        """Ask for an invocation to stop (`tool.invoke.cancel.requested`): 202 when asked;
+        it then ends as cancelled (E3703) unless it ends first. 404 (E3702) for an
+        unknown invocation, 409 when it has already ended. With authorization on, the
+        bearer token's subject must be the invocation's."""
+        row = await _invocation_row(ctx, invocation_id)
+        if row is None or row["status"] not in TERMINAL_STATUSES:
+            await ctx.catch_up("invocations", CATCH_UP_SECONDS)
+            row = await _invocation_row(ctx, invocation_id)
+        if row is None:
+            raise ApiError("E3702", f"invocation {invocation_id!r} not found",
+                           {"invocation_id": invocation_id})
+        subject = _canceller(ctx, _bearer(authorization), row)
+        view = invocation_view(row)
+        if row["status"] in TERMINAL_STATUSES:
+            raise ApiError("E3004", f"invocation {invocation_id!r} already ended "
+                           f"({view.status}); there is nothing to cancel",
+                           {"invocation_id": invocation_id, "status": view.status}, status=409)
+        try:
+            event = await ctx.client.cancel(invocation_id, body.reason if body else None,
+                                            requested_by=subject or REQUESTED_BY)
+        except InvocationNotDelivered as error:
+            raise ApiError(error.code, error.message, error.details) from None
+        accepted = CancelAccepted(invocation_id=invocation_id, event_id=event.id,
+                                  status_url=_status_url(invocation_id))
+        return JSONResponse(accepted.model_dump(), status_code=202,
+                            headers={"Location": accepted.status_url})
+
 
 async def _invocation_row(ctx: GatewayContext, invocation_id: str) -> dict[str, Any] | None:
     async with ctx.engine.connect() as conn:
@@ -294,6 +328,15 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
         return LifecycleResult(tool_id=tool_id, version=body.version, state=body.state,
                                reason=body.reason, replacement=body.replacement,
                                event_ids=[e.id for e in events])
+
+
+def _canceller(ctx: GatewayContext, token: str | None, row: Mapping[str, Any]) -> str | None:
+    """Who cancels: with authorization on, a verified token of the invocation's subject."""
+    subject = _publisher(ctx, token, action="cancel invocations")
+    if subject is not None and row["subject"] not in (None, subject):
+        raise ApiError("E3206", "only the invocation's subject may cancel it",
+                       {"invocation_id": row["invocation_id"]})
+    return subject
 
 
 async def _checked_change(ctx: GatewayContext,

@@ -50,6 +50,23 @@ class InvokeAccepted(BaseModel):
     status_url: str
 
 
+class CancelRequest(BaseModel):
+    """`POST /v1/invocations/{id}/cancel`: an optional reason, kept in the event."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=500, description="Why.")
+
+
+class CancelAccepted(BaseModel):
+    """A cancel request on the log: the invocation ends as cancelled unless it ends first."""
+
+    invocation_id: str
+    status: Literal["cancel_requested"] = "cancel_requested"
+    event_id: str = Field(description="Id of the tool.invoke.cancel.requested event.")
+    status_url: str
+
+
 class InvocationError(BaseModel):
     code: str
     message: str

@@ -517,6 +517,11 @@ class _ToolProcess:
                 await asyncio.wait_for(asyncio.shield(self._exited), _REAP_GRACE_SECONDS)
             await self._drain()
             return False
+        except asyncio.CancelledError:  # the run was cancelled: same kill as a timeout
+            self.kill_group()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._exited), _REAP_GRACE_SECONDS)
+            raise
         await self._drain()
         return True
 

@@ -6,6 +6,7 @@ runner, in-memory claims. Every event any step publishes is recorded in order.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from consumers.delivery import DeliveringPublisher
 from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_steps, process_record
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
-from contracts.events import InvokeRequested
+from contracts.events import InvokeCancelRequested, InvokeRequested
 from contracts.kafka_binding import encode
 from domain.integrity import seal
 from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
@@ -57,10 +58,21 @@ class ScriptedRunner:
     queue: list[PrimitiveOutcome | Exception] = field(default_factory=list)
     plans: list[Any] = field(default_factory=list)
     sandbox: str = "fake"
+    blocking: bool = False
+    """When True, every run lasts until it is cancelled (a tool that runs until stopped)."""
+    running: asyncio.Event = field(default_factory=asyncio.Event)
+    interrupted: int = 0
 
     async def run(self, plan: SubprocessPlan | HttpPlan, params: Mapping[str, Any], *,
                   secrets: Callable[[str], str | None]) -> PrimitiveOutcome:
         self.plans.append(plan)
+        self.running.set()
+        if self.blocking:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.interrupted += 1
+                raise
         item = self.queue.pop(0) if self.queue else self.default
         if isinstance(item, Exception):
             raise item
@@ -80,6 +92,9 @@ class Harness:
     """Event types whose next publish raises, as if the process died right there."""
     sleeps_fail: int = 0
     """How many of the next backoff sleeps raise (a crash while waiting to retry)."""
+    sleeps_block: bool = False
+    """When True, backoff sleeps last until cancelled; `backing_off` is set meanwhile."""
+    backing_off: asyncio.Event = field(default_factory=asyncio.Event)
     broker_away_for: int = 0
     """How many of the next publishes fail as they do while the broker restarts."""
 
@@ -97,6 +112,15 @@ class Harness:
         self.events.append(envelope)
         await publish_on(self.broker, envelope)
         return invocation_id
+
+    async def cancel(self, invocation_id: str, reason: str | None = None) -> None:
+        """Emit `tool.invoke.cancel.requested` for the invocation."""
+        envelope = new_envelope(
+            InvokeCancelRequested(invocation_id=invocation_id, reason=reason),
+            source="urn:test", partitionkey=invocation_id, correlationid=invocation_id,
+            id=str(uuid.uuid4()), time=FIXED_NOW)
+        self.events.append(envelope)
+        await publish_on(self.broker, envelope)
 
     def of(self, invocation_id: str, event_type: str | None = None) -> list[Envelope]:
         return [e for e in self.events if e.correlationid == invocation_id
@@ -158,6 +182,9 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
         if harness.sleeps_fail:
             harness.sleeps_fail -= 1
             raise ConnectionError("injected: the executor died while backing off")
+        if harness.sleeps_block:
+            harness.backing_off.set()
+            await asyncio.Event().wait()
 
     deps = PipelineDeps(
         resolve=resolve.ResolveDeps(registry=registry, publish=publish, clock=clock),

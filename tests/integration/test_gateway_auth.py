@@ -3,10 +3,12 @@ the invocation's `captoken`, and the pipeline's decision becomes the HTTP status
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 
+from tests.cli_process import toolexec
 from tests.integration.gateway_support import RunningGateway, running_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -63,6 +65,20 @@ def test_registering_needs_a_valid_token(secured) -> None:
     assert accepted.status_code == 201, accepted.text
     shown = secured.http.get("/v1/tools/guarded").json()["tool"]
     assert shown["versions"][0]["published_by"] == "did:example:gateway-test"
+
+
+def test_cancelling_needs_a_token_of_the_invocations_subject(secured) -> None:
+    done = secured.invoke("py_echo", ECHO, headers=bearer(secured.token("py_echo@^1")))
+    cancel = f"/v1/invocations/{done.json()['invocation_id']}/cancel"
+    refused = secured.http.post(cancel)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "E3203"
+    issued = toolexec("token", "issue", "--sub", "did:example:someone-else", "--tool",
+                      "py_echo@^1", "--ttl", "300", "--json", cwd=secured.cwd, env=secured.env)
+    stranger = json.loads(issued.stdout)["token"]
+    forbidden = secured.http.post(cancel, headers=bearer(stranger))
+    assert forbidden.status_code == 403 and forbidden.json()["error"]["code"] == "E3206"
+    owner = secured.http.post(cancel, headers=bearer(secured.token("py_echo@^1")))
+    assert owner.status_code == 409  # allowed to ask, but it already ended
 
 
 def test_changing_a_lifecycle_needs_a_valid_token(secured) -> None:

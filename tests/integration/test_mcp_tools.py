@@ -262,3 +262,20 @@ async def test_server_dying_during_a_call_fails_it_with_E3404(client: Invocation
     assert event.data.error.code == "E3404"
     again = _completed(await client.invoke("text_word_count", {"text": "x y"}))
     assert again["words"] == 2 and again["pid"] != pid
+
+
+async def test_cancelled_call_ends_with_E3703_and_the_server_serves_the_next_one(
+        client: InvocationClient) -> None:
+    before = _completed(await client.invoke("text_word_count", {"text": "a"}))
+    started = asyncio.Event()
+    invocation_id = str(uuid.uuid4())
+    call = asyncio.create_task(client.invoke(
+        "text_long_pause", {"seconds": 25}, invocation_id=invocation_id,
+        progress=lambda e: started.set() if e.type == "tool.execution.started" else None))
+    await asyncio.wait_for(started.wait(), 30)
+    await client.cancel(invocation_id, "no longer needed")
+    event = await asyncio.wait_for(call, 20)
+    assert event.type == "tool.invoke.failed", event.data
+    assert event.data.error.code == "E3703"
+    after = _completed(await client.invoke("text_word_count", {"text": "a b"}))
+    assert after["words"] == 2 and after["pid"] == before["pid"]

@@ -98,3 +98,26 @@ async def test_a_skipped_record_commits_only_after_the_records_before_it() -> No
     assert commits == [{0: 2}]
     await inflight.skip(SimpleNamespace(topic="t", partition=0, offset=2), commit)
     assert commits == [{0: 2}, {0: 3}]
+
+
+async def test_immediate_work_runs_while_every_slot_is_busy_and_commits_in_order() -> None:
+    inflight = InFlight(limit=1)
+    commits: list[dict] = []
+    release = asyncio.Event()
+
+    async def commit(offsets: dict) -> None:
+        commits.append({tp.partition: pos for tp, pos in offsets.items()})
+
+    signals: list[str] = []
+
+    async def signal() -> None:
+        signals.append("cancel")
+
+    await inflight.submit(SimpleNamespace(topic="t", partition=0, offset=0), release.wait, commit)
+    await asyncio.wait_for(
+        inflight.run_now(SimpleNamespace(topic="t", partition=0, offset=1), signal, commit), 5)
+    assert signals == ["cancel"]
+    assert commits == []  # offset 0 still runs: offset 1 is done but not committed past it
+    release.set()
+    await inflight.drain()
+    assert commits == [{0: 2}]

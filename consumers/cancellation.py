@@ -1,0 +1,91 @@
+"""Cancellation in the execute step: which invocations were asked to stop, and stopping
+the work of the ones running here.
+
+`tool.invoke.cancel.requested` is read by the execute step's group in partition order
+with the invocation's other events. The ids are kept in memory, bounded (oldest
+forgotten first): a cancel seen before the invocation's `tool.permission.decided` stops
+it before it starts; one seen while an attempt runs interrupts it (the task running the
+primitive is cancelled, which kills a subprocess's whole process group or aborts an
+HTTP request); one seen during a retry backoff stops the retries.
+
+Across an executor restart the set is empty again. A cancel of an invocation still
+running when the executor stopped is delivered again (its offset is not committed past
+the unfinished record before it), so it still applies; a cancel already committed for
+an invocation that had not reached the execute step yet is forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from domain.errors import ToolexecError
+
+T = TypeVar("T")
+
+DEFAULT_CAPACITY = 10_000
+
+
+class JobCancelled(ToolexecError):
+    """E3703: the invocation was cancelled on request."""
+
+    code = "E3703"
+
+
+def cancelled_error(invocation_id: str, reason: str | None = None) -> JobCancelled:
+    details = {"invocation_id": invocation_id}
+    if reason:
+        details["reason"] = reason
+    return JobCancelled("Job cancelled", code="E3703", details=details)
+
+
+class Cancellations:
+    """Cancelled invocation ids (bounded) and the interruptible work running for them."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self._capacity = capacity
+        self._cancelled: OrderedDict[str, str | None] = OrderedDict()
+        self._running: dict[str, set[asyncio.Event]] = {}
+
+    def request(self, invocation_id: str, reason: str | None = None) -> None:
+        """Remember the cancel and interrupt what runs for the invocation now."""
+        self._cancelled[invocation_id] = reason
+        self._cancelled.move_to_end(invocation_id)
+        while len(self._cancelled) > self._capacity:
+            self._cancelled.popitem(last=False)
+        for stop in self._running.get(invocation_id, ()):
+            stop.set()
+
+    def is_cancelled(self, invocation_id: str) -> bool:
+        return invocation_id in self._cancelled
+
+    def error(self, invocation_id: str) -> JobCancelled:
+        return cancelled_error(invocation_id, self._cancelled.get(invocation_id))
+
+    async def interruptible(self, invocation_id: str, work: Awaitable[T]) -> T:
+        """Await `work`; raises JobCancelled (after `work` was cancelled and has
+        finished cleaning up) when the invocation is cancelled first."""
+        task = asyncio.ensure_future(work)
+        if self.is_cancelled(invocation_id):
+            task.cancel()
+            await asyncio.wait({task})
+            raise self.error(invocation_id)
+        stop = asyncio.Event()
+        self._running.setdefault(invocation_id, set()).add(stop)
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            waiting = self._running.get(invocation_id, set())
+            waiting.discard(stop)
+            if not waiting:
+                self._running.pop(invocation_id, None)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # its cleanup (killing the group) is done
+        if task.cancelled() and stop.is_set():
+            raise self.error(invocation_id)
+        return task.result()

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from consumers.cancellation import Cancellations, JobCancelled
+
+
+async def test_work_of_an_invocation_not_cancelled_returns_its_result() -> None:
+    cancels = Cancellations()
+    cancels.request("other")
+
+    async def work() -> str:
+        return "done"
+
+    assert await cancels.interruptible("mine", work()) == "done"
+
+
+async def test_a_cancel_interrupts_running_work_and_waits_for_its_cleanup() -> None:
+    cancels = Cancellations()
+    started, cleaned = asyncio.Event(), []
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0)
+            cleaned.append(True)
+
+    running = asyncio.create_task(cancels.interruptible("inv", work()))
+    await started.wait()
+    cancels.request("inv", "stop")
+    with pytest.raises(JobCancelled) as raised:
+        await running
+    assert cleaned == [True]
+    assert raised.value.to_dict() == {"code": "E3703", "message": "Job cancelled",
+                                      "details": {"invocation_id": "inv", "reason": "stop"}}
+
+
+async def test_work_of_an_already_cancelled_invocation_never_runs() -> None:
+    cancels = Cancellations()
+    cancels.request("inv")
+    ran = []
+
+    async def work() -> None:
+        ran.append(True)
+
+    with pytest.raises(JobCancelled):
+        await cancels.interruptible("inv", work())
+    assert ran == []
+
+
+def test_the_set_of_cancelled_ids_is_bounded_oldest_first() -> None:
+    cancels = Cancellations(capacity=2)
+    for invocation in ("a", "b", "c"):
+        cancels.request(invocation)
+    assert [cancels.is_cancelled(i) for i in ("a", "b", "c")] == [False, True, True]
