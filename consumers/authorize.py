@@ -3,7 +3,11 @@
 The capability token rides only on tool.invoke.requested (extension `captoken`) and
 is never copied into derived events, so this step remembers tokens of requests it
 has seen, in log order, until the matching chain.resolved arrives (same partition,
-same consumer group, so the request is always seen first).
+same consumer group, so the request is always seen first). After a restart or a
+rebalance the request may have been consumed (and committed) by an earlier consumer:
+then the token is read back from the log itself, where the request still is (the
+request log port: same partition, before the resolution, id = its causation id).
+Nothing stores the token anywhere else.
 
 With a valid token, ABAC policies (domain.policy) decide next: the leaf's manifest
 attributes come from the registry view port, the policy bundle from the policy view
@@ -21,8 +25,8 @@ from typing import Any, Protocol
 
 from consumers.decision_cache import DecisionStore
 from consumers.events import derive, error_info, failed
-from consumers.ports import Clock, Publish, RegistryReader
-from contracts.envelope import Envelope
+from consumers.ports import Clock, LogPosition, Publish, RegistryReader, RequestLog
+from contracts.envelope import Envelope, derived_event_id
 from contracts.events import ChainResolved, InvokeRequested, PermissionDecided
 from domain.capability import Capability, VerifiedTokens, authorise
 from domain.errors import AuthorizationError
@@ -95,6 +99,8 @@ class AuthorizeDeps:
     """When set, this engine decides instead of the in-process policies."""
     verified: VerifiedTokens | None = None
     """Tokens already verified (repeated tokens skip the RSA verification)."""
+    requests: RequestLog | None = None
+    """Reads a request back from the log when its token is not in `pending`."""
 
 
 async def on_invoke_requested(event: Envelope, deps: AuthorizeDeps) -> None:
@@ -103,7 +109,9 @@ async def on_invoke_requested(event: Envelope, deps: AuthorizeDeps) -> None:
         deps.pending.remember(request.invocation_id, event.extensions.get("captoken"))
 
 
-async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
+async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps,
+                            at: LogPosition | None = None) -> None:
+    """Decide on `event`, the chain.resolved record at `at` in the log."""
     resolved: ChainResolved = event.data
     now = deps.clock()
     common = dict(
@@ -116,13 +124,11 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
         await deps.publish(derive(event, decision, step="authorize", now=now))
         return
     seen, token = deps.pending.take(resolved.invocation_id)
+    if not seen and await _earlier_decision_replayed(event, deps, at):
+        return
     try:
         if not seen:
-            raise AuthorizationError(
-                "the request's capability token is no longer available to this consumer "
-                "(restarted between request and resolution); resubmit the invocation",
-                code="E3203",
-            )
+            token = await _token_from_log(event, deps, at)
         capability = authorise(token, deps.public_keys(), tool_id=resolved.tool_id,
                                version=resolved.version, now=int(now.timestamp()),
                                verified=deps.verified)
@@ -153,6 +159,41 @@ async def on_chain_resolved(event: Envelope, deps: AuthorizeDeps) -> None:
         policy_version=None if policy is None else policy.policy_version, **common,
     )
     await deps.publish(derive(event, decision, step="authorize", now=now))
+
+
+async def _earlier_decision_replayed(event: Envelope, deps: AuthorizeDeps,
+                                     at: LogPosition | None) -> bool:
+    """A resolution met again after a restart (its record was not committed) may have
+    been decided already: that decision stands, whatever the clock or the policies say
+    now (a token expired meanwhile must not add a second outcome). A deny's failure
+    event is published again (same id), in case the restart fell between the two."""
+    if deps.requests is None or at is None:
+        return False
+    earlier = await deps.requests.find_after(at, derived_event_id(event.id, "authorize"),
+                                             "tool.permission.decided")
+    if earlier is None:
+        return False
+    decision: PermissionDecided = earlier.data
+    if decision.decision == "deny" and decision.error is not None:
+        await deps.publish(failed(event, decision.error, stage="authorize",
+                                  invocation_id=decision.invocation_id, tool_id=decision.tool_id,
+                                  version=decision.version, now=deps.clock()))
+    return True
+
+
+async def _token_from_log(event: Envelope, deps: AuthorizeDeps,
+                          at: LogPosition | None) -> str | None:
+    """The captoken of the request that `event` resolved, read back from the log (the
+    request was consumed before a restart or rebalance). E3203 when it is not there."""
+    if deps.requests is not None and at is not None and event.causationid is not None:
+        request = await deps.requests.find(at, event.causationid)
+        if (request is not None and request.type == "tool.invoke.requested"
+                and request.correlationid == event.correlationid):
+            return request.extensions.get("captoken")
+    raise AuthorizationError(
+        "the request of this invocation is no longer in the log, so its capability token "
+        "cannot be checked; resubmit the invocation", code="E3203",
+        details={"request_event_id": event.causationid})
 
 
 async def _policy_decision(capability: Capability, resolved: ChainResolved,

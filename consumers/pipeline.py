@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,6 +27,7 @@ from consumers import authorize, circuits, execute, finalize, resolve
 from consumers.deadletter import DeadLetters
 from consumers.events import failed
 from consumers.inflight import CommitCoalescer, InFlight
+from consumers.ports import LogPosition
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode
@@ -35,6 +37,13 @@ log = structlog.get_logger(__name__)
 
 Handler = Callable[[Envelope], Awaitable[None]]
 POISON_ATTEMPTS = 3
+
+_position: ContextVar[LogPosition | None] = ContextVar("record_position", default=None)
+
+
+def current_position() -> LogPosition | None:
+    """Where the record being handled sits in the log (for handlers that read back)."""
+    return _position.get()
 
 
 async def passthrough_decoder(message: Any) -> Any:
@@ -82,7 +91,8 @@ def pipeline_steps(deps: PipelineDeps, *, group_prefix: str, execute_workers: in
     steps = [
         Step(f"{group_prefix}.authorize",
              {"tool.invoke.requested": lambda e: authorize.on_invoke_requested(e, deps.authorize),
-              "tool.chain.resolved": lambda e: authorize.on_chain_resolved(e, deps.authorize)}),
+              "tool.chain.resolved":
+              lambda e: authorize.on_chain_resolved(e, deps.authorize, current_position())}),
         Step(f"{group_prefix}.resolve",
              {"tool.invoke.requested": lambda e: resolve.on_invoke_requested(e, deps.resolve)},
              dead_letter_undecodable=True),
@@ -175,10 +185,14 @@ async def process_record(record: Any, step: Step, deps: PipelineDeps) -> None:
     handler = step.handlers.get(envelope.type)
     if handler is None:
         return
-    with structlog.contextvars.bound_contextvars(
-            invocation_id=envelope.correlationid, event_id=envelope.id,
-            event_type=envelope.type, step=step.group):
-        await _run_guarded(handler, envelope, record, step, deps)
+    position = _position.set(LogPosition(record.topic, record.partition, record.offset))
+    try:
+        with structlog.contextvars.bound_contextvars(
+                invocation_id=envelope.correlationid, event_id=envelope.id,
+                event_type=envelope.type, step=step.group):
+            await _run_guarded(handler, envelope, record, step, deps)
+    finally:
+        _position.reset(position)
 
 
 async def _run_guarded(handler: Handler, envelope: Envelope, record: Any, step: Step,

@@ -6,6 +6,14 @@ log. It implements the subset of the S3 API Tansu's object store client uses:
 PUT (with `If-None-Match: *` / `If-Match: <etag>` conditional writes and
 `x-amz-copy-source` copies), GET (with `Range`), HEAD, DELETE, multi-object delete
 and ListObjectsV2. Objects live in memory; no signature is checked.
+
+What Tansu 0.6 does with it (measured): every produced batch is one object written
+with `If-None-Match: *`, and each partition's `watermark.json` is updated with
+`If-Match: <etag>`; ListOffsets(latest) lists a partition's records and takes the
+newest object by LastModified (hence the distinct, ordered times below); a fetch
+answers empty when its object reads outlast the fetch's max wait, so clients of an
+s3 broker need a fetch wait of ~100 ms rather than 5 ms. The endpoint and
+credentials come from AWS_* variables (`tansu_s3_env`).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -41,9 +49,15 @@ class ObjectStore:
     requests: list[str] = field(default_factory=list)
     record_requests: bool = False
 
+    last_modified: datetime = datetime.min.replace(tzinfo=UTC)
+
     def put(self, bucket: str, key: str, body: bytes) -> StoredObject:
+        # Tansu takes the newest object of a partition as its end (ListOffsets latest),
+        # so modification times are distinct and ordered like the writes.
+        self.last_modified = max(datetime.now(UTC),
+                                 self.last_modified + timedelta(milliseconds=1))
         stored = StoredObject(body, f'"{hashlib.md5(body).hexdigest()}"',  # noqa: S324 - S3 ETag
-                              datetime.now(UTC))
+                              self.last_modified)
         self.objects[(bucket, key)] = stored
         return stored
 
@@ -76,7 +90,7 @@ class S3Handler(BaseHTTPRequestHandler):
         if store.record_requests:
             conditions = {h: self.headers[h] for h in ("If-Match", "If-None-Match", "Range",
                                                        "x-amz-copy-source") if self.headers[h]}
-            store.requests.append(f"{self.command} {bucket}/{key} {sorted(query)} {conditions}")
+            store.requests.append(f"{self.command} {bucket}/{key} {query} {conditions}")
 
     # -- responses --------------------------------------------------------------------
 
@@ -278,7 +292,7 @@ def tansu_s3_env(endpoint: str) -> dict[str, str]:
 
 
 def _iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def _dechunk(body: bytes) -> bytes:

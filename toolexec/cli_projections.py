@@ -12,22 +12,23 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from projections.audit import AuditQuery, audit_records, verify_audit
-from projections.catalog import read_models
-from projections.database import make_engine, migrate
-from projections.queries import search_tools, show_tool
-from projections.rebuild import RebuildReport, rebuild_together
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from projections.rebuild import RebuildReport
+
+# SQLAlchemy, Alembic and the projections are imported by the commands that use them,
+# so that `toolexec --help` and the offline commands start quickly.
 
 err = Console(stderr=True)
 out = Console()
@@ -63,6 +64,10 @@ def _fail(code: str, message: str, as_json: bool, details: dict[str, Any] | None
 
 def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
                  as_json: bool = False) -> T:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from projections.database import make_engine, migrate
+
     async def run() -> T:
         engine = make_engine(settings.effective_database_url)
         try:
@@ -97,6 +102,9 @@ def rebuild_command(
     as_json: JsonFlag = False,
 ) -> None:
     """Drop a read model and replay it from offset 0, showing progress and events/s."""
+    from projections.catalog import read_models
+    from projections.rebuild import rebuild_together
+
     models = read_models()
     if name is not None and name not in models:
         _fail("usage", f"unknown read model {name!r}; one of {', '.join(models)}", as_json,
@@ -162,6 +170,8 @@ def replay(
     """Stream matching audit records (redacted CloudEvents) in time order."""
     if output not in ("jsonl", "table"):
         _fail("usage", "--format is jsonl or table", as_json, exit_code=2)
+    from projections.audit import AuditQuery, audit_records
+
     query = AuditQuery(since=_moment(since, as_json), until=_moment(until, as_json),
                        type=event_type, invocation_id=invocation, tool_id=tool)
     table = Table("time", "type", "invocation", "tool", "topic/partition@offset")
@@ -188,6 +198,8 @@ def replay(
 @audit_app.command("verify")
 def verify(as_json: JsonFlag = False) -> None:
     """Re-walk every hash chain of the audit trail; name the first broken record."""
+    from projections.audit import verify_audit
+
     async def work(engine: AsyncEngine) -> Any:
         async with engine.connect() as conn:
             return await verify_audit(conn)
@@ -216,6 +228,8 @@ def search(
     as_json: JsonFlag = False,
 ) -> None:
     """Search published tools by id, type, description and tags."""
+    from projections.queries import search_tools
+
     async def work(engine: AsyncEngine) -> list[dict[str, Any]]:
         async with engine.connect() as conn:
             return await search_tools(conn, query, limit=limit)
@@ -236,6 +250,8 @@ def show(
     as_json: JsonFlag = False,
 ) -> None:
     """Show one tool: current version, tags and every version with its integrity."""
+    from projections.queries import show_tool
+
     async def work(engine: AsyncEngine) -> dict[str, Any] | None:
         async with engine.connect() as conn:
             return await show_tool(conn, tool_id)

@@ -7,27 +7,23 @@ import json
 import signal
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from contracts.envelope import Envelope
-from toolexec.client import (
-    InvocationClient,
-    InvocationNotDelivered,
-    InvocationUnresolved,
-    Progress,
-)
-from toolexec.publishing import publish_event
-from toolexec.read_models import ReadModels, start_read_models
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check, collect_sources
-from toolexec.stack import Stack
 
-InvocationReported = (InvocationNotDelivered, InvocationUnresolved)
+if TYPE_CHECKING:
+    from contracts.envelope import Envelope
+    from toolexec.client import Progress
+    from toolexec.read_models import ReadModels
+
+# The client, the stack and the publishing code (Kafka, FastStream, SQLAlchemy) are
+# imported by the commands that use them, so that `toolexec --help` starts quickly.
 
 err = Console(stderr=True)
 out = Console()
@@ -40,6 +36,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _tool_events(tool_dirs: list[Path], settings: Settings) -> list[Envelope]:
+    from toolexec.publishing import publish_event
+
     now = datetime.now(UTC)
     sources = collect_sources(tool_dirs, settings)
     known = {str(s.manifest.get("tool_id")): str(s.manifest.get("tool_type")) for s in sources}
@@ -75,6 +73,8 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     from toolexec.gateway_server import serve_gateway  # FastAPI/uvicorn only for `up`
+    from toolexec.read_models import start_read_models
+    from toolexec.stack import Stack
 
     started: list[ReadModels] = []
 
@@ -140,11 +140,13 @@ def run(
         err.print(f"[red]bad usage:[/] {exc}")
         raise typer.Exit(2) from exc
     tool_id, _, version_range = tool.partition("@")
+    from toolexec.client import InvocationNotDelivered, InvocationUnresolved
+
     settings = Settings()
     try:
         terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
                                     lockfile, token, tools, timeout, quiet=as_json))
-    except InvocationReported as error:  # E3001 not delivered / E3002 no result in time
+    except (InvocationNotDelivered, InvocationUnresolved) as error:  # E3001 / E3002
         if as_json:
             out.print_json(data={"error": error.to_dict()})
         else:
@@ -173,6 +175,9 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
     """Invoke a tool through the pipeline of the running `up` (found via
     .toolexec/runtime.json), or of an embedded stack started for this call when none
     runs; the tools under `tools` are published first. Returns the terminal event."""
+    from toolexec.client import InvocationClient
+    from toolexec.stack import Stack
+
     tools = tools or []
     runtime = read_runtime(settings)
     if runtime is not None:
@@ -260,6 +265,8 @@ def _from_paths(event: Envelope, paths: list[Path]) -> bool:
 
 
 async def _send_all(bootstrap: str, events: list[Envelope]) -> None:
+    from toolexec.client import InvocationClient
+
     async with InvocationClient(bootstrap) as client:
         for event in events:
             await client.send(event)

@@ -18,7 +18,6 @@ from consumers.policy_engine import cedar_text_from_json, compile_policies
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import PolicyUpdated
 from domain.errors import AuthorizationError
-from toolexec.client import InvocationClient
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
@@ -125,5 +124,7 @@ def apply(
 
 
 async def _send(bootstrap: str, event: Envelope) -> None:
+    from toolexec.client import InvocationClient  # Kafka only for this command
+
     async with InvocationClient(bootstrap) as client:
         await client.send(event)

@@ -10,7 +10,9 @@ it again without leaving a process behind:
 - a `weakref.finalize` (also run at interpreter exit) stops it if the owner forgets.
 
 Its output goes to `<log_dir>/tansu-<port>-<random>.log` (`log_path`), never to the
-terminal. Memory storage means a restart loses every topic and record.
+terminal. Memory storage (the default) means a restart loses every topic and record;
+with `storage_engine="s3://BUCKET/"` and an object store named in `env`, `restart()`
+brings the broker back on the same port with its log, offsets and groups.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ _BIND_FAILURE_MARKERS = (b"Address in use", b"panicked at")
 
 
 MEMORY_STORAGE = "memory://tansu/"
+RESTART_ATTEMPTS = 5
 
 
 class EmbeddedBrokerError(RuntimeError):
@@ -250,7 +253,14 @@ class EmbeddedBroker:
         await asyncio.sleep(downtime)
         requested, self._requested_port = self._requested_port, port
         try:
-            await self.start()
+            for attempt in range(1, RESTART_ATTEMPTS + 1):
+                try:
+                    await self.start()
+                    return
+                except _ListenFailed:  # the old listener's port not free yet
+                    if attempt == RESTART_ATTEMPTS:
+                        raise
+                    await asyncio.sleep(0.2)
         finally:
             self._requested_port = requested
 

@@ -71,7 +71,7 @@ REQUESTED_BY = "urn:toolexec:gateway"
 DEFAULT_TOOL_TIMEOUT = 30.0
 WAIT_SLACK_SECONDS = 10.0
 HEALTH_TIMEOUT = 3.0
-CATCH_UP_SECONDS = 2.0
+CATCH_UP_SECONDS = 10.0  # right after start the read models fold a backlog
 TERMINAL_STATUSES = frozenset({"completed", "failed"})
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import mcp_types
+import structlog
 from mcp.server.mcpserver import MCPServer
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
@@ -39,6 +40,7 @@ from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
 
 err = Console(stderr=True)
+log = structlog.get_logger(__name__)
 
 MAX_INLINE_FILE_BYTES = 256 * 1024
 HELP = {
@@ -198,6 +200,10 @@ async def _guarded(work: Any) -> mcp_types.CallToolResult:
     except (SQLAlchemyError, OSError) as error:  # boundary: the read-model store is down
         return _error(ToolexecError(f"projection store unavailable: {error}"[:500],
                                     code="E3001"))
+    except Exception as error:  # boundary: the agent gets a coded error, the log the cause
+        log.exception("mcp_gateway.unexpected_error")
+        return _error(ToolexecError(f"toolexec could not serve the request: "
+                                    f"{type(error).__name__}", code="E3001"))
 
 
 def build_server(gateway: Gateway) -> MCPServer:

@@ -41,6 +41,7 @@ from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compil
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
 from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbox
+from consumers.request_log import KafkaRequestLog
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode, encode
@@ -107,6 +108,7 @@ class Stack:
     _redis: Any = field(default=None, init=False)
     _decisions_redis: Any = field(default=None, init=False)
     _abac: HttpAbac | None = field(default=None, init=False)
+    _requests: KafkaRequestLog | None = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
     _attached: list[Attached] = field(default_factory=list, init=False)
     _read_models: Stoppable | None = field(default=None, init=False)
@@ -181,6 +183,9 @@ class Stack:
         if self._abac is not None:
             await self._abac.aclose()
             self._abac = None
+        if self._requests is not None:
+            await self._requests.aclose()
+            self._requests = None
         if self._offsets is not None:
             await self._offsets.stop()
             self._offsets = None
@@ -279,6 +284,10 @@ class Stack:
         else:  # durable across restarts of this host's executor
             self._claims = SqliteClaims(state / "claims.sqlite3", owner=owner)
         publish = DeliveringPublisher(self.publish)  # outlasts a broker restart
+        options = consumer_kwargs(self.settings)
+        if self.settings.auth_required:  # tokens of requests consumed before a restart
+            self._requests = KafkaRequestLog(
+                self.bootstrap, consumer_options={"fetch_max_wait_ms": options["fetch_max_wait_ms"]})
         env_snapshot = dict(os.environ)
         deps = PipelineDeps(
             resolve=resolve.ResolveDeps(
@@ -291,7 +300,7 @@ class Stack:
                 pending=authorize.PendingTokens(), registry=self.registry,
                 policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
                 default_decision=self.settings.policy_default, external=self._abac,
-                verified=VerifiedTokens()),
+                verified=VerifiedTokens(), requests=self._requests),
             execute=execute.ExecuteDeps(
                 registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
                 claims=self._claims, secrets=env_snapshot.get, random=random.random,
@@ -303,7 +312,6 @@ class Stack:
                 publish=publish, registry=self.registry,
                 book=circuits.CircuitBook(self.circuits), clock=utc_now),
         )
-        options = consumer_kwargs(self.settings)
         for step in pipeline_steps(deps, group_prefix=self.group_prefix,
                                    execute_workers=self.execute_workers):
             self._attached.append(attach_step(broker, step, deps, consumer_options=options))

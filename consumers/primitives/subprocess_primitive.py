@@ -443,16 +443,8 @@ class _ToolProcess:
         self._loop.add_reader(fd, self._read, pipe, capture)
 
     def _read(self, pipe: Any, capture: _Capture) -> None:
-        try:
-            chunk = os.read(pipe.fileno(), _READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if chunk:
-            capture.feed(chunk)
-            return
-        self._close_pipe(pipe)
+        if not _drain_into(pipe, capture):
+            self._close_pipe(pipe)
 
     def _close_pipe(self, pipe: Any) -> None:
         if pipe.closed:
@@ -597,6 +589,20 @@ def _out_of_memory(code: int, stderr_tail: bytes, usage: Any, limits: ResourceLi
             and max_rss >= _OOM_RSS_FRACTION * limits.memory_bytes)
 
 
+def _drain_into(pipe: Any, capture: _Capture) -> bool:
+    """Read what a non-blocking pipe holds into `capture`; False at end of file."""
+    try:
+        chunk = os.read(pipe.fileno(), _READ_SIZE)
+    except BlockingIOError:
+        return True
+    except OSError:
+        chunk = b""
+    if chunk:
+        capture.feed(chunk)
+        return True
+    return False
+
+
 def _max_rss(usage: Any) -> int | None:
     return None if usage is None else int(usage.ru_maxrss) * 1024
 
@@ -657,14 +663,7 @@ class ServiceProcess:
     def _read_stderr(self) -> None:
         pipe = self.popen.stderr
         assert pipe is not None
-        try:
-            chunk = os.read(pipe.fileno(), _READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if chunk:
-            self.stderr.feed(chunk)
+        if _drain_into(pipe, self.stderr):
             return
         self._loop.remove_reader(pipe.fileno())
         self._stderr_closed.set()

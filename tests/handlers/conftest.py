@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
+from aiokafka.errors import KafkaConnectionError
 from faststream.kafka import KafkaBroker, TestKafkaBroker
 
 from consumers import authorize, execute, finalize, resolve
 from consumers.claim_store import InMemoryClaims
 from consumers.deadletter import DeadLetters
+from consumers.delivery import DeliveringPublisher
 from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_steps, process_record
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
@@ -78,6 +80,8 @@ class Harness:
     """Event types whose next publish raises, as if the process died right there."""
     sleeps_fail: int = 0
     """How many of the next backoff sleeps raise (a crash while waiting to retry)."""
+    broker_away_for: int = 0
+    """How many of the next publishes fail as they do while the broker restarts."""
 
     async def request(self, tool_id: str, params: Mapping[str, Any] | None = None, *,
                       version_range: str = "*", token: str | None = None,
@@ -127,7 +131,10 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
     claims = InMemoryClaims("test-executor")
     harness = Harness(broker, registry, runner, claims, {"require_auth": require_auth})
 
-    async def publish(envelope: Envelope) -> None:
+    async def publish_once(envelope: Envelope) -> None:
+        if harness.broker_away_for:
+            harness.broker_away_for -= 1
+            raise KafkaConnectionError("injected: the broker is restarting")
         if envelope.type in harness.fail_once:
             harness.fail_once.discard(envelope.type)
             raise ConnectionError(f"injected: publishing {envelope.type} failed")
@@ -138,6 +145,11 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
         else:
             harness.events.append(envelope)
         await publish_on(broker, envelope)
+
+    async def no_backoff(seconds: float) -> None:
+        return None
+
+    publish = DeliveringPublisher(publish_once, sleep=no_backoff)  # as toolexec wires it
 
     def clock() -> datetime:
         return FIXED_NOW

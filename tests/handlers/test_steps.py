@@ -246,3 +246,12 @@ async def test_capability_token_never_travels_into_derived_events(rsa_key) -> No
     derived = harness.of(invocation)[1:]
     assert derived and all("captoken" not in e.extensions for e in derived)
     assert all(token not in e.data.model_dump_json() for e in derived)
+
+
+async def test_publishes_refused_while_the_broker_restarts_are_delivered_once_it_is_back(
+        harness: Harness) -> None:
+    harness.broker_away_for = 3
+    invocation = await harness.request("py_echo", {"text": "hi"})
+    assert [e.type for e in harness.of(invocation)] == PIPELINE
+    assert len(harness.runner.plans) == 1
+    assert harness.deadletters == []

@@ -230,6 +230,7 @@ def test_metrics_count_invocations_and_expose_latency_lag_and_breakers(gateway) 
     assert 'toolexec_consumer_lag{consumer="toolexec.execute"}' in text
     assert 'toolexec_consumer_lag{consumer="projection.audit"}' in text
     assert value('toolexec_circuit_state{service_id="metrics-service"}') == 2  # open
+    assert "toolexec_decision_cache_hits" in text  # the consumers' metrics, same registry
 
 
 def test_asyncapi_document_lists_every_event_contract(gateway) -> None:

@@ -4,7 +4,9 @@ reused."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -74,3 +76,24 @@ async def test_tampered_server_file_is_refused_before_start(servers: McpServers)
     outcome = await servers.run(plan, {"text": "x"}, secrets=lambda _: None)
     assert not outcome.ok
     assert outcome.error is not None and outcome.error["code"] in ("E3105", "E3401")
+
+
+async def test_concurrent_first_calls_start_one_server(servers: McpServers,
+                                                      tmp_path: Path) -> None:
+    plan = _plan()
+    outcomes = await asyncio.gather(*(servers.run(plan, {"text": "x " * n},
+                                                  secrets=lambda _: None) for n in range(1, 6)))
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert len(list((tmp_path / "work").iterdir())) == 1  # one run directory: one server
+    assert sorted(json.loads(o.stdout)["words"] for o in outcomes) == [1, 2, 3, 4, 5]
+
+
+async def test_another_server_version_gets_its_own_process(servers: McpServers) -> None:
+    plan = _plan()
+    assert plan.server is not None
+    changed = dataclasses.replace(plan, server_key=plan.server_key + "-other",
+                                  server=dataclasses.replace(plan.server, env={"V": "2"}))
+    first = await servers.run(plan, {"text": "a"}, secrets=lambda _: None)
+    second = await servers.run(changed, {"text": "a"}, secrets=lambda _: None)
+    assert first.ok and second.ok
+    assert servers.pid_of(plan.server_key) != servers.pid_of(changed.server_key)

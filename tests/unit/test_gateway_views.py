@@ -1,0 +1,113 @@
+"""Pure parts of the gateway: the invocation view, the sync wait bound, step metrics
+folded from invocation records, and the status page's escaping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import REGISTRY
+
+from contracts.envelope import new_envelope
+from contracts.errors import ErrorInfo
+from contracts.events import InvokeCompleted, InvokeFailed
+from contracts.kafka_binding import decode, encode
+from projections.invocations import new_invocation
+from toolexec.gateway import invocation_view, wait_bound
+from toolexec.metrics import PipelineMetrics
+from toolexec.status_page import AuditFilters, render
+
+T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def row(**changes: object) -> dict:
+    return {**new_invocation("inv-1", "2026-11-23T12:00:00.000000Z"), **changes}
+
+
+def test_a_failure_with_E3703_reads_as_cancelled() -> None:
+    view = invocation_view(row(status="failed", error_code="E3703", error_message="cancelled",
+                               failed_stage="execute"))
+    assert view.status == "cancelled" and view.error.code == "E3703"
+
+
+def test_a_completed_row_carries_its_result_parsed_from_the_summary() -> None:
+    view = invocation_view(row(status="completed", result_summary='{"greeting": "hi"}'))
+    assert view.result == {"greeting": "hi"} and view.error is None
+
+
+def test_a_truncated_summary_is_kept_as_text_only() -> None:
+    view = invocation_view(row(status="completed", result_summary='{"long": "abc…'))
+    assert view.result is None and view.result_summary == '{"long": "abc…'
+
+
+def test_the_sync_wait_covers_timeout_times_attempts_plus_slack() -> None:
+    manifest = {"timeout_default": 10, "retry_policy": {"max_attempts": 3}}
+    assert wait_bound(manifest, registry_wait=5) == 10 * 3 + 5 + 10
+    assert wait_bound({"config": {"timeout": 2}}, registry_wait=0) == 2 + 10
+    assert wait_bound(None, registry_wait=0) == 30 + 10
+    assert wait_bound({"timeout_default": "soon"}, registry_wait=0) == 30 + 10
+
+
+@dataclass
+class Record:
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def record(data: object, at: datetime, event_type: str | None = None) -> Record:
+    envelope = new_envelope(data, source="urn:test", partitionkey="inv-m", correlationid="inv-m",
+                            id=f"id-{at.timestamp()}", time=at)
+    encoded = encode(envelope)
+    headers = list(encoded.headers)
+    if event_type is not None:  # progress events only need their type and time here
+        headers = [(n, event_type.encode() if n == "ce_type" else v) for n, v in headers]
+    return Record(encoded.key, encoded.value, headers)
+
+
+def sample(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_step_latencies_and_outcomes_are_folded_from_event_times() -> None:
+    metrics = PipelineMetrics(lambda r: decode(r.key, r.value, r.headers))
+    done = InvokeCompleted(invocation_id="inv-m", tool_id="metered_tool", version="1.0.0",
+                           result={}, duration_ms=1.0, attempts=1)
+    before = {step: sample("toolexec_pipeline_step_seconds_sum", {"step": step})
+              for step in ("resolve", "total")}
+    count = sample("toolexec_invocations_total",
+                   {"tool_id": "metered_tool", "outcome": "completed", "code": ""})
+    steps = ["tool.invoke.requested", "tool.chain.resolved", "tool.permission.decided",
+             "tool.execution.finished"]
+    for i, event_type in enumerate(steps):
+        metrics.observe(record(done, T0 + timedelta(seconds=i), event_type))
+    metrics.observe(record(done, T0 + timedelta(seconds=10)))
+
+    assert sample("toolexec_pipeline_step_seconds_sum", {"step": "resolve"}) - \
+        before["resolve"] == 1.0
+    assert sample("toolexec_pipeline_step_seconds_sum", {"step": "total"}) - \
+        before["total"] == 10.0
+    assert sample("toolexec_invocations_total", {"tool_id": "metered_tool",
+                                                 "outcome": "completed", "code": ""}) == count + 1
+
+
+def test_a_failure_is_counted_with_its_code() -> None:
+    metrics = PipelineMetrics(lambda r: decode(r.key, r.value, r.headers))
+    failed = InvokeFailed(invocation_id="inv-f", tool_id="failing_tool", stage="resolve",
+                          error=ErrorInfo(code="E3101", message="not found"))
+    labels = {"tool_id": "failing_tool", "outcome": "failed", "code": "E3101"}
+    before = sample("toolexec_invocations_total", labels)
+    metrics.observe(record(failed, T0))
+    assert sample("toolexec_invocations_total", labels) == before + 1
+
+
+def test_the_status_page_escapes_every_value() -> None:
+    hostile = "<img src=x onerror=alert(1)>"
+    page = render(invocations=[invocation_view(row(tool_id=hostile))],
+                  circuits=[{"service_id": hostile, "state": "open", "failure_count": 1,
+                             "since": "t", "reason": hostile}],
+                  tools=[{"tool_id": hostile, "current_version": "1.0.0",
+                          "latest_version": "1.0.0", "tool_type": "script",
+                          "lifecycle": "active", "description": hostile}],
+                  filters=AuditFilters(tool=hostile), audit_rows=[])
+    assert hostile not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
