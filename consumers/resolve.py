@@ -65,7 +65,7 @@ async def _resolve_with_catch_up(request: InvokeRequested, deps: ResolveDeps) ->
     try:
         return _resolve(request, deps.registry, deps.chains)
     except RegistryError as miss:
-        if miss.code not in ("E3101", "E3102"):
+        if miss.code not in ("E3101", "E3102", "E3104"):
             raise
         if not await deps.registry.catch_up(deps.registry_wait_seconds):
             raise

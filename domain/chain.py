@@ -2,8 +2,8 @@
 
 The leaf is the highest version satisfying the range; each link then names its parent
 in `manifest.executor`, as `"name"` (the highest active version) or `"name@range"`.
-Versions in state `removed` never resolve; `deprecated` and `sunset` ones do, with a
-warning. Pins (tool_id -> exact version, from a lockfile) override every range.
+Versions in state `removed` never resolve (E3104 when only removed versions match);
+`deprecated` and `sunset` ones do, with a warning. Pins (tool_id -> exact version, from a lockfile) override every range.
 
 `resolve_chain` is a pure function of the registry view; `ChainCache` memoises it on
 an explicit registry revision.
@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from domain.errors import ChainInvalid, RequestError, ToolNotFound, VersionNotFound
+from domain.lifecycle import lifecycle_warning, removed_error
 from domain.model import MAX_CHAIN_DEPTH, PRIMITIVES, ResolvedChain, ToolVersion
 from domain.registry import RegistryView
 from domain.semver import ANY_RANGE, parse_range, select_highest
@@ -31,7 +32,8 @@ def resolve_chain(
 ) -> ResolvedChain:
     """Resolve `tool_id@version_range` and its executors down to a primitive.
 
-    Raises ToolNotFound (E3101), VersionNotFound (E3102) or ChainInvalid (E3105: cycle,
+    Raises ToolNotFound (E3101), VersionNotFound (E3102), VersionRemoved (E3104: only
+    removed versions match) or ChainInvalid (E3105: cycle,
     depth over MAX_CHAIN_DEPTH, bad executor reference, chain not ending in a primitive).
     """
     pins = pins or {}
@@ -127,14 +129,29 @@ def _pick(
     if pinned is not None:
         chosen = next((tv for tv in candidates if tv.version == pinned), None)
         if chosen is None:
+            _raise_if_removed(registry, tool_id, pinned, pinned=True)
             raise _version_not_found(registry, tool_id, pinned, required_by, pinned=True)
     else:
         chosen = _highest(candidates, range_text, prefer_active)
         if chosen is None:
+            _raise_if_removed(registry, tool_id, range_text, pinned=False)
             raise _version_not_found(registry, tool_id, range_text, required_by, pinned=False)
     if chosen.lifecycle in _WARN_STATES:
-        warnings.append(_lifecycle_warning(chosen))
+        warnings.append(lifecycle_warning(chosen))
     return chosen
+
+
+def _raise_if_removed(registry: RegistryView, tool_id: str, wanted: str, *,
+                      pinned: bool) -> None:
+    """E3104 when the versions `wanted` names exist but were all removed."""
+    removed = [tv for tv in registry.versions(tool_id) if tv.lifecycle == "removed"]
+    if pinned:
+        matching = [tv for tv in removed if tv.version == wanted]
+    else:
+        matching = [tv for tv in removed if select_highest([tv.version], wanted) is not None]
+    if matching:
+        available = [tv.version for tv in registry.versions(tool_id) if tv.lifecycle != "removed"]
+        raise removed_error(tool_id, wanted, matching, available, pinned=pinned)
 
 
 def _highest(candidates: Sequence[ToolVersion], range_text: str,
@@ -169,17 +186,6 @@ def _check_primitive(links: Sequence[ToolVersion]) -> None:
     raise ChainInvalid(f"chain does not end in a primitive: {reason}",
                        details={"tool_id": last.tool_id, "version": last.version,
                                 "chain": [_ref(tv) for tv in links]})
-
-
-def _lifecycle_warning(tv: ToolVersion) -> str:
-    message = f"{tv.tool_id}@{tv.version} is {tv.lifecycle}"
-    replacement = tv.manifest.get("replacement_tool_id")
-    if replacement:
-        message += f"; use {replacement} instead"
-    sunset = tv.manifest.get("sunset_date")
-    if sunset:
-        message += f" (sunset date {sunset})"
-    return message
 
 
 def _not_found(tool_id: str, required_by: ToolVersion | None) -> ToolNotFound:

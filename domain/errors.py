@@ -49,6 +49,12 @@ class VersionNotFound(RegistryError):
     code = "E3102"
 
 
+class VersionRemoved(RegistryError):
+    """The only versions that match were removed from the registry (HTTP 410)."""
+
+    code = "E3104"
+
+
 class IntegrityMismatch(RegistryError):
     """A chain link's recomputed integrity differs from the recorded one."""
 

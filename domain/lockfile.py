@@ -19,6 +19,7 @@ from typing import Any
 
 from domain.chain import parse_executor
 from domain.errors import IntegrityMismatch, LockfileError, ToolNotFound, VersionNotFound
+from domain.lifecycle import lifecycle_warning, removed_error
 from domain.model import MAX_CHAIN_DEPTH, PRIMITIVES, ResolvedChain, ToolVersion
 from domain.registry import RegistryView
 from domain.semver import is_valid_version
@@ -111,7 +112,8 @@ def pins(lock: Lockfile) -> dict[str, str]:
 def verify_lockfile(lock: Lockfile, registry: RegistryView) -> ResolvedChain:
     """The locked chain, read from the registry at the exact locked versions.
 
-    Raises ToolNotFound / VersionNotFound when an entry is missing (or removed),
+    Raises ToolNotFound / VersionNotFound when an entry is missing, VersionRemoved
+    (E3104) when it was removed,
     IntegrityMismatch when the registry's integrity differs from the locked one (both
     in details), LockfileError when the registry's manifests no longer link the entries
     in lock order. Warnings are given for deprecated or sunset versions.
@@ -121,7 +123,7 @@ def verify_lockfile(lock: Lockfile, registry: RegistryView) -> ResolvedChain:
     for entry in lock.chain:
         tv = _locked_version(entry, registry)
         if tv.lifecycle in ("deprecated", "sunset"):
-            warnings.append(f"{tv.tool_id}@{tv.version} is {tv.lifecycle}")
+            warnings.append(lifecycle_warning(tv))
         links.append(tv)
     _check_registry_links(links)
     return ResolvedChain(links=tuple(links), warnings=tuple(warnings))
@@ -133,12 +135,13 @@ def _locked_version(entry: LockEntry, registry: RegistryView) -> ToolVersion:
         raise ToolNotFound(f"locked tool {entry.tool_id!r} not found in the registry",
                            details={"tool_id": entry.tool_id, "version": entry.version})
     tv = registry.get(entry.tool_id, entry.version)
-    if tv is None or tv.lifecycle == "removed":
-        state = "removed" if tv is not None else "not found"
+    available = [v.version for v in known if v.lifecycle != "removed"]
+    if tv is not None and tv.lifecycle == "removed":
+        raise removed_error(entry.tool_id, entry.version, [tv], available, pinned=True)
+    if tv is None:
         raise VersionNotFound(
-            f"locked version {entry.tool_id}@{entry.version} is {state} in the registry",
-            details={"tool_id": entry.tool_id, "version": entry.version,
-                     "available": [v.version for v in known if v.lifecycle != "removed"]},
+            f"locked version {entry.tool_id}@{entry.version} is not found in the registry",
+            details={"tool_id": entry.tool_id, "version": entry.version, "available": available},
         )
     if tv.integrity != entry.integrity:
         raise IntegrityMismatch(

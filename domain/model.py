@@ -72,6 +72,8 @@ class ToolVersion:
     files: tuple[ToolFile, ...]
     integrity: str
     lifecycle: str = "active"
+    lifecycle_reason: str | None = None
+    replacement_tool_id: str | None = None
 
     @property
     def tool_type(self) -> str:

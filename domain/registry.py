@@ -47,8 +47,11 @@ class InMemoryRegistry:
         self._tools.setdefault(tv.tool_id, {})[tv.version] = tv
         self._changed(tv.tool_id)
 
-    def set_lifecycle(self, tool_id: str, version: str, state: str) -> ToolVersion:
-        """Move a version to another lifecycle state; returns the updated version."""
+    def set_lifecycle(self, tool_id: str, version: str, state: str, *,
+                      reason: str | None = None,
+                      replacement_tool_id: str | None = None) -> ToolVersion:
+        """Move a version to another lifecycle state (with why, and what to use
+        instead); returns the updated version."""
         if state not in LIFECYCLE_STATES:
             raise RequestError(f"unknown lifecycle state {state!r}; expected one of "
                                f"{', '.join(LIFECYCLE_STATES)}", details={"state": state})
@@ -59,7 +62,8 @@ class InMemoryRegistry:
             raise VersionNotFound(f"{tool_id}@{version} not found",
                                   details={"tool_id": tool_id, "version": version,
                                            "available": list(self._tools[tool_id])})
-        updated = replace(current, lifecycle=state)
+        updated = replace(current, lifecycle=state, lifecycle_reason=reason,
+                          replacement_tool_id=replacement_tool_id)
         self._tools[tool_id][version] = updated
         self._changed(tool_id)
         return updated

@@ -24,7 +24,6 @@ from projections.log_position import EndOffsets, LogPosition
 log = structlog.get_logger(__name__)
 
 
-
 def tool_version_from_event(event: ToolPublished) -> ToolVersion:
     """Translate a `tool.published` contract into the domain's ToolVersion."""
     files = tuple(
@@ -76,7 +75,9 @@ class RegistryView:
                    else [tv.version for tv in self._registry.versions(data.tool_id)])
         for version in targets:
             if self._registry.get(data.tool_id, version) is not None:
-                self._registry.set_lifecycle(data.tool_id, version, data.lifecycle)
+                self._registry.set_lifecycle(data.tool_id, version, data.lifecycle,
+                                             reason=data.reason,
+                                             replacement_tool_id=data.replacement_tool_id)
                 self.revision += 1
 
     # -- RegistryReader -----------------------------------------------------------

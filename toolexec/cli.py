@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import typer
 
-from toolexec import bench, cli_authoring, cli_mcp, cli_projections, cli_runtime, cli_security
+from toolexec import (
+    bench,
+    cli_authoring,
+    cli_lifecycle,
+    cli_mcp,
+    cli_projections,
+    cli_runtime,
+    cli_security,
+)
 from toolexec.logs import configure_logging
 from toolexec.settings import Settings
 
@@ -16,6 +24,7 @@ app = typer.Typer(
 
 cli_authoring.register(app)  # validate, integrity, lock: no running system needed
 cli_runtime.register(app)  # up, run, publish
+cli_lifecycle.register(app)  # deprecate, remove, restore
 cli_security.register(app)  # token issue, policy apply, keys
 cli_projections.register(app)  # projections rebuild, search, show, status, audit
 bench.register(app)  # bench

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -222,6 +223,14 @@ def verify(as_json: JsonFlag = False) -> None:
 
 # --- registry ----------------------------------------------------------------------------
 
+def _lifecycle_cell(version: dict[str, Any]) -> str:
+    """`deprecated (why; use X)`: the state with what the lifecycle change said."""
+    notes = [version.get("lifecycle_reason") or "",
+             f"use {version['replacement_tool_id']}" if version.get("replacement_tool_id") else ""]
+    said = "; ".join(note for note in notes if note)
+    return f"{version['lifecycle']} ({escape(said)})" if said else str(version["lifecycle"])
+
+
 def search(
     query: Annotated[str, typer.Argument(help="words that must all appear")],
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
@@ -268,6 +277,6 @@ def show(
         out.print("tags: " + ", ".join(tool["tags"]))
     table = Table("version", "lifecycle", "integrity", "published")
     for version in tool["versions"]:
-        table.add_row(version["version"], version["lifecycle"], version["integrity"],
+        table.add_row(version["version"], _lifecycle_cell(version), version["integrity"],
                       version["published_at"])
     out.print(table)

@@ -203,7 +203,9 @@ def describe_progress(event: Envelope) -> str:
     """One line for people following an invocation on stderr."""
     data = event.data
     if event.type == "tool.chain.resolved":
-        return "resolved  " + " -> ".join(f"{link.tool_id}@{link.version}" for link in data.chain)
+        return "resolved  " + " -> ".join(f"{link.tool_id}@{link.version}" for link in
+                                          data.chain) + "".join(f"\nwarning   {w}"
+                                                                for w in data.warnings)
     if event.type == "tool.permission.decided":
         return f"authorized ({data.reason})" if data.decision == "allow" else f"denied: {data.reason}"
     if event.type == "tool.execution.started":

@@ -30,7 +30,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.envelope import Envelope
 from domain.capability import verify_token
-from domain.errors import AuthorizationError
+from domain.errors import AuthorizationError, ToolexecError
+from domain.lifecycle import LifecycleChange
 from domain.manifest import normalise_manifest
 from domain.model import ToolFile, ToolSource
 from projections.audit import AuditQuery, audit_records
@@ -58,11 +59,14 @@ from toolexec.gateway_models import (
     InvokeAccepted,
     InvokeRequest,
     InvokeResult,
+    LifecycleRequest,
+    LifecycleResult,
     RegisterRequest,
     RegisterResult,
     ToolDetail,
     ToolList,
 )
+from toolexec.lifecycle import checked_change, lifecycle_event
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
@@ -272,13 +276,55 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
         return RegisterResult(tool_id=data.tool_id, version=data.version,
                               integrity=data.integrity, event_id=event.id)
 
+    @app.post("/v1/tools/{tool_id}/lifecycle", response_model=LifecycleResult,
+              tags=["registry"], responses=documented(400, 401, 404, 422, 503))
+    async def lifecycle(tool_id: str, body: LifecycleRequest,
+                        authorization: Annotated[str | None, Header()] = None) -> LifecycleResult:
+        """Deprecate, remove or restore a tool version (or every version) as
+        `toolexec deprecate|remove|restore` do: the event is `tool.lifecycle.changed`."""
+        _publisher(ctx, _bearer(authorization), action="change a tool's lifecycle")
+        change = LifecycleChange(tool_id, body.version, body.state, reason=body.reason,
+                                 replacement_tool_id=body.replacement)
+        now = datetime.now(UTC)
+        events = [lifecycle_event(checked, now=now)
+                  for checked in await _checked_change(ctx, change)]
+        for event in events:
+            await ctx.client.send(event)
+        await ctx.catch_up("registry", 5.0)  # GET /v1/tools/{id} sees it next
+        return LifecycleResult(tool_id=tool_id, version=body.version, state=body.state,
+                               reason=body.reason, replacement=body.replacement,
+                               event_ids=[e.id for e in events])
 
-def _publisher(ctx: GatewayContext, token: str | None) -> str | None:
+
+async def _checked_change(ctx: GatewayContext,
+                          change: LifecycleChange) -> tuple[LifecycleChange, ...]:
+    """The change checked against the registry read model; before answering "not
+    found" the read model catches up with the log (read-your-writes)."""
+    try:
+        return await _check_once(ctx, change)
+    except ApiError as miss:
+        if miss.code not in ("E3101", "E3102"):
+            raise
+    await ctx.catch_up("registry", CATCH_UP_SECONDS)
+    return await _check_once(ctx, change)
+
+
+async def _check_once(ctx: GatewayContext,
+                      change: LifecycleChange) -> tuple[LifecycleChange, ...]:
+    try:
+        async with ctx.engine.connect() as conn:
+            return await checked_change(conn, change)
+    except ToolexecError as error:
+        raise ApiError(error.code, error.message, error.details) from None
+
+
+def _publisher(ctx: GatewayContext, token: str | None,
+               action: str = "register tools") -> str | None:
     """The token's subject; a verified token is required when authorization is on."""
     if not ctx.settings.auth_required:
         return None
     if token is None:
-        raise ApiError("E3203", "a bearer capability token is required to register tools")
+        raise ApiError("E3203", f"a bearer capability token is required to {action}")
     try:
         capability = verify_token(token, keys.verification_keys(ctx.settings),
                                   now=int(time.time()))

@@ -109,6 +109,31 @@ class RegisterResult(BaseModel):
     event_id: str
 
 
+class LifecycleRequest(BaseModel):
+    """`POST /v1/tools/{tool_id}/lifecycle`: move one version (or every one) to a state."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str | None = Field(default=None, min_length=1, max_length=200,
+                                description="Exact version; null = every version "
+                                            "(not allowed with removed).")
+    state: Literal["active", "deprecated", "sunset", "removed"] = Field(
+        description="deprecated/sunset still run with a warning; removed fails with E3104.")
+    reason: str | None = Field(default=None, max_length=2000, description="Why.")
+    replacement: str | None = Field(default=None, min_length=1, max_length=200,
+                                    description="Tool to use instead (TOOL or TOOL@RANGE).")
+
+
+class LifecycleResult(BaseModel):
+    tool_id: str
+    version: str | None
+    state: str
+    reason: str | None
+    replacement: str | None
+    event_ids: list[str] = Field(description="tool.lifecycle.changed events emitted (one per "
+                                             "version when some were removed before).")
+
+
 class ToolList(BaseModel):
     tools: list[dict[str, Any]]
 

@@ -63,3 +63,15 @@ def test_registering_needs_a_valid_token(secured) -> None:
     assert accepted.status_code == 201, accepted.text
     shown = secured.http.get("/v1/tools/guarded").json()["tool"]
     assert shown["versions"][0]["published_by"] == "did:example:gateway-test"
+
+
+def test_changing_a_lifecycle_needs_a_valid_token(secured) -> None:
+    url, body = "/v1/tools/sh_upper/lifecycle", {"version": "1.0.0", "state": "deprecated"}
+    refused = secured.http.post(url, json=body)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "E3203"
+    forged = secured.http.post(url, json=body, headers=bearer("e30.e30.bm9wZQ"))
+    assert forged.status_code == 401
+    accepted = secured.http.post(url, json=body, headers=bearer(secured.token("sh_upper@^1")))
+    assert accepted.status_code == 200, accepted.text
+    shown = secured.http.get("/v1/tools/sh_upper").json()["tool"]
+    assert [v["lifecycle"] for v in shown["versions"]] == ["deprecated"]

@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from domain.chain import ChainCache, resolve_chain
-from domain.errors import ChainInvalid, RequestError, ToolNotFound, VersionNotFound
+from domain.errors import (
+    ChainInvalid,
+    RequestError,
+    ToolNotFound,
+    VersionNotFound,
+    VersionRemoved,
+)
 from domain.model import MAX_CHAIN_DEPTH
 from domain.registry import InMemoryRegistry
 from tests.unit.chain_builders import primitive, registry_of, runtime, script, tool
@@ -52,12 +58,39 @@ def test_removed_versions_never_resolve():
     assert resolve_chain(registry, "hello").leaf.version == "1.2.0"
 
 
-def test_a_removed_only_match_is_version_not_found():
+def test_a_removed_only_match_is_gone_with_e3104():
+    registry = _base()
+    registry.set_lifecycle("hello", "2.0.0", "removed", reason="leaks memory",
+                           replacement_tool_id="hello_v3")
+    with pytest.raises(VersionRemoved) as raised:
+        resolve_chain(registry, "hello", "^2.0.0")
+    assert raised.value.code == "E3104"
+    assert raised.value.details["removed"] == ["2.0.0"]
+    assert "2.0.0" not in raised.value.details["available"]
+    assert raised.value.details["replacement_tool_id"] == "hello_v3"
+    assert "leaks memory" in raised.value.message
+
+
+def test_a_removed_pinned_version_is_gone_with_e3104():
+    registry = _base()
+    registry.set_lifecycle("hello", "1.0.0", "removed")
+    with pytest.raises(VersionRemoved):
+        resolve_chain(registry, "hello", pins={"hello": "1.0.0"})
+
+
+def test_a_range_matching_no_version_at_all_stays_version_not_found():
     registry = _base()
     registry.set_lifecycle("hello", "2.0.0", "removed")
-    with pytest.raises(VersionNotFound) as raised:
-        resolve_chain(registry, "hello", "^2.0.0")
-    assert "2.0.0" not in raised.value.details["available"]
+    with pytest.raises(VersionNotFound):
+        resolve_chain(registry, "hello", "^7")
+
+
+def test_a_deprecation_warning_carries_the_reason_and_the_replacement():
+    registry = _base()
+    registry.set_lifecycle("hello", "2.0.0", "deprecated", reason="slow",
+                           replacement_tool_id="hello_v3")
+    assert resolve_chain(registry, "hello").warnings == (
+        "hello@2.0.0 is deprecated: slow; use hello_v3 instead",)
 
 
 def test_a_deprecated_version_resolves_with_a_warning():

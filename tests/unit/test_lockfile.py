@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 
 from domain.chain import resolve_chain
-from domain.errors import IntegrityMismatch, LockfileError, ToolNotFound, VersionNotFound
+from domain.errors import (
+    IntegrityMismatch,
+    LockfileError,
+    ToolNotFound,
+    VersionNotFound,
+    VersionRemoved,
+)
 from domain.lockfile import freeze, parse_lockfile, pins, verify_lockfile
 from domain.registry import InMemoryRegistry
 from tests.unit.chain_builders import primitive, registry_of, runtime, script
@@ -89,7 +95,7 @@ def test_a_removed_locked_version_does_not_resolve():
     registry = _registry()
     lock = parse_lockfile(_lock(registry))
     registry.set_lifecycle("hello", "1.1.0", "removed")
-    with pytest.raises(VersionNotFound):
+    with pytest.raises(VersionRemoved):
         verify_lockfile(lock, registry)
 
 

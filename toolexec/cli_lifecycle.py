@@ -1,0 +1,216 @@
+"""CLI commands that change a tool's lifecycle: deprecate, remove, restore.
+
+Each checks the change against the registry read model of the running `up` (found
+like `toolexec publish` finds it), emits `tool.lifecycle.changed`, and waits (bounded)
+until the read model shows it, so that `toolexec show` right after sees the change.
+Exit 0 on success, 1 on a failure carrying an E3xxx code, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from toolexec.runtime_file import read_runtime
+from toolexec.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from domain.lifecycle import LifecycleChange
+
+err = Console(stderr=True)
+out = Console()
+
+READ_MODEL_WAIT_SECONDS = 5.0  # a tool published just before may not be folded yet
+POLL_SECONDS = 0.1
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+Reason = Annotated[str | None, typer.Option("--reason", help="why (shown in warnings)")]
+Replacement = Annotated[str | None, typer.Option(
+    "--replacement", help="tool to use instead (TOOL or TOOL@RANGE)")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `deprecate`, `remove` and `restore` to the toolexec CLI."""
+    app.command("deprecate")(deprecate)
+    app.command("remove")(remove)
+    app.command("restore")(restore)
+
+
+def deprecate(
+    tool: Annotated[str, typer.Argument(metavar="TOOL[@VERSION]", help="TOOL (every version) or TOOL@VERSION")],
+    reason: Reason = None, replacement: Replacement = None, as_json: JsonFlag = False,
+) -> None:
+    """Deprecate a tool version (or every version): it still runs, with a warning."""
+    _change(tool, "deprecated", reason, replacement, as_json, version_required=False)
+
+
+def remove(
+    tool: Annotated[str, typer.Argument(metavar="TOOL@VERSION", help="the exact version to remove")],
+    reason: Reason = None, replacement: Replacement = None, as_json: JsonFlag = False,
+) -> None:
+    """Remove a tool version: invoking it fails with E3104 (HTTP 410) from now on."""
+    _change(tool, "removed", reason, replacement, as_json, version_required=True)
+
+
+def restore(
+    tool: Annotated[str, typer.Argument(metavar="TOOL[@VERSION]", help="TOOL (every version) or TOOL@VERSION")],
+    reason: Reason = None, as_json: JsonFlag = False,
+) -> None:
+    """Make a deprecated or removed version active again."""
+    _change(tool, "active", reason, None, as_json, version_required=False)
+
+
+def _change(tool: str, state: str, reason: str | None, replacement: str | None,
+            as_json: bool, *, version_required: bool) -> None:
+    from domain.errors import ToolexecError
+    from domain.lifecycle import LifecycleChange
+    from domain.semver import is_valid_version
+
+    tool_id, _, version = tool.partition("@")
+    if not tool_id or (version and not is_valid_version(version)) or (
+            version_required and not version):
+        wanted = "TOOL@VERSION" if version_required else "TOOL or TOOL@VERSION"
+        _bad_usage(f"expected {wanted} with an exact version, got {tool!r}")
+    settings = Settings()
+    runtime = read_runtime(settings) or {}
+    bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
+    if not bootstrap:
+        _fail("E3001", "no running toolexec found: start `toolexec up` first "
+              "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
+    database_url = runtime.get("database_url") or settings.effective_database_url
+    change = LifecycleChange(tool_id, version or None, state, reason=reason,
+                             replacement_tool_id=replacement)
+    try:
+        event_ids, shown = asyncio.run(_emit(str(bootstrap), str(database_url), change))
+    except ToolexecError as error:
+        _fail(error.code, error.message, as_json, error.details)
+    _report(change, event_ids, shown, as_json)
+
+
+async def _emit(bootstrap: str, database_url: str,
+                change: LifecycleChange) -> tuple[list[str], dict[str, Any] | None]:
+    from projections.database import make_engine
+    from toolexec.client import InvocationClient
+    from toolexec.lifecycle import lifecycle_event
+
+    engine = make_engine(database_url)
+    try:
+        changes = await _checked(engine, bootstrap, change)
+        now = datetime.now(UTC)
+        events = [lifecycle_event(checked, now=now) for checked in changes]
+        async with InvocationClient(bootstrap) as client:
+            for event in events:
+                await client.send(event)
+        return [e.id for e in events], await _wait_shown(engine, changes)
+    finally:
+        await engine.dispose()
+
+
+async def _checked(engine: AsyncEngine, bootstrap: str,
+                   change: LifecycleChange) -> tuple[LifecycleChange, ...]:
+    """Check against the read model; before answering "not found", wait (bounded) until
+    it holds every registry record in the log now (read-your-writes), and check again."""
+    from domain.errors import RegistryError
+    from toolexec.lifecycle import checked_change
+
+    try:
+        async with engine.connect() as conn:
+            return await checked_change(conn, change)
+    except RegistryError as miss:
+        if miss.code not in ("E3101", "E3102"):
+            raise
+    await _registry_caught_up(engine, bootstrap)
+    async with engine.connect() as conn:
+        return await checked_change(conn, change)
+
+
+async def _registry_caught_up(engine: AsyncEngine, bootstrap: str) -> bool:
+    """Wait (bounded) until the registry read model has folded the registry topic up to
+    its end offsets as they are now."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from contracts.topics import REGISTRY
+    from projections.registry_table import NAME
+    from projections.runner import stored_offsets
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer.topics()
+        partitions = [TopicPartition(REGISTRY, p)
+                      for p in consumer.partitions_for_topic(REGISTRY) or ()]
+        ends = await consumer.end_offsets(partitions) if partitions else {}
+    finally:
+        await consumer.stop()
+    deadline = time.monotonic() + READ_MODEL_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        stored = await stored_offsets(engine, NAME)
+        if all(stored.get((tp.topic, tp.partition), 0) >= end for tp, end in ends.items()):
+            return True
+        await asyncio.sleep(POLL_SECONDS)
+    return False
+
+
+async def _wait_shown(engine: AsyncEngine,
+                      changes: tuple[LifecycleChange, ...]) -> dict[str, Any] | None:
+    """The tool's read-model row once it shows `changes` (None if not within the bound)."""
+    from projections.queries import show_tool
+    from toolexec.lifecycle import shows_changes
+
+    deadline = time.monotonic() + READ_MODEL_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        async with engine.connect() as conn:
+            tool = await show_tool(conn, changes[0].tool_id)
+        if shows_changes(tool, changes):
+            return tool
+        await asyncio.sleep(POLL_SECONDS)
+    return None
+
+
+def _report(change: LifecycleChange, event_ids: list[str], shown: dict[str, Any] | None,
+            as_json: bool) -> None:
+    versions = [{"version": v["version"], "lifecycle": v["lifecycle"]}
+                for v in (shown or {}).get("versions", [])]
+    if as_json:
+        typer.echo(json.dumps({
+            "event_ids": event_ids, "tool_id": change.tool_id, "version": change.version,
+            "lifecycle": change.state, "reason": change.reason,
+            "replacement_tool_id": change.replacement_tool_id,
+            "applied": shown is not None, "versions": versions}, indent=2))
+        return
+    target = f"{change.tool_id}@{change.version}" if change.version else \
+        f"{change.tool_id} (every version)"
+    err.print(f"{change.state} {escape(target)}"
+              + (f": {escape(change.reason)}" if change.reason else "")
+              + (f"; use {escape(change.replacement_tool_id)} instead"
+                 if change.replacement_tool_id else ""), highlight=False)
+    if shown is None:
+        err.print("[yellow]the read model does not show it yet[/] (event "
+                  f"{', '.join(event_ids)}); `toolexec show {escape(change.tool_id)}` will")
+    else:
+        out.print(", ".join(f"{v['version']} {v['lifecycle']}" for v in versions),
+                  highlight=False)
+
+
+def _fail(code: str, message: str, as_json: bool,
+          details: dict[str, Any] | None = None) -> NoReturn:
+    if as_json:
+        typer.echo(json.dumps({"error": {"code": code, "message": message,
+                                         "details": details or {}}}, indent=2, default=str))
+    else:
+        err.print(f"[red]{code}[/] {escape(message)}", highlight=False)
+    raise typer.Exit(1)
+
+
+def _bad_usage(message: str) -> NoReturn:
+    err.print(f"[red]bad usage:[/] {escape(message)}")
+    raise typer.Exit(2)

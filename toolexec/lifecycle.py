@@ -1,0 +1,51 @@
+"""Lifecycle changes as the CLI and the gateway make them: check the requested change
+against the registry read model, then build the `tool.lifecycle.changed` event."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from contracts.envelope import Envelope, new_envelope
+from contracts.events import Lifecycle, ToolLifecycleChanged
+from domain.lifecycle import LifecycleChange, decide_lifecycle_change
+from projections.queries import show_tool
+
+SOURCE = "urn:toolexec:lifecycle"
+
+
+async def checked_change(conn: AsyncConnection,
+                         change: LifecycleChange) -> tuple[LifecycleChange, ...]:
+    """`change` checked against the registry read model (E3101, E3102, E3104, E3004):
+    the changes to record."""
+    tool = await show_tool(conn, change.tool_id)
+    versions = None if tool is None else {v["version"]: v["lifecycle"] for v in tool["versions"]}
+    known: list[str] = []
+    if change.replacement_tool_id:
+        replacement_id = change.replacement_tool_id.partition("@")[0].strip()
+        if await show_tool(conn, replacement_id) is not None:
+            known.append(replacement_id)
+    return decide_lifecycle_change(change, versions, known)
+
+
+def lifecycle_event(change: LifecycleChange, *, now: datetime) -> Envelope:
+    """The `tool.lifecycle.changed` event recording `change` (a new fact: its own id)."""
+    data = ToolLifecycleChanged(tool_id=change.tool_id, version=change.version,
+                                lifecycle=cast(Lifecycle, change.state),
+                                reason=change.reason,
+                                replacement_tool_id=change.replacement_tool_id)
+    event_id = str(uuid.uuid4())
+    return new_envelope(data, source=SOURCE, partitionkey=change.tool_id,
+                        correlationid=event_id, id=event_id, time=now)
+
+
+def shows_changes(tool: dict[str, Any] | None, changes: Sequence[LifecycleChange]) -> bool:
+    """Whether a `show_tool` row already reflects `changes` (read-your-writes check)."""
+    if tool is None:
+        return False
+    return all(v["lifecycle"] == change.state for change in changes for v in tool["versions"]
+               if change.version is None or v["version"] == change.version)
