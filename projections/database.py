@@ -25,6 +25,7 @@ def _migrations_dir() -> Path:
 
 MIGRATIONS_DIR = _migrations_dir()
 SQLITE_BUSY_TIMEOUT_S = 30
+SQLITE_CACHE_KIB = 32 * 1024
 
 
 def async_url(url: str) -> str:
@@ -52,6 +53,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
+    # 32 MiB of page cache instead of 2: the audit log's and applied ids' indexes stay
+    # in memory through a rebuild (measured 4-8 % less CPU per replayed event).
+    cursor.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
     cursor.close()
 
 

@@ -71,7 +71,8 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
                            progress: Progress | None = None, batch_size: int = BATCH_SIZE
                            ) -> list[RebuildReport]:
     """Reset `models` and replay their topics up to the current log end in one pass:
-    each record is fetched and decoded once, whichever models read it."""
+    each record is fetched and decoded once, whichever models read it. The reports
+    share the pass's seconds."""
     for model in models:
         await reset(engine, model)
     runner = ProjectionRunner(engine, models, bootstrap, consumer_options=consumer_options,
@@ -90,5 +91,6 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
         seconds = time.perf_counter() - started
     finally:
         await runner.close()
-    return [RebuildReport(model.name, stats.records, stats.applied, stats.undecodable, seconds)
-            for model in models for stats in (runner.model_stats[model.name],)]
+    stats = runner.model_stats
+    return [RebuildReport(m.name, stats[m.name].records, stats[m.name].applied,
+                          stats[m.name].undecodable, seconds) for m in models]

@@ -148,13 +148,17 @@ class ProjectionRunner:
             return 0
         try:
             async with self.engine.begin() as conn:
-                moved = await self._apply(conn, batch)
+                moved, counted = await self._apply(conn, batch)
         except BaseException:
             await self._seek_to_stored()
             raise
         async with self._moved:
             self._positions.update(moved)
             self._moved.notify_all()
+        for name, delta in counted.items():  # counted only once committed
+            _add(self.model_stats[name], delta)
+            self.stats.applied += delta.applied
+            self.stats.duplicates += delta.duplicates
         count = sum(len(records) for _, records in batch)
         self.stats.records += count
         self.stats.batches += 1
@@ -162,13 +166,16 @@ class ProjectionRunner:
 
     async def _apply(self, conn: AsyncConnection,
                      batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]
-                     ) -> dict[tuple[str, TopicPartition], int]:
-        """Apply `batch` to every model; returns the models' new positions."""
+                     ) -> tuple[dict[tuple[str, TopicPartition], int], dict[str, RunnerStats]]:
+        """Apply `batch` to every model; returns the models' new positions and what
+        each applied."""
         decoded = {tp: self._decoded(tp, records) for tp, records in batch}
         moved: dict[tuple[str, TopicPartition], int] = {}
+        counted: dict[str, RunnerStats] = {}
         for model in self.models:
             ends: dict[TopicPartition, int] = {}
             mine: list[Record] = []
+            delta = counted[model.name] = RunnerStats()
             for tp, records in batch:
                 position = self._positions.get((model.name, tp)) or 0
                 if tp.topic not in model.topics or records[-1].offset < position:
@@ -177,28 +184,21 @@ class ProjectionRunner:
                 new = [r for r in decoded[tp] if r.offset >= position]
                 taken = sum(1 for r in records if r.offset >= position)
                 mine.extend(new)
-                self.model_stats[model.name].records += taken
-                self.model_stats[model.name].undecodable += taken - len(new)
+                delta.records += taken
+                delta.undecodable += taken - len(new)
             if not ends:
                 continue
             await self._write_offsets(conn, model.name, ends)
-            await self._apply_model(conn, model, mine)
+            fresh = await self._unseen(conn, model.name, mine)
+            if fresh:
+                await conn.execute(insert(projection_applied), [
+                    {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
+                await model.apply(conn, fresh)
+            delta.duplicates += len(mine) - len(fresh)
+            delta.applied += len(fresh)
+            delta.batches += 1
             moved.update({(model.name, tp): end for tp, end in ends.items()})
-        return moved
-
-    async def _apply_model(self, conn: AsyncConnection, model: ReadModel,
-                           records: list[Record]) -> None:
-        stats = self.model_stats[model.name]
-        fresh = await self._unseen(conn, model.name, records)
-        stats.duplicates += len(records) - len(fresh)
-        self.stats.duplicates += len(records) - len(fresh)
-        if fresh:
-            await conn.execute(insert(projection_applied), [
-                {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
-            await model.apply(conn, fresh)
-        stats.applied += len(fresh)
-        stats.batches += 1
-        self.stats.applied += len(fresh)
+        return moved, counted
 
     def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
         out = []
@@ -318,6 +318,14 @@ class ProjectionRunner:
         except TimeoutError:
             return False
         return self.failure is None
+
+
+def _add(total: RunnerStats, delta: RunnerStats) -> None:
+    total.records += delta.records
+    total.applied += delta.applied
+    total.duplicates += delta.duplicates
+    total.undecodable += delta.undecodable
+    total.batches += delta.batches
 
 
 async def stored_offsets(engine: AsyncEngine, consumer: str) -> dict[tuple[str, int], int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -185,3 +186,48 @@ class BenchEnvironment:
         await self.stack.stop()
         await self.http.stop()
         self._tmp.cleanup()
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc), else None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def child_pids(pid: int | None) -> list[int]:
+    """Direct children of `pid` (Linux /proc), e.g. the stack's broker."""
+    if pid is None:
+        return []
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+class CpuMeter:
+    """CPU seconds the stack process and its broker spend between `start()` and
+    `figures(calls)`: cost per invocation whatever else the machine is doing."""
+
+    def __init__(self, env: BenchEnvironment) -> None:
+        self._pids = {"stack": env.stack.pid}
+        brokers = child_pids(env.stack.pid)
+        if brokers:
+            self._pids["broker"] = brokers[0]
+        self._began: dict[str, float | None] = {}
+
+    def start(self) -> None:
+        self._began = {name: cpu_seconds(pid) for name, pid in self._pids.items()}
+
+    def figures(self, calls: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, pid in self._pids.items():
+            now, began = cpu_seconds(pid), self._began.get(name)
+            if now is not None and began is not None and calls:
+                out[f"{name} CPU ms/invocation"] = round((now - began) / calls * 1000, 3)
+        return out

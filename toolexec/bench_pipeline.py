@@ -23,7 +23,14 @@ import httpx
 
 from consumers.primitives.http_pool import ShardedClients
 from domain.model import SubprocessPlan
-from toolexec.bench_env import API_PARAMS, API_TOOL, SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment
+from toolexec.bench_env import (
+    API_PARAMS,
+    API_TOOL,
+    SCRIPT_PARAMS,
+    SCRIPT_TOOL,
+    BenchEnvironment,
+    CpuMeter,
+)
 from toolexec.bench_env import script_plan as build_script_plan
 from toolexec.bench_report import Figure, ScenarioResult, latency_figures, percentile
 
@@ -160,7 +167,10 @@ async def invoke_overhead(env: BenchEnvironment, *, calls: int, warmup: int) -> 
     await sequential(pipeline, warmup)
     durations.clear()
     base = await sequential(direct, calls)
+    meter = CpuMeter(env)
+    meter.start()
     measured = await sequential(pipeline, calls)
+    cpu = meter.figures(measured.calls)
     overhead_ms = (percentile(measured.latencies, 50) - percentile(base.latencies, 50)) * 1000
     figures: dict[str, Figure] = {
         **latency_figures("pipeline", measured.latencies),
@@ -173,7 +183,7 @@ async def invoke_overhead(env: BenchEnvironment, *, calls: int, warmup: int) -> 
         "primitive run p50 ms": round(percentile(durations, 50) * 1000, 3),
         "pipeline minus primitive p50 ms": round(
             (percentile(measured.latencies, 50) - percentile(durations, 50)) * 1000, 3),
-        "calls (each)": calls, "errors": measured.errors + base.errors,
+        **cpu, "calls (each)": calls, "errors": measured.errors + base.errors,
     }
     return ScenarioResult(
         "overhead", "1. invoke overhead (script tool, sequential)", figures,
@@ -204,14 +214,17 @@ async def api_throughput(env: BenchEnvironment, *, concurrency: int,
         await http.aclose()
     pipeline = pipeline_call(env, API_TOOL, API_PARAMS)
     await closed_loop(pipeline, concurrency=concurrency, seconds=min(1.0, seconds))
+    meter = CpuMeter(env)
+    meter.start()
     measured = await closed_loop(pipeline, concurrency=concurrency, seconds=seconds)
+    cpu = meter.figures(measured.calls)
     figures: dict[str, Figure] = {
         "pipeline invocations/s": round(measured.rate, 1),
         "httpx direct calls/s": round(base.rate, 1),
         "ratio": round(measured.rate / base.rate, 4) if base.rate else 0.0,
         **latency_figures("pipeline", measured.latencies),
         **latency_figures("direct", base.latencies),
-        "concurrency": concurrency, "seconds": seconds,
+        **cpu, "concurrency": concurrency, "seconds": seconds,
         "invocations": measured.calls, "errors": measured.errors + base.errors,
     }
     return ScenarioResult(
@@ -226,7 +239,10 @@ async def script_throughput(env: BenchEnvironment, *, concurrency: int,
     direct = DirectSpawn(build_script_plan(env.tools_dir), env.root)
     base = await closed_loop(direct, concurrency=concurrency, seconds=seconds)
     pipeline = pipeline_call(env, SCRIPT_TOOL, SCRIPT_PARAMS)
+    meter = CpuMeter(env)
+    meter.start()
     measured = await closed_loop(pipeline, concurrency=concurrency, seconds=seconds)
+    cpu = meter.figures(measured.calls)
     ratio = measured.rate / base.rate if base.rate else 0.0
     figures: dict[str, Figure] = {
         "pipeline calls/s": round(measured.rate, 1),
@@ -234,7 +250,7 @@ async def script_throughput(env: BenchEnvironment, *, concurrency: int,
         "ratio": round(ratio, 4),
         **latency_figures("pipeline", measured.latencies),
         **latency_figures("direct", base.latencies),
-        "in flight": concurrency, "seconds": seconds,
+        **cpu, "in flight": concurrency, "seconds": seconds,
         "invocations": measured.calls, "errors": measured.errors + base.errors,
     }
     return ScenarioResult(
