@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from tests.cli_process import toolexec
-from tests.integration.gateway_support import TEST_TOOLS, RunningGateway, running_gateway
+from tests.integration.gateway_support import (
+    TEST_TOOLS,
+    RunningGateway,
+    running_gateway,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -70,8 +75,13 @@ def test_the_resolution_event_carries_the_deprecation_warning(system) -> None:
     publish(system, "lc_warned", "1.0.0")
     assert cli_json(system, "deprecate", "lc_warned")[0] == 0
     assert system.invoke("lc_warned", ECHO).status_code == 200
-    records = system.http.get("/v1/audit", params={"tool": "lc_warned",
-                                                   "type": "tool.chain.resolved"}).json()
+
+    def resolutions() -> list[dict]:  # the audit read model folds shortly after the reply
+        return system.http.get("/v1/audit", params={"tool": "lc_warned",
+                                                    "type": "tool.chain.resolved"}
+                               ).json()["records"]
+
+    records = wait_until(resolutions)
     assert json.dumps(records).count("lc_warned@1.0.0 is deprecated") >= 1
 
 
