@@ -427,9 +427,11 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
                     tool: Annotated[str | None, Query(max_length=200)] = None,
                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> AuditPage:
         """Audit records (redacted CloudEvents, hash-chained) in time order, filtered
-        like `toolexec audit replay`; times are ISO 8601 with an offset."""
+        like `toolexec audit replay`; times are ISO 8601 with an offset. The answer
+        holds every event in the log when asked (a sync call's events included)."""
         query = AuditQuery(since=_aware(since, "since"), until=_aware(until, "until"),
                            type=type, invocation_id=invocation, tool_id=tool)
+        await ctx.catch_up("audit", CATCH_UP_SECONDS)  # every event in the log when asked
         records = await audit_page(ctx.engine, query, limit)
         return AuditPage(records=records, count=len(records), limit=limit)
 

@@ -161,11 +161,8 @@ def test_audit_replays_one_invocation_in_order_without_its_token(gateway) -> Non
     iid = gateway.invoke("py_echo", {"text": "audited"},
                          headers={"Authorization": "Bearer not.a.token"}).json()["invocation_id"]
 
-    def records() -> list[dict]:
-        found = gateway.http.get("/v1/audit", params={"invocation": iid}).json()["records"]
-        return found if found and found[-1]["type"] == "tool.invoke.completed" else []
-
-    found = wait_until(records)
+    # Read-your-writes: asked right after the sync reply, no polling.
+    found = gateway.http.get("/v1/audit", params={"invocation": iid}).json()["records"]
     types = [r["type"] for r in found]
     assert types[0] == "tool.invoke.requested" and types[-1] == "tool.invoke.completed"
     assert all(r["invocation_id"] == iid for r in found)
