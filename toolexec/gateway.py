@@ -217,16 +217,7 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
     async def invocation(invocation_id: str) -> InvocationView:
         """Status (requested, resolved, authorized, running, completed, failed, cancelled),
         timeline, and result or error of one invocation, from the invocations read model."""
-        row = await _invocation_row(ctx, invocation_id)
-        if row is None or row["status"] not in TERMINAL_STATUSES:
-            # Read-your-writes: the answer holds every event in the log when asked (a
-            # sync call's terminal event, an async 202's request).
-            await ctx.catch_up("invocations", CATCH_UP_SECONDS)
-            row = await _invocation_row(ctx, invocation_id)
-        if row is None:
-            raise ApiError("E3702", f"invocation {invocation_id!r} not found",
-                           {"invocation_id": invocation_id})
-        return invocation_view(row)
+        return invocation_view(await _known_invocation(ctx, invocation_id))
 
     @app.post("/v1/invocations/{invocation_id}/cancel", response_model=CancelAccepted,
               status_code=202, tags=["invocations"],
@@ -237,13 +228,7 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
         it then ends as cancelled (E3703) unless it ends first. 404 (E3702) for an
         unknown invocation, 409 when it has already ended. With authorization on, the
         bearer token's subject must be the invocation's."""
-        row = await _invocation_row(ctx, invocation_id)
-        if row is None or row["status"] not in TERMINAL_STATUSES:
-            await ctx.catch_up("invocations", CATCH_UP_SECONDS)
-            row = await _invocation_row(ctx, invocation_id)
-        if row is None:
-            raise ApiError("E3702", f"invocation {invocation_id!r} not found",
-                           {"invocation_id": invocation_id})
+        row = await _known_invocation(ctx, invocation_id)
         subject = _canceller(ctx, _bearer(authorization), row)
         view = invocation_view(row)
         if row["status"] in TERMINAL_STATUSES:
@@ -264,6 +249,19 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
 async def _invocation_row(ctx: GatewayContext, invocation_id: str) -> dict[str, Any] | None:
     async with ctx.engine.connect() as conn:
         return await invocation_status(conn, invocation_id)
+
+
+async def _known_invocation(ctx: GatewayContext, invocation_id: str) -> dict[str, Any]:
+    """The invocation's read-model row as of every event in the log now; 404 E3702."""
+    row = await _invocation_row(ctx, invocation_id)
+    if row is None or row["status"] not in TERMINAL_STATUSES:
+        # Read-your-writes: a sync call's terminal event, an async 202's request.
+        await ctx.catch_up("invocations", CATCH_UP_SECONDS)
+        row = await _invocation_row(ctx, invocation_id)
+    if row is None:
+        raise ApiError("E3702", f"invocation {invocation_id!r} not found",
+                       {"invocation_id": invocation_id})
+    return row
 
 
 async def _tool_wait_bound(ctx: GatewayContext, tool_id: str) -> float:
