@@ -1,13 +1,19 @@
-"""Reading the whole invocations log back, for tests that count outcomes."""
+"""Reading the whole invocations log back, for tests that count outcomes, and making
+terminal events to put on it."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from consumers.events import failed
 from contracts import topics
+from contracts.envelope import Envelope, new_envelope
+from contracts.events import InvokeRequested
 from contracts.kafka_binding import UndecodableRecord, decode
+from domain.errors import ToolexecError
 
 TERMINAL = ("tool.invoke.completed", "tool.invoke.failed")
 
@@ -42,3 +48,15 @@ async def _at_end(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -
         if await consumer.position(tp) < end:
             return False
     return True
+
+
+def terminal_failure(invocation_id: str) -> Envelope:
+    """What a pipeline would emit at the end of `invocation_id` (a failure is simplest
+    to make)."""
+    now = datetime.now(UTC)
+    request = new_envelope(InvokeRequested(invocation_id=invocation_id, tool_id="echo",
+                                           version_range="*", parameters={}),
+                           source="urn:test", partitionkey=invocation_id,
+                           correlationid=invocation_id, id=f"req-{invocation_id}", time=now)
+    return failed(request, ToolexecError("tool not found", code="E3101"), stage="resolve",
+                  invocation_id=invocation_id, tool_id="echo", version=None, now=now)

@@ -6,16 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from consumers.events import failed
-from contracts.envelope import Envelope, new_envelope
-from contracts.events import InvokeRequested
-from domain.errors import ToolexecError
 from tests.cli_process import toolexec
+from tests.log_reading import terminal_failure
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
 from toolexec.embedded_broker import EmbeddedBroker
@@ -24,17 +20,6 @@ pytestmark = pytest.mark.integration
 
 TOPICS = {"toolexec.registry": 1, "toolexec.invocations": 4, "toolexec.circuits": 1,
           "toolexec.policies": 1, "toolexec.deadletter": 1}
-
-
-def terminal_failure(invocation_id: str) -> Envelope:
-    """What a pipeline would emit for `invocation_id` (a failure is simplest to make)."""
-    now = datetime.now(UTC)
-    request = new_envelope(InvokeRequested(invocation_id=invocation_id, tool_id="echo",
-                                           version_range="*", parameters={}),
-                           source="urn:test", partitionkey=invocation_id,
-                           correlationid=invocation_id, id=f"req-{invocation_id}", time=now)
-    return failed(request, ToolexecError("tool not found", code="E3101"), stage="resolve",
-                  invocation_id=invocation_id, tool_id="echo", version=None, now=now)
 
 
 async def test_a_request_the_broker_cannot_take_is_reported_as_not_delivered(

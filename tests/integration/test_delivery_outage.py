@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,9 @@ from faststream.kafka import KafkaBroker
 
 from consumers.delivery import DeliveringPublisher
 from contracts import topics
-from contracts.envelope import Envelope, new_envelope
-from contracts.events import InvokeRequested
+from contracts.envelope import Envelope
 from contracts.kafka_binding import encode
-from tests.log_reading import terminal_event_ids
+from tests.log_reading import terminal_event_ids, terminal_failure
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.embedded_broker import EmbeddedBroker
 
@@ -22,19 +20,6 @@ pytestmark = pytest.mark.integration
 
 TOPICS = {topics.INVOCATIONS: 1}
 REQUEST_TIMEOUT_MS = 1000  # the outage below lasts several of these
-
-
-def a_terminal_event(invocation_id: str) -> Envelope:
-    from consumers.events import failed
-    from domain.errors import ToolexecError
-
-    now = datetime.now(UTC)
-    request = new_envelope(InvokeRequested(invocation_id=invocation_id, tool_id="echo",
-                                           version_range="*", parameters={}),
-                           source="urn:test", partitionkey=invocation_id,
-                           correlationid=invocation_id, id=f"req-{invocation_id}", time=now)
-    return failed(request, ToolexecError("tool not found", code="E3101"), stage="resolve",
-                  invocation_id=invocation_id, tool_id="echo", version=None, now=now)
 
 
 async def test_a_publish_during_an_outage_is_delivered_once_the_broker_is_back(
@@ -58,7 +43,7 @@ async def test_a_publish_during_an_outage_is_delivered_once_the_broker_is_back(
             try:
                 await broker.stop()
                 delivery = asyncio.create_task(
-                    DeliveringPublisher(publish, max_delay=0.5)(a_terminal_event("inv-1")))
+                    DeliveringPublisher(publish, max_delay=0.5)(terminal_failure("inv-1")))
                 async with asyncio.timeout(30):
                     while attempts < 3:  # failed at least twice while the broker was away
                         await asyncio.sleep(0.1)
