@@ -32,10 +32,10 @@ from consumers.delivery import DeliveringPublisher
 from consumers.pipeline import (
     Attached,
     PipelineDeps,
-    attach_step,
+    attach_group,
     header_type,
     passthrough_decoder,
-    pipeline_steps,
+    pipeline_groups,
 )
 from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from consumers.primitives.file_store import ContentStore
@@ -312,6 +312,6 @@ class Stack:
                 publish=publish, registry=self.registry,
                 book=circuits.CircuitBook(self.circuits), clock=utc_now),
         )
-        for step in pipeline_steps(deps, group_prefix=self.group_prefix,
-                                   execute_workers=self.execute_workers):
-            self._attached.append(attach_step(broker, step, deps, consumer_options=options))
+        for group in pipeline_groups(deps, group_prefix=self.group_prefix,
+                                     execute_workers=self.execute_workers):
+            self._attached.append(attach_group(broker, group, deps, consumer_options=options))

@@ -1,7 +1,7 @@
-"""The consumers process stops after the authorize step has consumed (and committed)
-requests whose chain resolution it has not handled yet: kill -9 then a restart, or a
-stalled replica whose partitions move to another one. The capability tokens are read
-back from the log; every invocation is allowed and completes, once."""
+"""The consumers process stops after the authorize step's consumer group has consumed
+(and committed) requests whose chain resolution it has not handled yet: kill -9 then a
+restart, or a stalled replica whose partitions move to another one. The capability
+tokens are read back from the log; every invocation is allowed and completes, once."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.chaos
 TOOLS = Path(__file__).parent / "tools"
 BURST = 150
 AT_RISK_TO_KILL = 20
-AUTHORIZE_GROUP = "toolexec.authorize"
+AUTHORIZE_GROUP = "toolexec.pipeline"  # authorize shares it with resolve
 PARTITIONS = 4
 BROKER_TOPICS = {"toolexec.registry": 1, "toolexec.invocations": PARTITIONS,
                  "toolexec.circuits": 1, "toolexec.policies": 1, "toolexec.deadletter": 1}
@@ -62,11 +62,11 @@ async def wait_until_up(process: subprocess.Popen[bytes], state: Path) -> None:
 @dataclass
 class LogTail:
     """What the invocations log holds so far: where each request is, which invocations
-    have a chain resolution (or already failed)."""
+    have a permission decision (or already failed)."""
 
     ids: set[str]
     requests: dict[str, tuple[int, int]] = field(default_factory=dict)
-    resolved: set[str] = field(default_factory=set)
+    decided: set[str] = field(default_factory=set)
     decisions: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict)
 
     def add(self, record: object) -> None:
@@ -79,16 +79,17 @@ class LogTail:
             return
         if event.type == "tool.invoke.requested":
             self.requests.setdefault(invocation, (record.partition, record.offset))  # type: ignore[attr-defined]
-        elif event.type in ("tool.chain.resolved", "tool.invoke.failed"):
-            self.resolved.add(invocation)
+        elif event.type in ("tool.permission.decided", "tool.invoke.failed"):
+            self.decided.add(invocation)
         if event.type == "tool.permission.decided":
             error = event.data.error.code if event.data.error else None
             self.decisions.setdefault(invocation, set()).add((event.data.decision, error))
 
     def at_risk(self, committed: dict[int, int]) -> set[str]:
-        """Requests the authorize group has committed past, still without resolution."""
+        """Requests the authorize group has committed past, still without a decision: the
+        chain.resolved that authorize decides on is at or past the committed offset."""
         return {i for i, (partition, offset) in self.requests.items()
-                if offset < committed.get(partition, 0) and i not in self.resolved}
+                if offset < committed.get(partition, 0) and i not in self.decided}
 
 
 async def read_log(bootstrap: str, tail: LogTail) -> None:
@@ -133,8 +134,8 @@ def issue(tmp_path: Path) -> tuple[keys.KeyPair, str]:
 
 
 async def wait_for_requests_at_risk(bootstrap: str, ids: list[str]) -> None:
-    """Until the authorize group has committed past requests whose resolution is not
-    in the log yet: their tokens are then in no consumer's memory but the current one."""
+    """Until the authorize group has committed past requests not decided on yet: their
+    tokens are then in no consumer's memory but the current one."""
     async with asyncio.timeout(120):
         while True:
             tail = LogTail(set(ids))

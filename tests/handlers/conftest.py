@@ -22,7 +22,7 @@ from consumers import authorize, execute, finalize, resolve
 from consumers.claim_store import InMemoryClaims
 from consumers.deadletter import DeadLetters
 from consumers.delivery import DeliveringPublisher
-from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_steps, process_record
+from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_groups, process_record
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeCancelRequested, InvokeRequested
@@ -198,15 +198,15 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
         dead_letters=DeadLetters(publish, clock),
         clock=clock,
     )
-    steps = pipeline_steps(deps, group_prefix="test", execute_workers=1)
+    groups = pipeline_groups(deps, group_prefix="test", execute_workers=1)
 
-    # One subscriber hands each record to every step in a fixed order. On Kafka each
-    # step's group reads the partition in log order; the in-memory broker delivers
-    # nested and in no guaranteed subscriber order, so this keeps it faithful.
-    @broker.subscriber(topics.INVOCATIONS, group_id="steps")
+    # One subscriber hands each record to every group in a fixed order. On Kafka each
+    # group reads the partition in log order; the in-memory broker delivers nested
+    # and in no guaranteed subscriber order, so this keeps it faithful.
+    @broker.subscriber(topics.INVOCATIONS, group_id="groups")
     async def all_steps(message: Any) -> None:
-        for step in steps:
-            await process_record(message.raw_message, step, deps)
+        for group in groups:
+            await process_record(message.raw_message, group, deps)
 
     return harness, broker
 

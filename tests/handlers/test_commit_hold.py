@@ -1,4 +1,4 @@
-"""A step never commits past a record whose outcome it could not publish."""
+"""A consumer group never commits past a record whose outcome it could not publish."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 
-from consumers.pipeline import Step, attach_step
+from consumers.pipeline import Group, Handler, attach_group
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
@@ -65,14 +65,16 @@ async def test_a_record_whose_failure_could_not_be_published_is_not_committed_pa
         return None
 
     broker = CapturingBroker()
-    step = Step("test.resolve", {"tool.invoke.requested": crashes}, fails_invocation=False)
+    group = Group("test.pipeline", {"tool.invoke.requested": (
+        Handler("tool.invoke.requested", "resolve", crashes, fails_invocation=False),)})
     deps = SimpleNamespace(dead_letters=UnpublishableDeadLetters(), clock=lambda: NOW)
-    attached = attach_step(broker, step, deps, consumer_options={})  # type: ignore[arg-type]
+    attached = attach_group(broker, group, deps, consumer_options={})  # type: ignore[arg-type]
     commits: list[dict[int, int]] = []
 
     with pytest.raises(MessageSizeTooLargeError):
         await broker.handler(message_at(0, commits))
-    step.handlers = {"tool.invoke.requested": succeeds}
+    group.handlers = {"tool.invoke.requested": (
+        Handler("tool.invoke.requested", "resolve", succeeds),)}
     await broker.handler(message_at(1, commits))
     await attached.drain()
     assert all(position <= 0 for commit in commits for position in commit.values()), commits

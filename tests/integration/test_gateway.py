@@ -201,8 +201,8 @@ def test_health_reports_broker_database_and_consumers(gateway) -> None:
     assert health["status"] == "ok"
     assert health["checks"]["broker"]["ok"] and health["checks"]["database"]["ok"]
     consumers = health["checks"]["consumers"]["consumers"]
-    assert {"toolexec.resolve", "toolexec.authorize", "toolexec.execute", "toolexec.finalize",
-            "projection.invocations", "projection.audit"} <= set(consumers)
+    assert {"toolexec.pipeline", "toolexec.execute", "projection.invocations",
+            "projection.audit"} <= set(consumers)
     assert set(consumers.values()) == {"running"}
 
 

@@ -18,7 +18,7 @@ from consumers import authorize, execute, finalize, resolve
 from consumers.claim_store import InMemoryClaims
 from consumers.deadletter import DeadLetters
 from consumers.decision_cache import DecisionStore, MemoryDecisions
-from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_steps, process_record
+from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_groups, process_record
 from consumers.policy_engine import CedarEvaluator
 from contracts import topics
 from contracts.envelope import Envelope
@@ -101,11 +101,11 @@ def build_secure_harness(public_keys: list[Any], *,
         dead_letters=DeadLetters(publish, clock),
         clock=clock,
     )
-    steps = pipeline_steps(deps, group_prefix="sec", execute_workers=1)
+    groups = pipeline_groups(deps, group_prefix="sec", execute_workers=1)
 
-    @broker.subscriber(topics.INVOCATIONS, group_id="steps")
+    @broker.subscriber(topics.INVOCATIONS, group_id="groups")
     async def all_steps(message: Any) -> None:
-        for step in steps:
-            await process_record(message.raw_message, step, deps)
+        for group in groups:
+            await process_record(message.raw_message, group, deps)
 
     return harness, broker, view, cache

@@ -111,7 +111,7 @@ SAMPLES: list[EventData] = [
     DeadLetterRecord(topic=topics.INVOCATIONS, partition=0, offset=17, key="inv-1",
                      headers={"ce_type": "tool.nope"}, value_b64="AAE=",
                      error=ErrorInfo(code="E3004", message="unknown type"),
-                     consumer="toolexec.resolve", failed_at=NOW, attempts=1),
+                     consumer="toolexec.pipeline/resolve", failed_at=NOW, attempts=1),
 ]
 
 
