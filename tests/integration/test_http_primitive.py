@@ -225,8 +225,9 @@ async def test_client_error_is_E3401_with_status(http: HttpPrimitive, server: Se
 
 async def test_slow_server_is_E3503(http: HttpPrimitive, server: Server) -> None:
     outcome = await http.run(get(server, "/slow", timeout_seconds=0.3), {}, secrets=secrets)
+    # E3503, not the 200 the server sends after 1.5 s: the call stopped at its timeout.
     assert outcome.error is not None and outcome.error["code"] == "E3503"
-    assert outcome.duration_ms < 2000
+    assert outcome.status_code is None
 
 
 async def test_connection_refused_is_E3502(http: HttpPrimitive) -> None:

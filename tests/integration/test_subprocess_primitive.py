@@ -150,7 +150,6 @@ async def test_timeout_kills_the_whole_process_group(run: Any) -> None:
     """
     outcome = await run(python_plan(tool, timeout_seconds=1.0))
     assert outcome.error is not None and outcome.error["code"] == "E3402"
-    assert outcome.duration_ms < 5000
     pids = [int(p) for p in outcome.stderr.decode().split("pids", 1)[1].split()]
     assert len(pids) == 2
     for _ in range(100):
