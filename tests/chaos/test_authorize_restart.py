@@ -6,10 +6,8 @@ tokens are read back from the log; every invocation is allowed and completes, on
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -21,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from contracts import topics
 from contracts.kafka_binding import UndecodableRecord, decode
+from tests.chaos.up_process import start_up, wait_until_up
 from tests.log_reading import terminal_event_ids
 from toolexec import keys
 from toolexec.client import InvocationClient
@@ -28,7 +27,6 @@ from toolexec.embedded_broker import EmbeddedBroker
 
 pytestmark = pytest.mark.chaos
 
-TOOLS = Path(__file__).parent / "tools"
 BURST = 150
 AT_RISK_TO_KILL = 20
 AUTHORIZE_GROUP = "toolexec.pipeline"  # authorize shares it with resolve
@@ -37,26 +35,13 @@ BROKER_TOPICS = {"toolexec.registry": 1, "toolexec.invocations": PARTITIONS,
                  "toolexec.circuits": 1, "toolexec.policies": 1, "toolexec.deadletter": 1}
 
 
-def start_up(bootstrap: str, state: Path, public_key: Path,
-             redis_url: str | None = None) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
-    if redis_url:  # executor claims shared by replicas
-        env["TOOLEXEC_REDIS_URL"] = redis_url
-    env.update(TOOLEXEC_KAFKA_BOOTSTRAP=bootstrap, TOOLEXEC_STATE_DIR=str(state),
-               TOOLEXEC_REQUIRE_AUTH="true", TOOLEXEC_TOKEN_PUBLIC_KEYS=f'["{public_key}"]',
-               TOOLEXEC_SANDBOX="rlimits", TOOLEXEC_SESSION_TIMEOUT_MS="1000",
-               TOOLEXEC_HEARTBEAT_INTERVAL_MS="100", TOOLEXEC_REBALANCE_TIMEOUT_MS="1000",
-               TOOLEXEC_FETCH_MAX_WAIT_MS="5")
-    (state / "runtime.json").unlink(missing_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", "--tools", str(TOOLS)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def wait_until_up(process: subprocess.Popen[bytes], state: Path) -> None:
-    async with asyncio.timeout(60):
-        while not (state / "runtime.json").exists():
-            assert process.poll() is None, "toolexec up exited"
-            await asyncio.sleep(0.1)
+def start_secured_up(bootstrap: str, state: Path, public_key: Path,
+                     redis_url: str | None = None) -> subprocess.Popen[bytes]:
+    shared = {"redis_url": redis_url} if redis_url else {}  # executor claims of replicas
+    return start_up(bootstrap, state, require_auth="true",
+                    token_public_keys=f'["{public_key}"]', session_timeout_ms="1000",
+                    heartbeat_interval_ms="100", rebalance_timeout_ms="1000",
+                    fetch_max_wait_ms="5", **shared)
 
 
 @dataclass
@@ -177,7 +162,7 @@ async def test_tokens_survive_a_kill_9_between_request_and_resolution(tmp_path: 
     pair, token = issue(tmp_path)
     ids = [str(uuid.uuid4()) for _ in range(BURST)]
     async with EmbeddedBroker(BROKER_TOPICS, log_dir=tmp_path) as broker:
-        process = start_up(broker.bootstrap, state, pair.public)
+        process = start_secured_up(broker.bootstrap, state, pair.public)
         try:
             await wait_until_up(process, state)
             async with InvocationClient(broker.bootstrap) as client:
@@ -186,7 +171,7 @@ async def test_tokens_survive_a_kill_9_between_request_and_resolution(tmp_path: 
                 process.send_signal(signal.SIGKILL)
                 process.wait()
                 at_risk = await at_risk_now(broker.bootstrap, ids)
-                process = start_up(broker.bootstrap, state, pair.public)
+                process = start_secured_up(broker.bootstrap, state, pair.public)
                 results = await asyncio.gather(*tasks)
         finally:
             process.send_signal(signal.SIGTERM)
@@ -204,7 +189,7 @@ async def test_tokens_survive_partitions_moving_from_a_stalled_replica(
     pair, token = issue(tmp_path)
     ids = [str(uuid.uuid4()) for _ in range(BURST)]
     async with EmbeddedBroker(BROKER_TOPICS, log_dir=tmp_path) as broker:
-        first = start_up(broker.bootstrap, states[0], pair.public, redis_url)
+        first = start_secured_up(broker.bootstrap, states[0], pair.public, redis_url)
         second = None
         try:
             await wait_until_up(first, states[0])
@@ -213,7 +198,7 @@ async def test_tokens_survive_partitions_moving_from_a_stalled_replica(
                 await wait_for_requests_at_risk(broker.bootstrap, ids)
                 first.send_signal(signal.SIGSTOP)  # a long pause: its session expires
                 at_risk = await at_risk_now(broker.bootstrap, ids)
-                second = start_up(broker.bootstrap, states[1], pair.public, redis_url)
+                second = start_secured_up(broker.bootstrap, states[1], pair.public, redis_url)
                 await wait_until_up(second, states[1])
                 # The second replica takes every partition, then the first comes back
                 # and the group rebalances once more.

@@ -10,10 +10,7 @@ consumer groups, as a production Kafka restart would. The consumers run in their
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -21,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from domain.errors import ToolexecError
+from tests.chaos.up_process import start_up, wait_until_up
 from tests.log_reading import terminal_event_ids
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.client import InvocationClient
@@ -28,7 +26,6 @@ from toolexec.embedded_broker import EmbeddedBroker
 
 pytestmark = pytest.mark.chaos
 
-TOOLS = Path(__file__).parent / "tools"
 TOPICS = {"toolexec.registry": 1, "toolexec.invocations": 4, "toolexec.circuits": 1,
           "toolexec.policies": 1, "toolexec.deadletter": 1}
 BURST = 150
@@ -39,22 +36,6 @@ OUTAGE_TIMEOUT = 2.0  # shorter than the outage: these callers must be told
 DOWNTIME = 6.0
 FETCH_WAIT_MS = 100
 REPORTED_CODES = {"E3001", "E3002"}
-
-
-def start_up(bootstrap: str, state: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
-    env.update(TOOLEXEC_KAFKA_BOOTSTRAP=bootstrap, TOOLEXEC_STATE_DIR=str(state),
-               TOOLEXEC_REQUIRE_AUTH="false", TOOLEXEC_SANDBOX="rlimits")
-    log = (state / "up.log").open("ab")
-    return subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", "--tools", str(TOOLS)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-async def wait_until_up(process: subprocess.Popen[bytes], state: Path) -> None:
-    async with asyncio.timeout(60):
-        while not (state / "runtime.json").exists():
-            assert process.poll() is None, "toolexec up exited"
-            await asyncio.sleep(0.1)
 
 
 def outcome(result: object) -> str:
@@ -75,7 +56,7 @@ async def test_broker_restart_mid_burst_finishes_or_reports_every_invocation(
         broker = EmbeddedBroker(TOPICS, log_dir=tmp_path, storage_engine="s3://toolexec/",
                                 env=tansu_s3_env(endpoint))
         async with broker:
-            process = start_up(broker.bootstrap, state)
+            process = start_up(broker.bootstrap, state, log=(state / "up.log").open("ab"))
             try:
                 await wait_until_up(process, state)
                 # Tansu's s3 fetch answers empty when its object reads outlast the

@@ -3,41 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.chaos.up_process import start_up, wait_until_up
 from tests.log_reading import terminal_event_ids
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
 
 pytestmark = pytest.mark.chaos
 
-TOOLS = Path(__file__).parent / "tools"
 BURST = 300
-
-
-def start_up(bootstrap: str, state: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
-    # The tool appends to a ledger on the host, outside any bubblewrap sandbox.
-    env.update(TOOLEXEC_KAFKA_BOOTSTRAP=bootstrap, TOOLEXEC_STATE_DIR=str(state),
-               TOOLEXEC_REQUIRE_AUTH="false", TOOLEXEC_SANDBOX="rlimits")
-    (state / "runtime.json").unlink(missing_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", "--tools", str(TOOLS)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def wait_until_up(process: subprocess.Popen[bytes], state: Path) -> None:
-    async with asyncio.timeout(60):
-        while not (state / "runtime.json").exists():
-            assert process.poll() is None, "toolexec up exited"
-            await asyncio.sleep(0.1)
 
 
 async def test_kill_9_mid_burst_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:

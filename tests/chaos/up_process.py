@@ -1,0 +1,36 @@
+"""`toolexec up` as a separate process on a given broker, for tests that kill it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+TOOLS = Path(__file__).parent / "tools"
+
+
+def start_up(bootstrap: str, state: Path, *, log: IO[bytes] | None = None,
+             **settings: str) -> subprocess.Popen[bytes]:
+    """Start `toolexec up` with the chaos tools, no authorization and rlimits only (the
+    tools write to the host, outside any bubblewrap sandbox); `settings` are further
+    `TOOLEXEC_*` variables by lower-case name (e.g. require_auth="true")."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
+    env.update(TOOLEXEC_KAFKA_BOOTSTRAP=bootstrap, TOOLEXEC_STATE_DIR=str(state),
+               TOOLEXEC_REQUIRE_AUTH="false", TOOLEXEC_SANDBOX="rlimits")
+    env.update({f"TOOLEXEC_{name.upper()}": value for name, value in settings.items()})
+    (state / "runtime.json").unlink(missing_ok=True)  # wait_until_up waits for the new one
+    output = subprocess.DEVNULL if log is None else log
+    return subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", "--tools", str(TOOLS)],
+                            env=env, stdout=output,
+                            stderr=subprocess.DEVNULL if log is None else subprocess.STDOUT)
+
+
+async def wait_until_up(process: subprocess.Popen[bytes], state: Path) -> None:
+    """Until `up` wrote its runtime file; fails if it exited first."""
+    async with asyncio.timeout(60):
+        while not (state / "runtime.json").exists():
+            assert process.poll() is None, "toolexec up exited"
+            await asyncio.sleep(0.1)
