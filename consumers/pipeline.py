@@ -10,8 +10,11 @@ any decoding.
 Bad input never crashes a consumer: undecodable records are dead-lettered (once, by
 the pipeline group); a handler that keeps failing on a record is retried a bounded
 number of times, then the record is dead-lettered with the traceback and the step's
-name, and the invocation gets its terminal failure event. The other handlers of that
-record still run, as they did when every step had a group of its own.
+name, and the invocation gets its terminal failure event. The record's remaining
+handlers on the invocation's path are then skipped, so that the failure stays the
+invocation's one terminal event (with a group per step, resolve went on after authorize
+gave up on a request, and the invocation could end twice); side steps such as circuits
+still run.
 """
 
 from __future__ import annotations
@@ -223,7 +226,7 @@ async def process_record(record: Any, group: Group, deps: PipelineDeps) -> None:
     """Decode one record and run each of the group's handlers for its type, in order.
 
     Never raises for a handler's own failure (see `_run_guarded`); re-raises, after
-    the other handlers ran, a failure to publish a handler's failure outcome.
+    the side steps ran, a failure to publish a handler's failure outcome.
     """
     ce_type = header_type(record.headers)
     if ce_type is not None and ce_type not in group.handlers:
@@ -250,23 +253,30 @@ async def process_record(record: Any, group: Group, deps: PipelineDeps) -> None:
 async def _run_each(handlers: Sequence[Handler], envelope: Envelope, record: Any,
                     group: Group, deps: PipelineDeps) -> None:
     undelivered: Exception | None = None
+    path_given_up = False
     for handler in handlers:
+        if path_given_up and handler.fails_invocation:
+            continue  # the invocation has (or, once redelivered, will have) its failure
         try:
             with structlog.contextvars.bound_contextvars(step=handler.step):
-                await _run_guarded(handler, envelope, record, group, deps)
-        except Exception as exc:  # the record is held; the next handlers still get it
+                gave_up = await _run_guarded(handler, envelope, record, group, deps)
+        except Exception as exc:  # the record is held; side steps still get it
             undelivered = undelivered or exc
+            gave_up = True
+        path_given_up = path_given_up or (gave_up and handler.fails_invocation)
     if undelivered is not None:
         raise undelivered
 
 
 async def _run_guarded(handler: Handler, envelope: Envelope, record: Any, group: Group,
-                       deps: PipelineDeps) -> None:
+                       deps: PipelineDeps) -> bool:
+    """Run `handler`, retrying a bounded number of times; False when it succeeded, True
+    when it gave up (dead-letter record and, on the invocation's path, its failure)."""
     last: BaseException | None = None
     for attempt in range(1, POISON_ATTEMPTS + 1):
         try:
             await handler.react(envelope)
-            return
+            return False
         except Exception as exc:  # boundary: becomes a dead-letter record below
             last = exc
             log.warning("handler.failed", group=group.name, step=handler.step,
@@ -288,6 +298,7 @@ async def _run_guarded(handler: Handler, envelope: Envelope, record: Any, group:
             envelope, error, stage=_stage_of(handler.step), invocation_id=invocation_id,
             tool_id=getattr(data, "tool_id", None), version=getattr(data, "version", None),
             now=deps.clock()))
+    return True
 
 
 def consumer_of(group: Group, handler: Handler) -> str:

@@ -86,12 +86,12 @@ async def test_every_handler_of_the_type_runs_in_the_order_registered() -> None:
     assert log.published == []
 
 
-async def test_a_poisoned_handler_does_not_stop_the_next_one_on_the_same_record() -> None:
+async def test_a_poisoned_step_ends_the_invocation_and_the_later_steps_skip_it() -> None:
     log = Log()
     group = group_of(Handler("tool.invoke.requested", "authorize", log.crashes("authorize")),
                      Handler("tool.invoke.requested", "resolve", log.succeeds("resolve")))
     await process_record(request(), group, deps_for(log))
-    assert log.calls == ["authorize:tool.invoke.requested"] * 3 + ["resolve:tool.invoke.requested"]
+    assert log.calls == ["authorize:tool.invoke.requested"] * 3
     [letter] = log.of_type("deadletter.recorded")
     assert (letter.consumer, letter.attempts, letter.offset) == ("t.pipeline/authorize", 3, 7)
     assert "authorize bug" in letter.error.details["traceback"]
@@ -111,6 +111,17 @@ async def test_a_side_step_failing_leaves_the_invocation_to_the_others() -> None
     assert log.of_type("tool.invoke.failed") == []
 
 
+async def test_a_side_step_still_runs_after_a_step_on_the_path_gave_up() -> None:
+    log = Log()
+    group = group_of(Handler("tool.execution.finished", "finalize", log.crashes("finalize")),
+                     Handler("tool.execution.finished", "circuits", log.succeeds("circuits"),
+                             fails_invocation=False))
+    await process_record(finished(), group, deps_for(log))
+    assert log.calls == ["finalize:tool.execution.finished"] * 3 + [
+        "circuits:tool.execution.finished"]
+    assert [f.stage for f in log.of_type("tool.invoke.failed")] == ["finalize"]
+
+
 async def test_each_poisoned_handler_leaves_its_own_dead_letter_and_failure() -> None:
     log = Log()
     group = group_of(Handler("tool.execution.finished", "finalize", log.crashes("finalize")),
@@ -123,17 +134,20 @@ async def test_each_poisoned_handler_leaves_its_own_dead_letter_and_failure() ->
     assert [f.stage for f in log.of_type("tool.invoke.failed")] == ["finalize"]
 
 
-async def test_an_unpublishable_failure_is_raised_once_the_other_handlers_ran() -> None:
+async def test_an_unpublishable_failure_is_raised_once_the_side_steps_ran() -> None:
     class Unpublishable:
         async def record(self, record: Any, error: Any, *, consumer: str, attempts: int) -> None:
             raise MessageSizeTooLargeError()
 
     log = Log()
-    group = group_of(Handler("tool.invoke.requested", "authorize", log.crashes("authorize")),
-                     Handler("tool.invoke.requested", "resolve", log.succeeds("resolve")))
+    group = group_of(Handler("tool.execution.finished", "finalize", log.crashes("finalize")),
+                     Handler("tool.execution.finished", "later", log.succeeds("later")),
+                     Handler("tool.execution.finished", "circuits", log.succeeds("circuits"),
+                             fails_invocation=False))
     with pytest.raises(MessageSizeTooLargeError):  # the group then holds the record
-        await process_record(request(), group, deps_for(log, Unpublishable()))
-    assert log.calls[-1] == "resolve:tool.invoke.requested"
+        await process_record(finished(), group, deps_for(log, Unpublishable()))
+    assert log.calls == ["finalize:tool.execution.finished"] * 3 + [
+        "circuits:tool.execution.finished"]
 
 
 async def test_undecodable_record_is_dead_lettered_once_whatever_its_handlers() -> None:
@@ -160,7 +174,7 @@ async def test_every_handler_sees_the_records_position() -> None:
     assert current_position() is None
 
 
-async def test_authorize_crashing_on_a_request_still_lets_resolve_run(
+async def test_authorize_crashing_on_a_request_ends_the_invocation_once(
         harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     async def crash(event: Envelope, deps: Any) -> None:
         raise RuntimeError("authorize bug")
@@ -170,4 +184,5 @@ async def test_authorize_crashing_on_a_request_still_lets_resolve_run(
     failed = harness.of(invocation, "tool.invoke.failed")[0].data
     assert (failed.stage, failed.error.code) == ("authorize", "E3000")
     assert [d["consumer"] for d in harness.deadletters] == ["test.pipeline/authorize"]
-    assert len(harness.of(invocation, "tool.chain.resolved")) == 1
+    assert harness.of(invocation, "tool.chain.resolved") == []
+    assert harness.terminal(invocation).type == "tool.invoke.failed"  # exactly one
