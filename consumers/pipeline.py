@@ -38,7 +38,7 @@ from consumers.inflight import CommitCoalescer, InFlight
 from consumers.ports import LogPosition
 from contracts import topics
 from contracts.envelope import Envelope
-from contracts.kafka_binding import UndecodableRecord, decode
+from contracts.kafka_binding import UndecodableRecord, decode, header_type
 from domain.errors import ToolexecError
 
 log = structlog.get_logger(__name__)
@@ -58,13 +58,6 @@ def current_position() -> LogPosition | None:
 async def passthrough_decoder(message: Any) -> Any:
     """FastStream decoder that hands the handler the raw StreamMessage."""
     return message
-
-
-def header_type(headers: Any) -> str | None:
-    for name, value in headers or ():
-        if name == "ce_type":
-            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    return None
 
 
 @dataclass(frozen=True)

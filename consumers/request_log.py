@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from consumers.ports import LogPosition
 from contracts.envelope import Envelope
-from contracts.kafka_binding import UndecodableRecord, decode
+from contracts.kafka_binding import UndecodableRecord, decode, header_type
 
 log = structlog.get_logger(__name__)
 
@@ -111,7 +111,7 @@ class KafkaRequestLog:
             batch = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
             for record in batch.get(tp, ()):
                 if (not index.end <= record.offset < end
-                        or _header(record, "ce_type") != event_type):
+                        or header_type(record.headers) != event_type):
                     continue
                 try:
                     event = decode(record.key, record.value, record.headers)
@@ -130,7 +130,7 @@ class KafkaRequestLog:
         while await consumer.position(tp) < end:
             batch = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
             for record in batch.get(tp, ()):
-                if not start <= record.offset < end or _header(record, "ce_type") != REQUESTED:
+                if not start <= record.offset < end or header_type(record.headers) != REQUESTED:
                     continue
                 try:
                     request = decode(record.key, record.value, record.headers)
@@ -161,9 +161,3 @@ class KafkaRequestLog:
             await self._consumer.stop()
             self._consumer = None
 
-
-def _header(record: Any, name: str) -> str | None:
-    for key, value in record.headers or ():
-        if key == name:
-            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    return None

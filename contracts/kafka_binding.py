@@ -170,6 +170,15 @@ def _guarded(decoder: Decoder, key: Any, value: Any, headers: Any) -> Envelope:
                                 reason=f"{type(exc).__name__}: {exc}"[:500]) from exc
 
 
+def header_type(headers: Any) -> str | None:
+    """The record's `ce_type` header, read without decoding the record (to skip records
+    of other types cheaply); None for a record without one (structured mode)."""
+    for name, value in headers or ():
+        if name == "ce_type":
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return None
+
+
 def _header_map(headers: Any) -> dict[str, bytes]:
     """CloudEvent headers (``ce_*``, ``content-type``) by lower-case name, for the SDK."""
     found: dict[str, bytes] = {}

@@ -24,11 +24,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from consumers.delivery import transient_broker_error
-from consumers.pipeline import header_type
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeCancelRequested, InvokeRequested
-from contracts.kafka_binding import UndecodableRecord, decode, encode
+from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
 from domain.errors import ToolexecError
 
 log = structlog.get_logger(__name__)

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from consumers.pipeline import header_type
+from contracts.kafka_binding import header_type
 
 INVOCATIONS: Final = Counter(
     "toolexec_invocations", "Invocations that reached their terminal event, by tool and "

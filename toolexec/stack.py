@@ -33,7 +33,6 @@ from consumers.pipeline import (
     Attached,
     PipelineDeps,
     attach_group,
-    header_type,
     passthrough_decoder,
     pipeline_groups,
 )
@@ -44,7 +43,7 @@ from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbo
 from consumers.request_log import KafkaRequestLog
 from contracts import topics
 from contracts.envelope import Envelope
-from contracts.kafka_binding import UndecodableRecord, decode, encode
+from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
 from domain.capability import VerifiedTokens
 from domain.policy import DecisionCache
 from projections.circuit_view import CircuitView
