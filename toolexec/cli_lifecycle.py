@@ -100,11 +100,12 @@ async def _emit(bootstrap: str, database_url: str,
                 change: LifecycleChange) -> tuple[list[str], dict[str, Any] | None]:
     from projections.database import make_engine
     from toolexec.client import InvocationClient
-    from toolexec.lifecycle import lifecycle_event
+    from toolexec.lifecycle import checked_reading_your_writes, lifecycle_event
 
     engine = make_engine(database_url)
     try:
-        changes = await _checked(engine, bootstrap, change)
+        changes = await checked_reading_your_writes(
+            engine, change, lambda: _registry_caught_up(engine, bootstrap))
         now = datetime.now(UTC)
         events = [lifecycle_event(checked, now=now) for checked in changes]
         async with InvocationClient(bootstrap) as client:
@@ -113,24 +114,6 @@ async def _emit(bootstrap: str, database_url: str,
         return [e.id for e in events], await _wait_shown(engine, changes)
     finally:
         await engine.dispose()
-
-
-async def _checked(engine: AsyncEngine, bootstrap: str,
-                   change: LifecycleChange) -> tuple[LifecycleChange, ...]:
-    """Check against the read model; before answering "not found", wait (bounded) until
-    it holds every registry record in the log now (read-your-writes), and check again."""
-    from domain.errors import RegistryError
-    from toolexec.lifecycle import checked_change
-
-    try:
-        async with engine.connect() as conn:
-            return await checked_change(conn, change)
-    except RegistryError as miss:
-        if miss.code not in ("E3101", "E3102"):
-            raise
-    await _registry_caught_up(engine, bootstrap)
-    async with engine.connect() as conn:
-        return await checked_change(conn, change)
 
 
 async def _registry_caught_up(engine: AsyncEngine, bootstrap: str) -> bool:

@@ -68,7 +68,7 @@ from toolexec.gateway_models import (
     ToolDetail,
     ToolList,
 )
-from toolexec.lifecycle import checked_change, lifecycle_event
+from toolexec.lifecycle import checked_reading_your_writes, lifecycle_event
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
@@ -339,22 +339,10 @@ def _canceller(ctx: GatewayContext, token: str | None, row: Mapping[str, Any]) -
 
 async def _checked_change(ctx: GatewayContext,
                           change: LifecycleChange) -> tuple[LifecycleChange, ...]:
-    """The change checked against the registry read model; before answering "not
-    found" the read model catches up with the log (read-your-writes)."""
+    """The change checked against the registry read model (read-your-writes)."""
     try:
-        return await _check_once(ctx, change)
-    except ApiError as miss:
-        if miss.code not in ("E3101", "E3102"):
-            raise
-    await ctx.catch_up("registry", CATCH_UP_SECONDS)
-    return await _check_once(ctx, change)
-
-
-async def _check_once(ctx: GatewayContext,
-                      change: LifecycleChange) -> tuple[LifecycleChange, ...]:
-    try:
-        async with ctx.engine.connect() as conn:
-            return await checked_change(conn, change)
+        return await checked_reading_your_writes(
+            ctx.engine, change, lambda: ctx.catch_up("registry", CATCH_UP_SECONDS))
     except ToolexecError as error:
         raise ApiError(error.code, error.message, error.details) from None
 

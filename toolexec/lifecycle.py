@@ -4,14 +4,15 @@ against the registry read model, then build the `tool.lifecycle.changed` event."
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import Lifecycle, ToolLifecycleChanged
+from domain.errors import RegistryError
 from domain.lifecycle import LifecycleChange, decide_lifecycle_change
 from projections.queries import show_tool
 
@@ -30,6 +31,23 @@ async def checked_change(conn: AsyncConnection,
         if await show_tool(conn, replacement_id) is not None:
             known.append(replacement_id)
     return decide_lifecycle_change(change, versions, known)
+
+
+async def checked_reading_your_writes(
+        engine: AsyncEngine, change: LifecycleChange,
+        catch_up: Callable[[], Awaitable[object]]) -> tuple[LifecycleChange, ...]:
+    """`checked_change`; before answering "not found" (E3101, E3102), wait (`catch_up`,
+    bounded) until the read model holds every registry record in the log now, and
+    check again: a tool published just before may not be folded yet."""
+    try:
+        async with engine.connect() as conn:
+            return await checked_change(conn, change)
+    except RegistryError as miss:
+        if miss.code not in ("E3101", "E3102"):
+            raise
+    await catch_up()
+    async with engine.connect() as conn:
+        return await checked_change(conn, change)
 
 
 def lifecycle_event(change: LifecycleChange, *, now: datetime) -> Envelope:
