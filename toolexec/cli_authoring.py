@@ -25,6 +25,7 @@ from domain.lockfile import freeze
 from domain.model import Issue, ToolSource
 from domain.registry import InMemoryRegistry
 from domain.validation import validate_source
+from toolexec.cli_output import bad_usage, echo_json, fail
 from toolexec.sources import (
     SourceError,
     bash_syntax_check,
@@ -52,30 +53,14 @@ def register(app: typer.Typer) -> None:
 # ------------------------------------------------------------------------------ shared
 
 
-def _bad_usage(message: str, as_json: bool) -> NoReturn:
-    if as_json:
-        _echo_json({"error": {"code": "usage", "message": message, "details": {}}})
-    else:
-        err.print(f"[red]bad usage:[/] {escape(message)}")
-    raise typer.Exit(2)
-
-
 def _fail(error: ToolexecError, as_json: bool) -> NoReturn:
-    if as_json:
-        _echo_json({"error": error.to_dict()})
-    else:
-        err.print(f"[red]{error.code}[/] {escape(error.message)}")
-    raise typer.Exit(1)
-
-
-def _echo_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
+    fail(error.code, error.message, as_json, error.details)
 
 
 def _require_existing(paths: Iterable[Path], as_json: bool) -> None:
     for path in paths:
         if not path.exists():
-            _bad_usage(f"{path} does not exist", as_json)
+            bad_usage(f"{path} does not exist", as_json)
 
 
 def _display(origin: str) -> str:
@@ -107,7 +92,7 @@ def validate(
     _require_existing(paths, as_json)
     found = discover(paths)
     if not found:
-        _bad_usage(f"no tool sources found under {', '.join(map(str, paths))}", as_json)
+        bad_usage(f"no tool sources found under {', '.join(map(str, paths))}", as_json)
     sources = [item for item in found if isinstance(item, ToolSource)]
     unreadable = [item for item in found if isinstance(item, SourceError)]
     known = _known_tools([*load_builtin_sources(), *sources])
@@ -115,7 +100,7 @@ def validate(
                                                known_tools=known)) for s in sources]
     valid = not unreadable and all(report["valid"] for report in reports)
     if as_json:
-        _echo_json({"valid": valid, "tools": reports,
+        echo_json({"valid": valid, "tools": reports,
                     "unreadable": [error.to_dict() for error in unreadable]})
     else:
         _print_validation(reports, unreadable)
@@ -176,7 +161,7 @@ def integrity(
     except ToolexecError as error:
         _fail(error, as_json)
     if as_json:
-        _echo_json({"tool_id": tool_id, "version": version, "integrity": value})
+        echo_json({"tool_id": tool_id, "version": version, "integrity": value})
     else:
         typer.echo(value)
 
@@ -216,7 +201,7 @@ def lock(
     integrity and checks parent -> child schemas."""
     tool_id, _, version_range = tool.partition("@")
     if not tool_id:
-        _bad_usage(f"expected TOOL or TOOL@RANGE, got {tool!r}", as_json)
+        bad_usage(f"expected TOOL or TOOL@RANGE, got {tool!r}", as_json)
     if tools:
         _require_existing(tools, as_json)
     try:
@@ -279,8 +264,8 @@ def _write_lockfile(lockfile: dict[str, Any], output: Path | None, as_json: bool
     try:
         output.write_text(text, encoding="utf-8")
     except OSError as error:
-        _bad_usage(f"cannot write {output}: {error.strerror or error}", as_json)
+        bad_usage(f"cannot write {output}: {error.strerror or error}", as_json)
     if as_json:
-        _echo_json({"output": str(output), "lockfile": lockfile})
+        echo_json({"output": str(output), "lockfile": lockfile})
     else:
         err.print(f"lockfile written to [bold]{escape(str(output))}[/]")

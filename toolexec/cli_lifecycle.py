@@ -12,12 +12,13 @@ import asyncio
 import json
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from toolexec.cli_output import bad_usage, fail
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
 
@@ -79,12 +80,12 @@ def _change(tool: str, state: str, reason: str | None, replacement: str | None,
     if not tool_id or (version and not is_valid_version(version)) or (
             version_required and not version):
         wanted = "TOOL@VERSION" if version_required else "TOOL or TOOL@VERSION"
-        _bad_usage(f"expected {wanted} with an exact version, got {tool!r}")
+        bad_usage(f"expected {wanted} with an exact version, got {tool!r}", as_json)
     settings = Settings()
     runtime = read_runtime(settings) or {}
     bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
     if not bootstrap:
-        _fail("E3001", "no running toolexec found: start `toolexec up` first "
+        fail("E3001", "no running toolexec found: start `toolexec up` first "
               "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
     database_url = runtime.get("database_url") or settings.effective_database_url
     change = LifecycleChange(tool_id, version or None, state, reason=reason,
@@ -92,7 +93,7 @@ def _change(tool: str, state: str, reason: str | None, replacement: str | None,
     try:
         event_ids, shown = asyncio.run(_emit(str(bootstrap), str(database_url), change))
     except ToolexecError as error:
-        _fail(error.code, error.message, as_json, error.details)
+        fail(error.code, error.message, as_json, error.details)
     _report(change, event_ids, shown, as_json)
 
 
@@ -182,18 +183,3 @@ def _report(change: LifecycleChange, event_ids: list[str], shown: dict[str, Any]
     else:
         out.print(", ".join(f"{v['version']} {v['lifecycle']}" for v in versions),
                   highlight=False)
-
-
-def _fail(code: str, message: str, as_json: bool,
-          details: dict[str, Any] | None = None) -> NoReturn:
-    if as_json:
-        typer.echo(json.dumps({"error": {"code": code, "message": message,
-                                         "details": details or {}}}, indent=2, default=str))
-    else:
-        err.print(f"[red]{code}[/] {escape(message)}", highlight=False)
-    raise typer.Exit(1)
-
-
-def _bad_usage(message: str) -> NoReturn:
-    err.print(f"[red]bad usage:[/] {escape(message)}")
-    raise typer.Exit(2)

@@ -8,11 +8,10 @@ uses (`TOOLEXEC_DATABASE_URL`, else SQLite under the state directory).
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -20,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from toolexec.cli_output import echo_json, fail
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs
 
@@ -50,19 +50,6 @@ def register(app: typer.Typer) -> None:
 
 # --- plumbing ------------------------------------------------------------------------------
 
-def _echo_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, default=str))
-
-
-def _fail(code: str, message: str, as_json: bool, details: dict[str, Any] | None = None,
-          exit_code: int = 1) -> NoReturn:
-    if as_json:
-        _echo_json({"error": {"code": code, "message": message, "details": details or {}}})
-    else:
-        err.print(f"[red]{code}[/] {message}")
-    raise typer.Exit(exit_code)
-
-
 def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
                  as_json: bool = False) -> T:
     from sqlalchemy.exc import SQLAlchemyError
@@ -82,7 +69,7 @@ def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]]
     try:
         return asyncio.run(run())
     except (SQLAlchemyError, OSError) as error:  # boundary: the store is down or unreadable
-        _fail("E3001", f"projection store unavailable: {error}"[:500], as_json)
+        fail("E3001", f"projection store unavailable: {error}"[:500], as_json)
 
 
 def _bootstrap(settings: Settings, as_json: bool) -> str:
@@ -90,7 +77,7 @@ def _bootstrap(settings: Settings, as_json: bool) -> str:
         return settings.kafka_bootstrap
     running = read_runtime(settings)
     if running is None:
-        _fail("E3801", "no broker: start `toolexec up` or set TOOLEXEC_KAFKA_BOOTSTRAP",
+        fail("E3801", "no broker: start `toolexec up` or set TOOLEXEC_KAFKA_BOOTSTRAP",
               as_json)
     return str(running["kafka_bootstrap"])
 
@@ -108,7 +95,7 @@ def rebuild_command(
 
     models = read_models()
     if name is not None and name not in models:
-        _fail("usage", f"unknown read model {name!r}; one of {', '.join(models)}", as_json,
+        fail("usage", f"unknown read model {name!r}; one of {', '.join(models)}", as_json,
               exit_code=2)
     chosen = [models[name]] if name else list(models.values())
     settings = Settings()
@@ -137,7 +124,7 @@ def rebuild_command(
              "undecodable": r.undecodable, "seconds": round(r.seconds, 3),
              "events_per_second": round(r.events_per_second, 1)} for r in reports]
     if as_json:
-        _echo_json({"rebuilt": rows})
+        echo_json({"rebuilt": rows})
         return
     for row in rows:
         out.print(f"{row['name']}: {row['records']} records in {row['seconds']} s "
@@ -152,9 +139,9 @@ def _moment(text: str | None, as_json: bool) -> datetime | None:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        _fail("usage", f"not an ISO 8601 time: {text!r}", as_json, exit_code=2)
+        fail("usage", f"not an ISO 8601 time: {text!r}", as_json, exit_code=2)
     if moment.utcoffset() is None:
-        _fail("usage", f"time needs an offset (e.g. Z): {text!r}", as_json, exit_code=2)
+        fail("usage", f"time needs an offset (e.g. Z): {text!r}", as_json, exit_code=2)
     return moment
 
 
@@ -170,7 +157,7 @@ def replay(
 ) -> None:
     """Stream matching audit records (redacted CloudEvents) in time order."""
     if output not in ("jsonl", "table"):
-        _fail("usage", "--format is jsonl or table", as_json, exit_code=2)
+        fail("usage", "--format is jsonl or table", as_json, exit_code=2)
     from projections.audit import AuditQuery, audit_records
 
     query = AuditQuery(since=_moment(since, as_json), until=_moment(until, as_json),
@@ -211,7 +198,7 @@ def verify(as_json: JsonFlag = False) -> None:
         "offset": result.broken.offset, "event_id": result.broken.event_id,
         "reason": result.broken.reason}
     if as_json:
-        _echo_json({"ok": result.ok, "records": result.records, "chains": result.chains,
+        echo_json({"ok": result.ok, "records": result.records, "chains": result.chains,
                     "broken": broken})
     elif broken is None:
         out.print(f"audit verified: {result.records} record(s) in {result.chains} chain(s)")
@@ -245,7 +232,7 @@ def search(
 
     tools = _with_engine(Settings(), work, as_json)
     if as_json:
-        _echo_json({"tools": tools})
+        echo_json({"tools": tools})
         return
     table = Table("tool", "version", "type", "lifecycle", "description")
     for tool in tools:
@@ -267,9 +254,9 @@ def show(
 
     tool = _with_engine(Settings(), work, as_json)
     if tool is None:
-        _fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})
+        fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})
     if as_json:
-        _echo_json({"tool": tool})
+        echo_json({"tool": tool})
         return
     out.print(f"[bold]{tool['tool_id']}[/] ({tool['tool_type']}) current "
               f"{tool['current_version'] or '-'}, {tool['lifecycle']}: {tool['description']}")
