@@ -118,38 +118,46 @@ class InFlight:
         tp = TopicPartition(record.topic, record.partition)
         window = self._windows.setdefault(tp, PartitionWindow())
         window.start(record.offset)
-        await work()  # process_record never raises
-        position = window.finish(record.offset)
-        if position is not None:
-            await commit({tp: position})
+        if await _finished(tp, record.offset, work):
+            await _commit_past(window, tp, record.offset, commit)
 
     async def skip(self, record: Any, commit: Commit) -> None:
         """A record with nothing to do: done at once, in order with the others."""
-        tp = TopicPartition(record.topic, record.partition)
-        window = self._windows.setdefault(tp, PartitionWindow())
-        window.start(record.offset)
-        position = window.finish(record.offset)
-        if position is not None:
-            await commit({tp: position})
+        await self.run_now(record, _nothing, commit)
 
     async def _run(self, tp: TopicPartition, window: PartitionWindow, offset: int,
                    work: Callable[[], Awaitable[None]], commit: Commit) -> None:
         try:
-            await work()
-        except Exception:
-            # Its work (e.g. publishing its output) is not done: the partition's
-            # commit stays below it, so the record is delivered again after a
-            # restart or rebalance instead of being skipped.
-            log.exception("record.unfinished", topic=tp.topic, partition=tp.partition,
-                          offset=offset)
-            return
+            done = await _finished(tp, offset, work)
         finally:  # also when cancelled at shutdown: the slot frees, the offset stays
             self._slots.release()
-        position = window.finish(offset)
-        if position is not None:
-            await commit({tp: position})
+        if done:
+            await _commit_past(window, tp, offset, commit)
 
     async def drain(self) -> None:
         """Wait for every record in flight (on shutdown)."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _finished(tp: TopicPartition, offset: int, work: Callable[[], Awaitable[None]]) -> bool:
+    """Run `work`; False when it failed. Its work (e.g. publishing its output) is then
+    not done: the partition's commit stays below it, so the record is delivered again
+    after a restart or rebalance instead of being skipped."""
+    try:
+        await work()
+    except Exception:
+        log.exception("record.unfinished", topic=tp.topic, partition=tp.partition, offset=offset)
+        return False
+    return True
+
+
+async def _commit_past(window: PartitionWindow, tp: TopicPartition, offset: int,
+                       commit: Commit) -> None:
+    position = window.finish(offset)
+    if position is not None:
+        await commit({tp: position})
