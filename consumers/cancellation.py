@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from domain.bounded import remember
 from domain.errors import ToolexecError
 
 T = TypeVar("T")
@@ -51,10 +52,7 @@ class Cancellations:
 
     def request(self, invocation_id: str, reason: str | None = None) -> None:
         """Remember the cancel and interrupt what runs for the invocation now."""
-        self._cancelled[invocation_id] = reason
-        self._cancelled.move_to_end(invocation_id)
-        while len(self._cancelled) > self._capacity:
-            self._cancelled.popitem(last=False)
+        remember(self._cancelled, invocation_id, reason, self._capacity)
         for stop in self._running.get(invocation_id, ()):
             stop.set()
 

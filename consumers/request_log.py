@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from consumers.ports import LogPosition
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode, header_type
+from domain.bounded import remember
 
 log = structlog.get_logger(__name__)
 
@@ -143,10 +144,7 @@ class KafkaRequestLog:
         return found
 
     def _remember(self, request: Envelope) -> None:
-        self._seen[request.id] = request
-        self._seen.move_to_end(request.id)
-        while len(self._seen) > self._keep:
-            self._seen.popitem(last=False)
+        remember(self._seen, request.id, request, self._keep)
 
     async def _started(self) -> AIOKafkaConsumer:
         if self._consumer is None:

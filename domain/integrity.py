@@ -21,6 +21,7 @@ from typing import Any
 
 import rfc8785
 
+from domain.bounded import remember
 from domain.errors import IntegrityMismatch, RegistryError
 from domain.model import ResolvedChain, ToolFile, ToolSource, ToolVersion
 
@@ -105,10 +106,7 @@ class IntegrityCache:
 
     def add(self, tv: ToolVersion) -> None:
         """Remember `tv` as verified."""
-        self._entries[id(tv)] = tv
-        self._entries.move_to_end(id(tv))
-        while len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
+        remember(self._entries, id(tv), tv, self._max_entries)
 
     def clear(self) -> None:
         """Forget every entry."""

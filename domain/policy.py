@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from domain.bounded import remember
+
 ACTION = "tool.invoke"
 DefaultDecision = Literal["allow", "deny"]
 
@@ -147,10 +149,7 @@ class DecisionCache:
         return entry[1]
 
     def put(self, key: CacheKey, decision: PolicyDecision, *, now: float) -> None:
-        self._entries[key] = (now + self.ttl_seconds, decision)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.limit:
-            self._entries.popitem(last=False)
+        remember(self._entries, key, (now + self.ttl_seconds, decision), self.limit)
 
     def clear(self) -> None:
         """Drop every entry (a policy.updated was folded)."""
