@@ -11,21 +11,31 @@ outcomes yields the same transitions. Transition ids are uuid5(finished event id
 step name): a redelivered outcome publishes nothing new, and is not counted twice.
 
 This step must see every outcome of a service: run it as ONE consumer (one replica
-of its group); several replicas would each count a share of the outcomes.
+of its group); several replicas would each count a share of the outcomes. It is a
+side step: a record it cannot count is dead-lettered and the invocation goes on.
 """
 
 from __future__ import annotations
 
+import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
+import structlog
+
+from consumers.deadletter import DeadLetters
 from consumers.ports import Clock, Publish, RegistryReader
 from contracts.envelope import Envelope, derived_event_id, new_envelope
+from contracts.errors import ErrorInfo
 from contracts.events import CircuitStateChanged, ExecutionFinished
+from contracts.kafka_binding import UndecodableRecord, decode, header_type
 from domain.circuit import CircuitConfig, CircuitState, Transition, health_signal, record
 
+log = structlog.get_logger(__name__)
+
 SOURCE = "urn:toolexec:circuits"
+POISON_ATTEMPTS = 3
 REMEMBERED_OUTCOMES = 10_000
 CATCH_UP_SECONDS = 10.0
 
@@ -110,3 +120,36 @@ def _changed(cause: Envelope, service: str, transition: Transition, n: int,
                         correlationid=cause.correlationid, causationid=cause.id,
                         id=derived_event_id(cause.id, f"circuit.{service}.{n}"),
                         time=deps.clock(), extensions=extensions)
+
+
+async def misplaced_record(record: Any, dead_letters: DeadLetters, *, consumer: str) -> None:
+    """Dead-letter a record of the facts topic that is no fact at all (no `ce_type`, a
+    command, an unknown type): the circuits group reads every fact, so it is the one
+    that notices."""
+    await dead_letters.record(record, ErrorInfo(
+        code="E3004", message="record on the facts topic is not a pipeline fact",
+        details={"type": header_type(record.headers)}), consumer=consumer, attempts=1)
+
+
+async def count_record(record: Any, deps: CircuitDeps, dead_letters: DeadLetters, *,
+                       consumer: str) -> None:
+    """Count one `tool.execution.finished` record of the log; a record that cannot be
+    decoded or keeps failing is dead-lettered (the facts topic's other consumers keep
+    their own view of it)."""
+    try:
+        event = decode(record.key, record.value, record.headers)
+    except UndecodableRecord as bad:
+        await dead_letters.record(record, bad.error, consumer=consumer, attempts=1)
+        return
+    last: BaseException | None = None
+    for attempt in range(1, POISON_ATTEMPTS + 1):
+        try:
+            await on_execution_finished(event, deps)
+            return
+        except Exception as exc:  # boundary: becomes a dead-letter record below
+            last = exc
+            log.warning("circuits.failed", event_id=event.id, attempt=attempt, error=repr(exc))
+    await dead_letters.record(record, ErrorInfo(
+        code="E3000", message=f"the circuits step failed {POISON_ATTEMPTS} times: {last!r}",
+        details={"traceback": "".join(traceback.format_exception(last))[-4000:]}),
+        consumer=consumer, attempts=POISON_ATTEMPTS)

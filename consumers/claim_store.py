@@ -59,10 +59,12 @@ class InMemoryClaims:
                                          lease_seconds=lease_seconds)
         return True
 
-    async def finish(self, key: str, conclusion: bytes | None = None) -> None:
+    async def finish(self, key: str, conclusion: bytes | None = None) -> bool:
         row = self.rows.get(key)
-        if row is not None:
-            self.rows[key] = _finished(row, conclusion)
+        if row is None or row.owner != self.owner or row.finished:
+            return False
+        self.rows[key] = _finished(row, conclusion)
+        return True
 
 
 class SqliteClaims:
@@ -92,8 +94,8 @@ class SqliteClaims:
         fresh = take_over(found, owner=self.owner, now=now, lease_seconds=lease_seconds)
         return self._take_over(found, fresh)
 
-    async def finish(self, key: str, conclusion: bytes | None = None) -> None:
-        self._finish(key, conclusion)
+    async def finish(self, key: str, conclusion: bytes | None = None) -> bool:
+        return self._finish(key, conclusion)
 
     def close(self) -> None:
         self._db.close()
@@ -128,10 +130,12 @@ class SqliteClaims:
                 (fresh.owner, fresh.lease_until, found.key, found.owner, found.lease_until))
             return cursor.rowcount == 1
 
-    def _finish(self, key: str, conclusion: bytes | None) -> None:
+    def _finish(self, key: str, conclusion: bytes | None) -> bool:
         with self._lock:
-            self._db.execute("UPDATE claims SET finished = 1, conclusion = ? WHERE key = ?",
-                             (conclusion, key))
+            cursor = self._db.execute(
+                "UPDATE claims SET finished = 1, conclusion = ? "
+                "WHERE key = ? AND owner = ? AND finished = 0", (conclusion, key, self.owner))
+            return cursor.rowcount == 1
 
 
 class RedisClaims:
@@ -179,11 +183,25 @@ class RedisClaims:
                 return False
         return True
 
-    async def finish(self, key: str, conclusion: bytes | None = None) -> None:
+    async def finish(self, key: str, conclusion: bytes | None = None) -> bool:
+        from redis.exceptions import WatchError
+
         name = self._prefix + key
-        raw = await self._redis.get(name)
-        if raw is not None:
-            await self._redis.set(name, _dump(_finished(_load(raw), conclusion)), ex=self._ttl)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(name)
+                raw = await pipe.get(name)
+                if raw is None:
+                    return False
+                record = _load(raw)
+                if record.owner != self.owner or record.finished:
+                    return False
+                pipe.multi()
+                pipe.set(name, _dump(_finished(record, conclusion)), ex=self._ttl)
+                await pipe.execute()
+            except WatchError:
+                return False
+        return True
 
 
 def _dump(record: ClaimRecord) -> str:

@@ -1,16 +1,21 @@
-"""Step 3 — execute: tool.permission.decided(allow) -> tool.execution.started/finished.
+"""Step 3 — execute: an allowed invocation -> tool.execution.started/finished.
 
-Re-reads the chain from the registry view and checks it is the one that was
-resolved (same integrities), validates parameters against the leaf's schema
-(E3301, every violation), claims `invocation_id/attempt` so a redelivery never runs
-a tool twice, merges configs into the primitive's plan and runs it, retrying
-retriable failures with full-jitter backoff per the manifest's retry_policy.
+Validates parameters against the leaf's schema (E3301, every violation), claims
+`invocation_id/attempt` so a redelivery never runs a tool twice, merges configs into
+the primitive's plan and runs it, retrying retriable failures with full-jitter
+backoff per the manifest's retry_policy. Each `tool.execution.started` is on the log
+(acknowledged) before its attempt starts.
 
 `tool.invoke.cancel.requested` stops an invocation here (see consumers.cancellation):
 before its first attempt it never starts; a running attempt is interrupted and
 finishes with E3703; a retry backoff ends and no further attempt runs. Each ends
-with one terminal `tool.invoke.failed` E3703. A cancel of an invocation that already
-ended here publishes nothing.
+with one terminal `tool.invoke.failed` E3703.
+
+An invocation resumed after a restart passes what the log already holds of its
+attempts (`AttemptsOnLog`): finished attempts are not run again, and an attempt whose
+claim was abandoned by a dead executor is run again when its `started` fact never
+reached the log (the tool cannot have started), else it is recorded as unknown
+(E3404) unless the tool is idempotent.
 """
 
 from __future__ import annotations
@@ -20,26 +25,20 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.admission import AttemptGate, enter_attempt, leave_attempt, outcome_past_deadline
 from consumers.cancellation import Cancellations, JobCancelled
 from consumers.events import derive, error_info, failed
-from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, RegistryReader, Secrets
+from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, Secrets
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
-from contracts.events import (
-    ExecutionFinished,
-    ExecutionStarted,
-    InvokeCancelRequested,
-    PermissionDecided,
-)
+from contracts.events import ExecutionFinished, ExecutionStarted, PermissionDecided
 from contracts.kafka_binding import from_document, to_document
-from domain.claims import ClaimDecision, ClaimRecord, ClaimStatus
+from domain.claims import ClaimDecision, ClaimStatus
 from domain.credentials import REFERENCE, declared_credentials, references, scoped_secrets
-from domain.errors import IntegrityMismatch, ToolexecError, ValidationFailed, VersionNotFound
-from domain.integrity import verify_chain
+from domain.errors import ToolexecError, ValidationFailed
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, ResolvedChain, SubprocessPlan
 from domain.plan import build_plan
 from domain.redaction import REDACTED
@@ -52,7 +51,6 @@ STDERR_TAIL = 2048
 
 @dataclass(frozen=True)
 class ExecuteDeps:
-    registry: RegistryReader
     publish: Publish
     clock: Clock
     runner: PrimitiveRunner
@@ -64,49 +62,38 @@ class ExecuteDeps:
     cancellations: Cancellations = dataclasses.field(default_factory=Cancellations)
 
 
-async def on_cancel_requested(event: Envelope, deps: ExecuteDeps) -> None:
-    """Remember the cancel and interrupt the invocation's running attempt, if any; the
-    attempt loop publishes what follows (nothing when the invocation already ended)."""
-    request: InvokeCancelRequested = event.data
-    deps.cancellations.request(request.invocation_id, request.reason)
+@dataclass(frozen=True)
+class AttemptsOnLog:
+    """What the log holds of an invocation's attempts: the numbers of those started,
+    and the `tool.execution.finished` event of those finished."""
+
+    started: frozenset[int] = frozenset()
+    finished: Mapping[int, Envelope] = field(default_factory=dict)
 
 
-async def on_permission_decided(event: Envelope, deps: ExecuteDeps) -> None:
+NOTHING_ON_LOG = AttemptsOnLog()
+
+
+async def execute_decision(event: Envelope, chain: ResolvedChain, deps: ExecuteDeps,
+                           on_log: AttemptsOnLog = NOTHING_ON_LOG) -> Envelope:
+    """Run the invocation allowed by `event` (tool.permission.decided) on `chain` to its
+    final conclusion: the final `tool.execution.finished`, or a `tool.invoke.failed`.
+
+    Facts on the way (each attempt's started, a retried attempt's finished) are
+    published through `deps.publish` as they happen; the final conclusion is stored
+    with its claim and returned, not published: the caller appends it together with
+    the terminal event it leads to."""
     decision: PermissionDecided = event.data
-    if decision.decision != "allow":
-        return
     try:
-        chain = _chain_for(decision, deps.registry)
         leaf = chain.leaf
         _check_parameters(leaf.manifest, decision.parameters)
         plan = build_plan(chain)
         secrets = scoped_secrets(plan, declared_credentials(chain), deps.secrets)
     except ToolexecError as error:
-        await deps.publish(failed(event, error, stage="execute",
-                                  invocation_id=decision.invocation_id,
-                                  tool_id=decision.tool_id, version=decision.version,
-                                  now=deps.clock()))
-        return
-    await _run_attempts(event, decision, chain, plan, dataclasses.replace(deps, secrets=secrets))
-
-
-def _chain_for(decision: PermissionDecided, registry: RegistryReader) -> ResolvedChain:
-    links = []
-    for link in decision.chain:
-        version = registry.get(link.tool_id, link.version)
-        if version is None:
-            raise VersionNotFound(f"{link.tool_id}@{link.version} is not in the registry view",
-                                  details={"tool_id": link.tool_id, "version": link.version})
-        if version.integrity != link.integrity:
-            raise IntegrityMismatch(
-                f"{link.tool_id}@{link.version} changed since it was resolved",
-                details={"tool_id": link.tool_id, "version": link.version,
-                         "expected": link.integrity, "actual": version.integrity},
-            )
-        links.append(version)
-    chain = ResolvedChain(tuple(links))
-    verify_chain(chain)
-    return chain
+        return failed(event, error, stage="execute", invocation_id=decision.invocation_id,
+                      tool_id=decision.tool_id, version=decision.version, now=deps.clock())
+    return await _run_attempts(event, decision, chain, plan,
+                               dataclasses.replace(deps, secrets=secrets), on_log)
 
 
 def _check_parameters(manifest: Mapping[str, Any], params: Mapping[str, Any]) -> None:
@@ -122,28 +109,35 @@ def _check_parameters(manifest: Mapping[str, Any], params: Mapping[str, Any]) ->
 
 
 async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: ResolvedChain,
-                        plan: SubprocessPlan | HttpPlan | McpPlan, deps: ExecuteDeps) -> None:
+                        plan: SubprocessPlan | HttpPlan | McpPlan, deps: ExecuteDeps,
+                        on_log: AttemptsOnLog) -> Envelope:
     """Run attempts until one is final (`deps.secrets` is scoped to the chain's
-    declared credentials). Each attempt's concluding event is stored with
-    its claim *before* it is published (an outbox): a redelivery after a crash
-    republishes that same event instead of concluding the attempt a second time."""
+    declared credentials); returns the final conclusion. Each attempt's concluding
+    event is stored with its claim before it leaves (an outbox): a redelivery after a
+    crash uses that same event instead of concluding the attempt a second time."""
     manifest = chain.leaf.manifest
     policy = RetryPolicy.from_manifest(manifest)
     resolved_plan, secret_values = _resolve_env_secrets(plan, deps.secrets)
     attempt = 1
     while True:
+        on_record = on_log.finished.get(attempt)
+        if on_record is not None:  # concluded before a restart: never run again
+            if on_record.data.final:
+                return on_record
+            attempt += 1
+            continue
         key = f"{decision.invocation_id}/{attempt}"
-        claim = await _claim(key, plan.timeout_seconds, bool(manifest.get("idempotent")), deps)
-        if claim.status is ClaimStatus.RUNNING_HERE:
-            return  # a duplicate delivery of an attempt this process runs now
+        claim = await _claim(key, plan.timeout_seconds, bool(manifest.get("idempotent")),
+                             attempt not in on_log.started, deps)
         if claim.status is ClaimStatus.FINISHED:
-            if not await _republish(claim.record, deps):
-                return
+            conclusion = _stored_conclusion(claim)
+            if conclusion is None or _is_final(conclusion):
+                return conclusion or _unknown(event, decision, attempt, manifest, deps)
+            await deps.publish(conclusion)
             attempt += 1  # that attempt asked for a retry: go on with the next one
             continue
-        if claim.status is ClaimStatus.ABANDONED:
-            await _conclude(key, _unknown(event, decision, attempt, manifest, deps), deps)
-            return
+        if claim.status in _LEFT_UNFINISHED:
+            return await _conclude(key, _unknown(event, decision, attempt, manifest, deps), deps)
         cancels = deps.cancellations
         try:
             if cancels.is_cancelled(decision.invocation_id):
@@ -153,13 +147,18 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
                 clock=deps.clock, sleep=deps.sleep))
         except ToolexecError as refused:  # E3002 deadline, E3501 breaker, E3504 rate
             # limit, E3703 cancelled before the attempt started
-            await _conclude(key, failed(event, refused, stage="execute",
-                                        invocation_id=decision.invocation_id,
-                                        tool_id=decision.tool_id, version=decision.version,
-                                        now=deps.clock()), deps)
-            return
-        await deps.publish(derive(event, _started(decision, attempt, plan, deps.runner.sandbox),
-                                  step=f"execute.started.{attempt}", now=deps.clock()))
+            return await _conclude(key, failed(event, refused, stage="execute",
+                                               invocation_id=decision.invocation_id,
+                                               tool_id=decision.tool_id,
+                                               version=decision.version,
+                                               now=deps.clock()), deps)
+        try:
+            await deps.publish(derive(event, _started(decision, attempt, plan,
+                                                      deps.runner.sandbox),
+                                      step=f"execute.started.{attempt}", now=deps.clock()))
+        except BaseException:
+            await leave_attempt(deps.gate, passed)
+            raise
         started = time.perf_counter()
         try:
             outcome = await cancels.interruptible(decision.invocation_id, _run_primitive(
@@ -174,48 +173,71 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
         # A cancel seen as a retriable failure came in ends at the next attempt's
         # claim, with E3703, without running it.
         retry = attempt < policy.max_attempts and is_retriable(outcome, policy)
-        finished = _finished(decision, attempt, outcome, manifest, secret_values, final=not retry)
-        await _conclude(key, derive(event, finished, step=f"execute.finished.{attempt}",
-                                    now=deps.clock()), deps)
+        finished = derive(event, _finished(decision, attempt, outcome, manifest, secret_values,
+                                           final=not retry),
+                          step=f"execute.finished.{attempt}", now=deps.clock())
+        await _conclude(key, finished, deps)
         if not retry:
-            return
+            return finished
+        await deps.publish(finished)
         with contextlib.suppress(JobCancelled):  # the next attempt then ends as cancelled
             await cancels.interruptible(decision.invocation_id,
                                         deps.sleep(backoff_delay(attempt, policy, deps.random())))
         attempt += 1
 
 
-async def _conclude(key: str, conclusion: Envelope, deps: ExecuteDeps) -> None:
-    """Store the attempt's concluding event with its claim, then publish it."""
-    await deps.claims.finish(key, to_document(conclusion))
-    await deps.publish(conclusion)
+_LEFT_UNFINISHED = frozenset({ClaimStatus.ABANDONED, ClaimStatus.RUNNING_HERE})
+"""An attempt whose claim an executor left without concluding it: a dead one
+(abandoned) or this one, when an earlier run of the invocation here failed (one run
+of an invocation exists at a time in a process, see consumers.invocation)."""
 
 
-async def _republish(record: ClaimRecord | None, deps: ExecuteDeps) -> bool:
-    """Publish a finished attempt's stored conclusion again (same event id, so
-    consumers de-duplicate it); True when that conclusion asked for another attempt."""
-    if record is None or record.conclusion is None:
-        return False
-    conclusion = from_document(record.conclusion)
-    await deps.publish(conclusion)
+def _is_final(conclusion: Envelope) -> bool:
     data = conclusion.data
-    return isinstance(data, ExecutionFinished) and not data.final
+    return not isinstance(data, ExecutionFinished) or data.final
 
 
-async def _claim(key: str, timeout: float, idempotent: bool, deps: ExecuteDeps) -> ClaimDecision:
+class AttemptTakenOver(Exception):
+    """Another executor took this attempt's claim over (it found it abandoned: this
+    executor stalled past its lease) and concludes it; this run must not."""
+
+
+async def _conclude(key: str, conclusion: Envelope, deps: ExecuteDeps) -> Envelope:
+    """Store the attempt's concluding event with its claim; returns it. Raises
+    AttemptTakenOver when the claim is no longer this executor's."""
+    if not await deps.claims.finish(key, to_document(conclusion)):
+        raise AttemptTakenOver(f"attempt {key} was taken over by another executor")
+    return conclusion
+
+
+def _stored_conclusion(claim: ClaimDecision) -> Envelope | None:
+    """A finished attempt's stored conclusion (same event id as when it was first
+    concluded, so consumers de-duplicate it); None when none was stored."""
+    record = claim.record
+    if record is None or record.conclusion is None:
+        return None
+    return from_document(record.conclusion)
+
+
+async def _claim(key: str, timeout: float, idempotent: bool, never_started: bool,
+                 deps: ExecuteDeps) -> ClaimDecision:
     """Claim an attempt. A claim held by another live owner is waited out (its lease
-    covers its timeout); an abandoned one is taken over when the tool is idempotent,
-    and otherwise reported as ABANDONED so the outcome is recorded as unknown."""
+    covers its timeout); a claim left unfinished is taken over, then run again when
+    the tool cannot have started (its started fact is not on the log) or is
+    idempotent, and otherwise reported as ABANDONED so the outcome is recorded as
+    unknown (by this executor alone: the take-over is atomic)."""
     while True:
         now = deps.clock().timestamp()
         claim = await deps.claims.claim(key, now=now, lease_seconds=timeout)
         if claim.status is ClaimStatus.HELD_ELSEWHERE and claim.record is not None:
             await deps.sleep(min(max(claim.record.lease_until - now, 0.05), 1.0))
             continue
-        if claim.status is ClaimStatus.ABANDONED and idempotent and claim.record is not None:
-            if await deps.claims.take_over(claim.record, now=now, lease_seconds=timeout):
-                return ClaimDecision(ClaimStatus.ACQUIRED, claim.record)
-            continue  # another executor took it over first: its lease is waited out
+        if claim.status in _LEFT_UNFINISHED and claim.record is not None:
+            if not await deps.claims.take_over(claim.record, now=now, lease_seconds=timeout):
+                continue  # another executor took it over first: its lease is waited out
+            rerun = idempotent or never_started
+            return ClaimDecision(ClaimStatus.ACQUIRED if rerun else ClaimStatus.ABANDONED,
+                                 claim.record)
         return claim
 
 

@@ -2,6 +2,8 @@
 
 Only the final attempt's outcome is finalised; the result is validated against the
 manifest's result_schema with coercion (E3303) and redacted of secrets and PII.
+The step returns the terminal fact; the pipeline appends it to the log together with
+the execution.finished it follows from (consumers.invocation).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from consumers.events import derive, failed
-from consumers.ports import Clock, Publish
+from consumers.ports import Clock
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
 from contracts.events import ExecutionFinished, InvokeCompleted
@@ -19,14 +21,13 @@ from domain.result import finalise
 
 @dataclass(frozen=True)
 class FinalizeDeps:
-    publish: Publish
     clock: Clock
 
 
-async def on_execution_finished(event: Envelope, deps: FinalizeDeps) -> None:
+def finalize_execution(event: Envelope, deps: FinalizeDeps) -> Envelope:
+    """The terminal event that the final `tool.execution.finished` `event` leads to."""
     finished: ExecutionFinished = event.data
-    if not finished.final:
-        return
+    assert finished.final, "only the final attempt is finalised"
     now = deps.clock()
     common = dict(invocation_id=finished.invocation_id, tool_id=finished.tool_id,
                   version=finished.version, now=now)
@@ -35,19 +36,17 @@ async def on_execution_finished(event: Envelope, deps: FinalizeDeps) -> None:
             code="E3404" if finished.outcome == "unknown" else "E3401",
             message=f"tool execution ended with outcome {finished.outcome}",
         )
-        await deps.publish(failed(event, error, stage="execute", **common))
-        return
+        return failed(event, error, stage="execute", **common)
     try:
         if finished.stdout_truncated:
             raise ValidationFailed("tool output exceeded the output cap", code="E3303",
                                    details={"truncated": True})
         result = finalise(finished.stdout, finished.result_schema)
     except ValidationFailed as error:
-        await deps.publish(failed(event, error, stage="finalize", **common))
-        return
+        return failed(event, error, stage="finalize", **common)
     completed = InvokeCompleted(
         invocation_id=finished.invocation_id, tool_id=finished.tool_id, version=finished.version,
         result=result.value, duration_ms=finished.duration_ms, attempts=finished.attempt,
         coerced=result.coerced, redactions=result.redactions,
     )
-    await deps.publish(derive(event, completed, step="finalize", now=now))
+    return derive(event, completed, step="finalize", now=now)

@@ -1,303 +1,407 @@
-"""FastStream wiring of the pipeline steps: two consumer groups on the invocations topic.
+"""The pipeline's consumer group on `toolexec.requests`: it owns each invocation end
+to end, where its request lands.
 
-`{prefix}.pipeline` runs the quick, sequential steps (authorize, resolve, finalize,
-circuits): its one subscriber reads each record once and calls, in order, every
-handler registered for the record's type. `{prefix}.execute` runs tools concurrently
-(see consumers.inflight). Every record is thus delivered to two groups, not one per
-step, and records of other types are skipped by the `ce_type` header alone, before
-any decoding.
+One consumer reads the requests of the partitions this process owns, in batches,
+straight from aiokafka (no per-record framework work); each request runs in process
+(consumers.runs, consumers.invocation) and its facts go to the same partition of
+`toolexec.invocations`. Cancels are applied at once. Offsets are committed up to the
+first unfinished request (consumers.partition_progress), a few times a second.
 
-Bad input never crashes a consumer: undecodable records are dead-lettered (once, by
-the pipeline group); a handler that keeps failing on a record is retried a bounded
-number of times, then the record is dead-lettered with the traceback and the step's
-name, and the invocation gets its terminal failure event. The record's remaining
-handlers on the invocation's path are then skipped, so that the failure stays the
-invocation's one terminal event (with a group per step, resolve went on after authorize
-gave up on a request, and the invocation could end twice); side steps such as circuits
-still run.
+When a partition is assigned (start, rebalance) it is paused until its requests'
+state is read back from the log (consumers.recovery): finished requests are skipped,
+the others resume from their last fact. A producer in this process (the HTTP gateway,
+the MCP server, an embedded `toolexec run`) hands its acknowledged request over in
+memory (`expect` + `hand_over`) and gets the terminal event back in memory; the copy
+the consumer reads later is recognised by its offset and skipped.
+
+Bad input never stops the consumer: undecodable records and records that are not
+commands are dead-lettered, and the consumer moves on.
 """
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from contextvars import ContextVar
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import structlog
-from aiokafka import TopicPartition
-from faststream import AckPolicy
-from faststream.kafka import KafkaBroker
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import ConsumerStoppedError, IllegalStateError, KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 
-from consumers import authorize, circuits, execute, finalize, resolve
 from consumers.deadletter import DeadLetters
-from consumers.events import failed
-from consumers.inflight import CommitCoalescer, InFlight
-from consumers.ports import LogPosition
+from consumers.delivery import DeliveringFactLog
+from consumers.fact_log import PartitionFactLog
+from consumers.fetch_pacing import FetchPacer
+from consumers.invocation import InvocationDeps
+from consumers.invocation_facts import InvocationFacts
+from consumers.partition_progress import PartitionProgress
+from consumers.recovery import LogReader
+from consumers.runs import InvocationRuns, Listener, RecordRef
 from contracts import topics
 from contracts.envelope import Envelope
-from contracts.kafka_binding import UndecodableRecord, decode, header_type
-from domain.errors import ToolexecError
+from contracts.errors import ErrorInfo
+from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
 
 log = structlog.get_logger(__name__)
 
-React = Callable[[Envelope], Awaitable[None]]
-POISON_ATTEMPTS = 3
-STAGES = ("resolve", "authorize", "execute", "finalize")
-
-_position: ContextVar[LogPosition | None] = ContextVar("record_position", default=None)
-
-
-def current_position() -> LogPosition | None:
-    """Where the record being handled sits in the log (for handlers that read back)."""
-    return _position.get()
+REQUESTED = "tool.invoke.requested"
+CANCEL_REQUESTED = "tool.invoke.cancel.requested"
+POLL_MS = 200
+MAX_RECORDS = 500
+COMMIT_INTERVAL = 0.05
+RECOVERY_RETRY_SECONDS = 1.0
+STOP_GRACE_SECONDS = 10.0
 
 
-async def passthrough_decoder(message: Any) -> Any:
-    """FastStream decoder that hands the handler the raw StreamMessage."""
-    return message
+class PartitionCountMismatch(RuntimeError):
+    """The requests and invocations topics have different partition counts."""
 
 
-@dataclass(frozen=True)
-class Handler:
-    """One step's reaction to one event type."""
+class Pipeline:
+    """The consumer group that runs every invocation whose request it reads."""
 
-    event_type: str
-    step: str
-    """The pipeline step (resolve, authorize, ...): named in dead-letter records and
-    as the stage of the invocation's failure."""
-    react: React
-    fails_invocation: bool = True
-    """Whether a poison record ends the invocation with tool.invoke.failed (False for
-    side steps, such as circuits, that are not on the invocation's path)."""
+    def __init__(self, bootstrap: str, producer: AIOKafkaProducer, deps: InvocationDeps,
+                 dead_letters: DeadLetters, *, group: str,
+                 consumer_options: Mapping[str, Any] | None = None,
+                 pacer: FetchPacer | None = None, max_in_flight: int = 32,
+                 observe: Listener | None = None) -> None:
+        self.group = group
+        self._bootstrap = bootstrap
+        self._producer = producer
+        self._dead_letters = dead_letters
+        self._options = {k: v for k, v in (consumer_options or {}).items()
+                         if k != "fetch_max_wait_ms"}
+        self._pacer = pacer or FetchPacer(5, 500)
+        self._max_in_flight = max_in_flight
+        self._observe = observe
+        self.runs = InvocationRuns(deps, dead_letters, consumer=f"{group}/invocation",
+                                   max_in_flight=max_in_flight, observe=observe)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: LogReader | None = None
+        self._reader_consumer: AIOKafkaConsumer | None = None
+        self._progress: dict[int, PartitionProgress] = {}
+        self._recovered: dict[int, _RecoveredFacts] = {}
+        self._recovering: dict[int, asyncio.Task[None]] = {}
+        self._committed: dict[int, int] = {}
+        self._commit_task: asyncio.Task[None] | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._partitions: list[int] = []
+        self._partitioner = DefaultPartitioner()
+        self._broker_error: str | None = None
+        self.ready = asyncio.Event()
+        """Set once every partition first assigned is recovered."""
 
+    # -- lifecycle --------------------------------------------------------------------
 
-@dataclass
-class Group:
-    """One consumer group on the invocations topic and the handlers it runs."""
+    async def start(self) -> None:
+        """Join the group; recovery and consumption go on in the background."""
+        self._reader_consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
+            fetch_max_wait_ms=self._pacer.short_ms)
+        await self._reader_consumer.start()
+        self._reader = LogReader(self._reader_consumer)
+        self._partitions = self._check_partitions(self._reader_consumer)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap, group_id=self.group, enable_auto_commit=False,
+            auto_offset_reset="earliest", fetch_max_wait_ms=self._pacer.long_ms,
+            **self._options)
+        consumer.subscribe([topics.REQUESTS], listener=_Rebalance(self))
+        self._consumer = consumer  # the listener runs within start()
+        self._pacer.attach(consumer)
+        await consumer.start()
+        self._loop_task = asyncio.create_task(self._consume(), name=f"pipeline-{self.group}")
 
-    name: str
-    handlers: Mapping[str, Sequence[Handler]]
-    """By event type, in the order they run on a record."""
-    dead_letter_undecodable: bool = False
-    max_workers: int = 1
-    immediate: frozenset[str] = frozenset()
-    """Event types handled at once, without waiting for a free worker slot (quick
-    signals to work in flight, such as a cancel while every slot runs a tool)."""
+    async def stop(self) -> None:
+        """Stop reading, let the runs in flight end (bounded), commit, leave the group."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        for task in self._recovering.values():
+            task.cancel()
+        try:
+            async with asyncio.timeout(STOP_GRACE_SECONDS):
+                await self.runs.drain()
+        except TimeoutError:
+            log.warning("pipeline.stop_with_work_in_flight", active=self.runs.active)
+        await self._commit()
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+        if self._reader_consumer is not None:
+            await self._reader_consumer.stop()
+            self._reader_consumer = None
 
+    @property
+    def running(self) -> bool:
+        return self._loop_task is not None and not self._loop_task.done()
 
-def by_type(handlers: Iterable[Handler]) -> dict[str, tuple[Handler, ...]]:
-    """`handlers` keyed by event type, each type's in the order given."""
-    found: dict[str, tuple[Handler, ...]] = {}
-    for handler in handlers:
-        found[handler.event_type] = (*found.get(handler.event_type, ()), handler)
-    return found
+    def _check_partitions(self, consumer: AIOKafkaConsumer) -> list[int]:
+        requests = sorted(consumer.partitions_for_topic(topics.REQUESTS) or ())
+        facts = sorted(consumer.partitions_for_topic(topics.INVOCATIONS) or ())
+        if not requests or requests != facts:
+            raise PartitionCountMismatch(
+                f"{topics.REQUESTS} has partitions {requests} and {topics.INVOCATIONS} "
+                f"{facts}: the facts of an invocation go to its request's partition, so "
+                "both topics need the same partition count")
+        return requests
 
+    # -- local producers --------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PipelineDeps:
-    resolve: resolve.ResolveDeps
-    authorize: authorize.AuthorizeDeps
-    execute: execute.ExecuteDeps
-    finalize: finalize.FinalizeDeps
-    dead_letters: DeadLetters
-    clock: Callable[[], datetime]
-    circuits: circuits.CircuitDeps | None = None
+    def partition_of(self, invocation_id: str) -> int:
+        """The requests partition of `invocation_id` (the default partitioner's)."""
+        return self._partitioner(invocation_id.encode(), self._partitions, self._partitions)
 
+    def owns(self, partition: int) -> bool:
+        """Whether requests of `partition` run here now (assigned and recovered)."""
+        progress = self._progress.get(partition)
+        return progress is not None and progress.owned
 
-def pipeline_groups(deps: PipelineDeps, *, group_prefix: str,
-                    execute_workers: int) -> list[Group]:
-    """DESIGN.md's pipeline steps, bound to their ports, in their two consumer groups."""
-    # Authorize comes before resolve on a request: it must keep the request's token
-    # before the chain.resolved that resolve publishes is handled, which in-process
-    # brokers (tests) deliver nested, inside resolve's publish.
-    quick = [*_authorize(deps.authorize), *_resolve(deps.resolve),
-             *_finalize(deps.finalize), *_circuits(deps.circuits)]
-    return [
-        Group(f"{group_prefix}.pipeline", by_type(quick), dead_letter_undecodable=True),
-        Group(f"{group_prefix}.execute", by_type(_execute(deps.execute)),
-              max_workers=execute_workers,
-              immediate=frozenset({"tool.invoke.cancel.requested"})),
-    ]
+    def expect(self, invocation_id: str, listener: Listener | None = None
+               ) -> asyncio.Future[Envelope]:
+        """A future of the terminal event, for a local producer about to send the
+        request of `invocation_id` to a partition `owns` says is here."""
+        return self.runs.expect(invocation_id, listener)
 
+    def forget(self, invocation_id: str) -> None:
+        """The expected request could not be delivered."""
+        self.runs.forget(invocation_id)
 
-def _authorize(deps: authorize.AuthorizeDeps) -> list[Handler]:
-    return [Handler("tool.invoke.requested", "authorize",
-                    lambda e: authorize.on_invoke_requested(e, deps)),
-            Handler("tool.chain.resolved", "authorize",
-                    lambda e: authorize.on_chain_resolved(e, deps, current_position()))]
+    def hand_over(self, request: Envelope, partition: int, offset: int) -> None:
+        """Run the acknowledged request at (`partition`, `offset`) now. If the partition
+        moved to another owner in between, it runs here anyway: execution claims keep
+        the tool from running twice, and the facts keep their ids."""
+        progress = self._progress.get(partition)
+        if progress is None:
+            progress = PartitionProgress(partition, next_read=0, high_water=0)
+            progress.owned = False
+        progress.hand_over(offset)
+        self._start(request, progress, offset, InvocationFacts())
 
+    # -- consuming --------------------------------------------------------------------
 
-def _resolve(deps: resolve.ResolveDeps) -> list[Handler]:
-    return [Handler("tool.invoke.requested", "resolve",
-                    lambda e: resolve.on_invoke_requested(e, deps))]
-
-
-def _execute(deps: execute.ExecuteDeps) -> list[Handler]:
-    return [Handler("tool.permission.decided", "execute",
-                    lambda e: execute.on_permission_decided(e, deps)),
-            Handler("tool.invoke.cancel.requested", "execute",
-                    lambda e: execute.on_cancel_requested(e, deps))]
-
-
-def _finalize(deps: finalize.FinalizeDeps) -> list[Handler]:
-    return [Handler("tool.execution.finished", "finalize",
-                    lambda e: finalize.on_execution_finished(e, deps))]
-
-
-def _circuits(deps: circuits.CircuitDeps | None) -> list[Handler]:
-    if deps is None:
-        return []
-    return [Handler("tool.execution.finished", "circuits",
-                    lambda e: circuits.on_execution_finished(e, deps), fails_invocation=False)]
-
-
-@dataclass
-class Attached:
-    """What a running group needs at shutdown: finish work in flight, then commit."""
-
-    committer: CommitCoalescer
-    inflight: InFlight | None = None
-
-    async def drain(self) -> None:
-        if self.inflight is not None:
-            await self.inflight.drain()
-        await self.committer.flush()
-
-
-def attach_group(broker: KafkaBroker, group: Group, deps: PipelineDeps, *,
-                 consumer_options: Mapping[str, Any]) -> Attached:
-    """Subscribe `group` to the invocations topic on `broker`.
-
-    Offsets are committed only past finished records, in coalesced batches. A group
-    with max_workers > 1 processes records concurrently through one consumer (see
-    consumers.inflight); the others handle one record after another.
-    """
-    committer = CommitCoalescer()
-    subscribe = broker.subscriber(topics.INVOCATIONS, group_id=group.name,
-                                  auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL,
-                                  **consumer_options)
-    if group.max_workers <= 1 and not group.immediate:  # immediate records need the other path
-        @subscribe
-        async def handle(message: Any) -> None:
-            record = message.raw_message
-            tp = TopicPartition(record.topic, record.partition)
+    async def _consume(self) -> None:
+        assert self._consumer is not None
+        consumer = self._consumer
+        while True:
             try:
-                await process_record(record, group, deps)
-            except Exception:
-                committer.hold(tp, record.offset)  # output not delivered: not skipped
-                raise
-            committer.done(message.consumer.commit, tp, record.offset + 1)
-        return Attached(committer)
+                fetched = await consumer.getmany(timeout_ms=POLL_MS, max_records=MAX_RECORDS)
+            except ConsumerStoppedError:
+                return
+            except KafkaError as exc:
+                self._broker_state(repr(exc))
+                await asyncio.sleep(RECOVERY_RETRY_SECONDS)
+                continue
+            self._broker_state(None)
+            if fetched or self.runs.active:
+                self._pacer.busy()
+            else:
+                self._pacer.update()
+            for tp, records in fetched.items():
+                progress = self._progress.get(tp.partition)
+                if progress is None:
+                    if tp.partition in self._recovering:  # read again once recovered
+                        consumer.seek(tp, records[0].offset)
+                    continue  # else revoked meanwhile: its new owner reads them
+                for record in records:
+                    self._on_record(progress, record)
+                self._forget_recovered(progress)
+            if fetched:
+                self._commit_soon()
+            await self.runs.wait_below(self._max_in_flight * 4)
 
-    inflight = InFlight(group.max_workers)
-
-    @subscribe
-    async def handle_concurrently(message: Any) -> None:
-        record = message.raw_message
-        consumer = message.consumer
-
-        async def commit(positions: dict[TopicPartition, int]) -> None:
-            for tp, position in positions.items():
-                committer.done(consumer.commit, tp, position)
-
-        ce_type = header_type(record.headers)
-        if ce_type is not None and ce_type not in group.handlers:
-            await inflight.skip(record, commit)  # no task for records of other groups
+    def _on_record(self, progress: PartitionProgress, record: Any) -> None:
+        kind = header_type(record.headers)
+        offset = record.offset
+        if kind == REQUESTED:
+            if progress.take(offset):
+                self._on_request(progress, record)
             return
-        if ce_type in group.immediate:
-            await inflight.run_now(record, lambda: process_record(record, group, deps), commit)
+        progress.skip(offset)
+        try:
+            event = decode(record.key, record.value, record.headers)
+        except UndecodableRecord as bad:
+            self._dead_letter(record, bad.error)
             return
-        await inflight.submit(record, lambda: process_record(record, group, deps), commit)
+        if event.type == CANCEL_REQUESTED:
+            self.runs.cancel(event.data.invocation_id, event.data.reason)
+        else:
+            self._dead_letter(record, ErrorInfo(
+                code="E3004", message=f"{event.type} is not a command; producers may write "
+                f"only {sorted(topics.COMMAND_TYPES)} to {topics.REQUESTS}",
+                details={"type": event.type}))
 
-    return Attached(committer, inflight)
-
-
-async def process_record(record: Any, group: Group, deps: PipelineDeps) -> None:
-    """Decode one record and run each of the group's handlers for its type, in order.
-
-    Never raises for a handler's own failure (see `_run_guarded`); re-raises, after
-    the side steps ran, a failure to publish a handler's failure outcome.
-    """
-    ce_type = header_type(record.headers)
-    if ce_type is not None and ce_type not in group.handlers:
-        return
-    try:
-        envelope = decode(record.key, record.value, record.headers)
-    except UndecodableRecord as bad:
-        if group.dead_letter_undecodable:
-            await deps.dead_letters.record(record, bad.error, consumer=group.name, attempts=1)
-        return
-    handlers = group.handlers.get(envelope.type, ())
-    if not handlers:
-        return
-    position = _position.set(LogPosition(record.topic, record.partition, record.offset))
-    try:
-        with structlog.contextvars.bound_contextvars(
-                invocation_id=envelope.correlationid, event_id=envelope.id,
-                event_type=envelope.type, group=group.name):
-            await _run_each(handlers, envelope, record, group, deps)
-    finally:
-        _position.reset(position)
-
-
-async def _run_each(handlers: Sequence[Handler], envelope: Envelope, record: Any,
-                    group: Group, deps: PipelineDeps) -> None:
-    undelivered: Exception | None = None
-    path_given_up = False
-    for handler in handlers:
-        if path_given_up and handler.fails_invocation:
-            continue  # the invocation has (or, once redelivered, will have) its failure
+    def _on_request(self, progress: PartitionProgress, record: Any) -> None:
+        offset = record.offset
         try:
-            with structlog.contextvars.bound_contextvars(step=handler.step):
-                gave_up = await _run_guarded(handler, envelope, record, group, deps)
-        except Exception as exc:  # the record is held; side steps still get it
-            undelivered = undelivered or exc
-            gave_up = True
-        path_given_up = path_given_up or (gave_up and handler.fails_invocation)
-    if undelivered is not None:
-        raise undelivered
+            request = decode(record.key, record.value, record.headers)
+        except UndecodableRecord as bad:
+            self._dead_letter(record, bad.error)
+            progress.finish(offset)
+            return
+        invocation_id = request.data.invocation_id
+        run = self.runs.running(invocation_id)
+        if run is not None and run.task is not None:  # handed over, or a repeated request
+            run.when_done(self._finisher(progress, offset))
+            return
+        if self.runs.finished_recently(invocation_id):
+            progress.finish(offset)
+            return
+        recovered = self._recovered.get(progress.partition)
+        facts = (recovered.facts.pop(invocation_id, None) if recovered is not None
+                 else None) or InvocationFacts()
+        if facts.terminal is not None:
+            progress.finish(offset)
+            return
+        self._start(request, progress, offset, facts)
 
+    def _start(self, request: Envelope, progress: PartitionProgress, offset: int,
+               facts: InvocationFacts) -> None:
+        record = encode(request)
+        source = RecordRef(topics.REQUESTS, progress.partition, offset, record.key,
+                           record.value, record.headers)
+        fact_log = DeliveringFactLog(PartitionFactLog(self._producer, progress,
+                                                      observe=self._observe))
+        self.runs.start(request, fact_log, facts, source, self._finisher(progress, offset))
+        self._pacer.busy()
 
-async def _run_guarded(handler: Handler, envelope: Envelope, record: Any, group: Group,
-                       deps: PipelineDeps) -> bool:
-    """Run `handler`, retrying a bounded number of times; False when it succeeded, True
-    when it gave up (dead-letter record and, on the invocation's path, its failure)."""
-    last: BaseException | None = None
-    for attempt in range(1, POISON_ATTEMPTS + 1):
+    def _finisher(self, progress: PartitionProgress, offset: int) -> Callable[[], None]:
+        def finish() -> None:
+            progress.finish(offset)
+            self._commit_soon()
+        return finish
+
+    def _dead_letter(self, record: Any, error: ErrorInfo) -> None:
+        task = asyncio.create_task(self._dead_letters.record(
+            record, error, consumer=self.group, attempts=1))
+        task.add_done_callback(_log_failure)
+
+    def _forget_recovered(self, progress: PartitionProgress) -> None:
+        """Drop the facts read back at assignment once every request that was on the
+        log then has been read."""
+        recovered = self._recovered.get(progress.partition)
+        if recovered is not None and (progress.next_read >= recovered.requests_end
+                                      or not recovered.facts):
+            del self._recovered[progress.partition]
+
+    def _broker_state(self, error: str | None) -> None:
+        """Log broker trouble once per change of state, not once per retry."""
+        if error is None and self._broker_error is not None:
+            log.info("pipeline.broker_back")
+        elif error is not None and self._broker_error is None:
+            log.warning("pipeline.broker_unavailable", error=error)
+        self._broker_error = error
+
+    # -- commits ----------------------------------------------------------------------
+
+    def _commit_soon(self) -> None:
+        if self._commit_task is None or self._commit_task.done():
+            self._commit_task = asyncio.create_task(self._commit_later())
+
+    async def _commit_later(self) -> None:
+        await asyncio.sleep(COMMIT_INTERVAL)
+        await self._commit()
+
+    async def _commit(self, partitions: set[int] | None = None) -> None:
+        """Commit, per owned partition, the position below which every request is
+        finished, when it moved."""
+        if self._consumer is None:
+            return
+        offsets = {}
+        for partition, progress in self._progress.items():
+            if partitions is not None and partition not in partitions:
+                continue
+            position = progress.low_water
+            if progress.owned and position > self._committed.get(partition, -1):
+                offsets[TopicPartition(topics.REQUESTS, partition)] = position
+        if not offsets:
+            return
         try:
-            await handler.react(envelope)
-            return False
-        except Exception as exc:  # boundary: becomes a dead-letter record below
-            last = exc
-            log.warning("handler.failed", group=group.name, step=handler.step,
-                        event_id=envelope.id, event_type=envelope.type, attempt=attempt,
-                        error=repr(exc))
-    error = ToolexecError(
-        f"handler {handler.step} ({group.name}) failed {POISON_ATTEMPTS} times on "
-        f"{envelope.type}: {last!r}",
-        code="E3000",
-        details={"step": handler.step,
-                 "traceback": "".join(traceback.format_exception(last))[-4000:]},
-    )
-    await deps.dead_letters.record(record, error.to_dict(), consumer=consumer_of(group, handler),
-                                   attempts=POISON_ATTEMPTS)
-    data = envelope.data
-    invocation_id = getattr(data, "invocation_id", None)
-    if invocation_id and handler.fails_invocation:
-        await deps.resolve.publish(failed(
-            envelope, error, stage=_stage_of(handler.step), invocation_id=invocation_id,
-            tool_id=getattr(data, "tool_id", None), version=getattr(data, "version", None),
-            now=deps.clock()))
-    return True
+            await self._consumer.commit(offsets)
+        except Exception as exc:  # moved in a rebalance, or the broker away: later
+            log.info("pipeline.commit_deferred", partitions=len(offsets), error=repr(exc))
+            return
+        for tp, position in offsets.items():
+            self._committed[tp.partition] = position
+
+    # -- assignment -------------------------------------------------------------------
+
+    def _assigned(self, assigned: set[TopicPartition]) -> None:
+        assert self._consumer is not None
+        mine = {tp for tp in assigned if tp.topic == topics.REQUESTS}
+        if mine:
+            self._consumer.pause(*mine)
+        for tp in mine:
+            self._recovering[tp.partition] = asyncio.create_task(
+                self._recover(tp), name=f"recover-{tp.partition}")
+        if not mine:
+            self.ready.set()
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        partitions = {tp.partition for tp in revoked if tp.topic == topics.REQUESTS}
+        for partition in partitions:
+            task = self._recovering.pop(partition, None)
+            if task is not None:
+                task.cancel()
+        await self._commit(partitions)
+        for partition in partitions:
+            progress = self._progress.pop(partition, None)
+            if progress is not None:
+                progress.owned = False
+            self._recovered.pop(partition, None)
+            self._committed.pop(partition, None)
+
+    async def _recover(self, tp: TopicPartition) -> None:
+        """Read the partition's state back from the log, then let it be consumed."""
+        assert self._consumer is not None and self._reader is not None
+        while True:
+            try:
+                recovered = await self._reader.recover(
+                    TopicPartition(topics.INVOCATIONS, tp.partition))
+                requests_end = await self._reader.end_offset(tp)
+                position = await self._consumer.position(tp)
+                break
+            except (KafkaError, TimeoutError) as exc:
+                log.warning("pipeline.recovery_retrying", partition=tp.partition,
+                            error=repr(exc))
+                await asyncio.sleep(RECOVERY_RETRY_SECONDS)
+        progress = PartitionProgress(
+            tp.partition, next_read=max(position, recovered.resume_below),
+            high_water=recovered.end, resume_below=recovered.resume_below)
+        self._progress[tp.partition] = progress
+        self._committed[tp.partition] = position
+        if recovered.facts:
+            self._recovered[tp.partition] = _RecoveredFacts(recovered.facts, requests_end)
+        self._recovering.pop(tp.partition, None)
+        with contextlib.suppress(IllegalStateError):
+            self._consumer.resume(tp)
+        if not self._recovering:
+            self.ready.set()
 
 
-def consumer_of(group: Group, handler: Handler) -> str:
-    """Who gave up on a record, as dead-letter records name it: group and step."""
-    return f"{group.name}/{handler.step}"
+@dataclass
+class _RecoveredFacts:
+    """Facts read back at assignment, by invocation id, kept until the consumer has
+    read every request that was on the log then (`requests_end`)."""
+
+    facts: dict[str, InvocationFacts]
+    requests_end: int
 
 
-def _stage_of(step: str) -> str:
-    return step if step in STAGES else "request"
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._pipeline._revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._pipeline._assigned(assigned)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("pipeline.deadletter_failed", error=repr(task.exception()))

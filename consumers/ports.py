@@ -7,7 +7,6 @@ Handlers receive implementations as parameters; `toolexec/` wires real adapters
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -43,6 +42,11 @@ class RegistryReader(Protocol):
         offsets that exist now. True when caught up, False on timeout."""
         ...
 
+    async def reach(self, end_offset: int, timeout: float) -> bool:
+        """Wait (bounded) until the view has applied the registry topic (one partition)
+        up to `end_offset`, e.g. a producer's own publication. False on timeout."""
+        ...
+
 
 class PrimitiveRunner(Protocol):
     """Runs a primitive plan: the only place where processes start or requests leave."""
@@ -69,34 +73,13 @@ class ClaimStore(Protocol):
         executor took it over first)."""
         ...
 
-    async def finish(self, key: str, conclusion: bytes | None = None) -> None: ...
+    async def finish(self, key: str, conclusion: bytes | None = None) -> bool:
+        """Conclude the attempt this executor owns, storing `conclusion`; False when it
+        does not own it any more (another executor took an abandoned claim over)."""
+        ...
 
 
 class Secrets(Protocol):
     """Resolves `${NAME}` references at execution time."""
 
     def __call__(self, name: str) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class LogPosition:
-    """Where a record sits in the log: topic, partition and offset."""
-
-    topic: str
-    partition: int
-    offset: int
-
-
-class RequestLog(Protocol):
-    """Reads earlier records of a partition back from the log (consumers.request_log)."""
-
-    async def find(self, before: LogPosition, event_id: str) -> Envelope | None:
-        """The event `event_id` in `before`'s partition at an offset below `before`'s,
-        or None when the log no longer holds it."""
-        ...
-
-    async def find_after(self, after: LogPosition, event_id: str,
-                         event_type: str) -> Envelope | None:
-        """The event `event_id` of type `event_type` in `after`'s partition at an offset
-        above `after`'s, up to the end of the log now; None when it is not there."""
-        ...

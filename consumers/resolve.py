@@ -2,6 +2,7 @@
 
 Reads the registry view, follows executors to a primitive (or takes the lockfile's
 pins), recomputes every link's integrity and lets each parent validate its child.
+The step returns its fact; the pipeline appends it to the log (consumers.invocation).
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from consumers.events import derive, failed
-from consumers.ports import Clock, Publish, RegistryReader
+from consumers.ports import Clock, RegistryReader
 from contracts.envelope import Envelope
 from contracts.events import ChainLink, ChainResolved, InvokeRequested
 from domain.chain import ChainCache
 from domain.child_validation import ensure_chain_valid
-from domain.errors import RegistryError, ToolexecError
+from domain.errors import IntegrityMismatch, RegistryError, ToolexecError, VersionNotFound
 from domain.integrity import verify_chain
 from domain.lockfile import parse_lockfile, verify_lockfile
 from domain.model import ResolvedChain
@@ -23,45 +24,78 @@ from domain.model import ResolvedChain
 @dataclass(frozen=True)
 class ResolveDeps:
     registry: RegistryReader
-    publish: Publish
     clock: Clock
     strict_chain: bool = True
     registry_wait_seconds: float = 5.0
     chains: ChainCache = field(default_factory=ChainCache)
 
 
-async def on_invoke_requested(event: Envelope, deps: ResolveDeps) -> None:
+@dataclass(frozen=True)
+class Resolved:
+    """The verified chain and the `tool.chain.resolved` fact recording it."""
+
+    chain: ResolvedChain
+    event: Envelope
+
+
+async def resolve_request(event: Envelope, deps: ResolveDeps) -> Resolved | Envelope:
+    """The request's chain, or its terminal `tool.invoke.failed` (E31xx, integrity)."""
     request: InvokeRequested = event.data
     try:
         chain = await _resolve_with_catch_up(request, deps)
         verify_chain(chain)
         warnings = list(chain.warnings) + ensure_chain_valid(chain, strict=deps.strict_chain)
     except ToolexecError as error:
-        await deps.publish(
-            failed(event, error, stage="resolve", invocation_id=request.invocation_id,
-                   tool_id=request.tool_id, version=None, now=deps.clock())
-        )
-        return
+        return failed(event, error, stage="resolve", invocation_id=request.invocation_id,
+                      tool_id=request.tool_id, version=None, now=deps.clock())
     resolved = ChainResolved(
         invocation_id=request.invocation_id,
         tool_id=chain.leaf.tool_id,
         version=chain.leaf.version,
-        chain=[
-            ChainLink(tool_id=link.tool_id, version=link.version, integrity=link.integrity,
-                      tool_type=link.tool_type, executor=link.executor)
-            for link in chain.links
-        ],
+        chain=chain_links(chain),
         warnings=warnings,
         parameters=request.parameters,
         lockfile_used=request.lockfile is not None,
         deadline=request.deadline,
     )
-    await deps.publish(derive(event, resolved, step="resolve", now=deps.clock()))
+    return Resolved(chain, derive(event, resolved, step="resolve", now=deps.clock()))
+
+
+def chain_links(chain: ResolvedChain) -> list[ChainLink]:
+    """`chain` as the links a fact records (leaf first)."""
+    return [ChainLink(tool_id=link.tool_id, version=link.version, integrity=link.integrity,
+                      tool_type=link.tool_type, executor=link.executor)
+            for link in chain.links]
+
+
+def chain_from_links(links: list[ChainLink], registry: RegistryReader) -> ResolvedChain:
+    """The chain a fact on the log names, rebuilt from the registry view and verified
+    against the recorded integrities (an invocation resumed after a restart)."""
+    versions = []
+    for link in links:
+        version = registry.get(link.tool_id, link.version)
+        if version is None:
+            raise VersionNotFound(f"{link.tool_id}@{link.version} is not in the registry view",
+                                  details={"tool_id": link.tool_id, "version": link.version})
+        if version.integrity != link.integrity:
+            raise IntegrityMismatch(
+                f"{link.tool_id}@{link.version} changed since it was resolved",
+                details={"tool_id": link.tool_id, "version": link.version,
+                         "expected": link.integrity, "actual": version.integrity},
+            )
+        versions.append(version)
+    chain = ResolvedChain(tuple(versions))
+    verify_chain(chain)
+    return chain
 
 
 async def _resolve_with_catch_up(request: InvokeRequested, deps: ResolveDeps) -> ResolvedChain:
     """Resolve; on a miss, wait (bounded) for the registry view to reach the end of
-    the registry topic as it is now, then try once more (read-your-writes)."""
+    the registry topic as it is now, then try once more (read-your-writes). A request
+    naming the registry offset its producer wrote up to is resolved once the view
+    holds that much (the producer's own publications and lifecycle changes)."""
+    if request.registry_offset is not None:
+        await deps.registry.reach(request.registry_offset, deps.registry_wait_seconds)
     try:
         return _resolve(request, deps.registry, deps.chains)
     except RegistryError as miss:

@@ -129,7 +129,9 @@ class InvokeRequested(EventData):
     deadline: AwareDatetime | None = Field(default=None, description="Give up after this time.")
     registry_offset: int | None = Field(
         default=None, ge=0,
-        description="End offset of the registry topic seen by the producer (read-your-writes).",
+        description="End offset of the registry topic (one partition) that the producer "
+        "wrote up to; the tool is resolved once the registry view holds that much "
+        "(read-your-writes).",
     )
     execution_mode: Literal["sync", "async"] = Field(
         default="sync", description="Whether the producer waits for the terminal event."

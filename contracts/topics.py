@@ -11,8 +11,12 @@ from typing import Final
 
 REGISTRY: Final = "toolexec.registry"
 """Tool publications and lifecycle changes; key = tool_id."""
+REQUESTS: Final = "toolexec.requests"
+"""Commands to the pipeline (invoke, cancel); key = invocation_id. Producers write
+here and only here."""
 INVOCATIONS: Final = "toolexec.invocations"
-"""The invocation pipeline; key = invocation_id."""
+"""Facts of the invocation pipeline, written by the pipeline alone; key =
+invocation_id, in the partition of the invocation's request."""
 CIRCUITS: Final = "toolexec.circuits"
 """Circuit-breaker transitions; key = service_id."""
 POLICIES: Final = "toolexec.policies"
@@ -20,13 +24,14 @@ POLICIES: Final = "toolexec.policies"
 DEADLETTER: Final = "toolexec.deadletter"
 """Undecodable or poison records with their error; key = the original record's key."""
 
-ALL_TOPICS: Final[tuple[str, ...]] = (REGISTRY, INVOCATIONS, CIRCUITS, POLICIES, DEADLETTER)
+ALL_TOPICS: Final[tuple[str, ...]] = (REGISTRY, REQUESTS, INVOCATIONS, CIRCUITS, POLICIES,
+                                      DEADLETTER)
 
 TOPIC_OF_TYPE: Final[dict[str, str]] = {
     "tool.published": REGISTRY,
     "tool.publish.rejected": REGISTRY,
     "tool.lifecycle.changed": REGISTRY,
-    "tool.invoke.requested": INVOCATIONS,
+    "tool.invoke.requested": REQUESTS,
     "tool.chain.resolved": INVOCATIONS,
     "tool.permission.decided": INVOCATIONS,
     "tool.execution.started": INVOCATIONS,
@@ -34,9 +39,13 @@ TOPIC_OF_TYPE: Final[dict[str, str]] = {
     "tool.execution.finished": INVOCATIONS,
     "tool.invoke.completed": INVOCATIONS,
     "tool.invoke.failed": INVOCATIONS,
-    "tool.invoke.cancel.requested": INVOCATIONS,
+    "tool.invoke.cancel.requested": REQUESTS,
     "circuit.state.changed": CIRCUITS,
     "policy.updated": POLICIES,
     "deadletter.recorded": DEADLETTER,
 }
 """Event type -> the topic it is published on (the one place that decides it)."""
+
+COMMAND_TYPES: Final = frozenset(
+    t for t, topic in TOPIC_OF_TYPE.items() if topic == REQUESTS)
+"""Event types that are commands (requests), not facts."""

@@ -15,7 +15,7 @@ LEASE_GRACE_SECONDS = 5.0
 class ClaimStatus(StrEnum):
     ACQUIRED = "acquired"  # run it
     FINISHED = "finished"  # already concluded: publish its stored conclusion again
-    RUNNING_HERE = "running_here"  # this process runs it now: a duplicate delivery
+    RUNNING_HERE = "running_here"  # this owner claimed it and did not conclude it
     HELD_ELSEWHERE = "held_elsewhere"  # another live owner: wait for its lease
     ABANDONED = "abandoned"  # owner vanished mid-run: outcome unknown
 

@@ -1,7 +1,13 @@
-"""The invocations read model: one row per invocation, folded from `toolexec.invocations`.
+"""The invocations read model: one row per invocation, folded from the requests
+(`toolexec.requests`) and the facts (`toolexec.invocations`).
 
 Status moves requested -> resolved -> authorized -> running -> completed | failed and
 never leaves a terminal state; every event also lands in the row's timeline.
+
+Commands and facts of one invocation sit on two topics, and no order holds across
+topics: a batch may bring the facts before their request. The fold does not depend on
+it: the timeline is the facts in log order merged with the commands in time order, the
+same whatever the batches were, so a rebuild gives the same rows.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ def evolve_invocation(row: Row | None, envelope: Envelope) -> Row | None:
         return row
     at = iso(envelope.time)
     new = dict(row) if row is not None else new_invocation(invocation_id, at)
-    new["timeline"] = [*new["timeline"], _timeline_entry(envelope, at)]
+    new["timeline"] = _with_entry(new["timeline"], _timeline_entry(envelope, at))
     new["updated_at"] = max(new["updated_at"], at)
     if field_of(data, "tool_id") and new["tool_id"] is None:
         new["tool_id"] = data.tool_id
@@ -89,6 +95,29 @@ def _apply(row: Row, envelope: Envelope, at: str) -> None:
         row["cancel_requested"] = True
 
 
+def _with_entry(timeline: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """`timeline` with `entry`: facts keep their log order, commands (requests,
+    cancels) sorted by (time, id) are merged in by time, before facts of a later time."""
+    facts = [e for e in timeline if e["type"] not in topics.COMMAND_TYPES]
+    commands = [e for e in timeline if e["type"] in topics.COMMAND_TYPES]
+    if entry["type"] in topics.COMMAND_TYPES:
+        commands = sorted([*commands, entry], key=lambda e: (e["time"], e["id"]))
+    else:
+        facts.append(entry)
+    merged: list[dict[str, Any]] = []
+    remaining = iter(commands)
+    command = next(remaining, None)
+    for fact in facts:
+        while command is not None and command["time"] <= fact["time"]:
+            merged.append(command)
+            command = next(remaining, None)
+        merged.append(fact)
+    if command is not None:
+        merged.append(command)
+    merged.extend(remaining)
+    return merged
+
+
 def _timeline_entry(envelope: Envelope, at: str) -> dict[str, Any]:
     data: Any = envelope.data
     entry: dict[str, Any] = {"type": envelope.type, "time": at, "id": envelope.id}
@@ -113,6 +142,7 @@ def _invocation_of(envelope: Envelope) -> str | None:
 
 def invocations_model() -> AggregateModel:
     """The invocations read model, ready for a runner."""
-    return AggregateModel(name=NAME, topics=(topics.INVOCATIONS,), tables=(invocations,),
+    return AggregateModel(name=NAME, topics=(topics.REQUESTS, topics.INVOCATIONS),
+                          tables=(invocations,),
                           key_column="invocation_id", aggregate_of=_invocation_of,
                           fold=single_row(invocations, evolve_invocation))

@@ -31,6 +31,18 @@ class LogPosition:
         """True when every partition's last record (end offset - 1) has been read."""
         return all(self._positions.get(p, -1) >= end - 1 for p, end in end_offsets.items())
 
+    async def reach(self, end_offsets: dict[int, int], timeout: float) -> bool:
+        """Wait (bounded) until the view has read every partition up to `end_offsets`
+        (a producer's own writes); True at once when it has."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.caught_up_with(end_offsets):
+                    self._advanced.clear()
+                    await self._advanced.wait()
+                return True
+        except TimeoutError:
+            return False
+
     async def catch_up(self, timeout: float) -> bool:
         """Wait (bounded) until the view has read the topic up to its end offsets now.
         True at once without an end-offsets source (a view fed by hand)."""

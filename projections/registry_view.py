@@ -96,3 +96,8 @@ class RegistryView:
     async def catch_up(self, timeout: float) -> bool:
         """Wait (bounded) until the view has read the topic up to its end offsets now."""
         return await self.position.catch_up(timeout)
+
+    async def reach(self, end_offset: int, timeout: float) -> bool:
+        """Wait (bounded) until the view has read the registry topic (one partition)
+        up to `end_offset`."""
+        return await self.position.reach({0: end_offset}, timeout)

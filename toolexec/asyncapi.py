@@ -19,7 +19,13 @@ DESCRIPTION = (
     "Every record is a CloudEvent 1.0 in Kafka binary mode: `ce_*` headers "
     "(`ce_type` names the event type, extensions `ce_correlationid`, `ce_causationid`, "
     "`ce_partitionkey`, and `ce_captoken` on tool.invoke.requested), the data as JSON, "
-    "the key = the aggregate id (tool_id, invocation_id, service_id, policy_set_id)."
+    "the key = the aggregate id (tool_id, invocation_id, service_id, policy_set_id). "
+    "Producers write commands (tool.invoke.requested, tool.invoke.cancel.requested) to "
+    "`toolexec.requests` only; the pipeline writes the facts of an invocation to the "
+    "same partition number of `toolexec.invocations` (both topics have the same "
+    "partition count), each with a `toolexec-resume` header (`<L> <F>`: requests of "
+    "the partition below offset L are finished, facts of the others are at or above "
+    "offset F) that a new owner of the partition resumes from."
 )
 
 

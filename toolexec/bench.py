@@ -1,8 +1,8 @@
 """`toolexec bench`: performance figures, each with a baseline measured in the same run.
 
 Starts its own embedded stack (Tansu broker + pipeline in a child process, a local
-HTTP server in another, state under a fresh temp dir), runs the scenarios of issue 8
-and prints a table (or --json). Targets are information: a missed target still exits
+HTTP server in another, state under a fresh temp dir; `toolexec up` itself for the
+gateway and idle scenarios), runs the scenarios and prints a table (or --json). Targets are information: a missed target still exits
 0. All load stays on 127.0.0.1 and is bounded in count and time.
 """
 
@@ -23,8 +23,10 @@ from rich.console import Console
 
 from toolexec.bench_report import ScenarioResult, machine_info, render, report_document
 
-SCENARIOS = ("overhead", "throughput", "script-throughput", "hot-path", "replay")
-NEEDS_STACK = frozenset({"overhead", "throughput", "script-throughput", "replay"})
+SCENARIOS = ("overhead", "gateway-overhead", "throughput", "script-throughput", "idle",
+             "hot-path", "replay")
+NEEDS_STACK = frozenset({"overhead", "gateway-overhead", "throughput", "script-throughput",
+                         "idle", "replay"})
 
 
 @dataclass(frozen=True)
@@ -39,14 +41,15 @@ class Sizes:
     script_seconds: float
     hot_path_iterations: int
     replay_events: int
+    idle_seconds: float
 
 
 FULL = Sizes(overhead_calls=200, overhead_warmup=20, producers=50, throughput_seconds=20.0,
              script_in_flight=10, script_seconds=10.0, hot_path_iterations=10_000,
-             replay_events=100_000)
+             replay_events=100_000, idle_seconds=30.0)
 QUICK = Sizes(overhead_calls=20, overhead_warmup=3, producers=50, throughput_seconds=3.0,
               script_in_flight=10, script_seconds=3.0, hot_path_iterations=500,
-              replay_events=10_000)
+              replay_events=10_000, idle_seconds=3.0)
 
 err = Console(stderr=True)
 
@@ -95,6 +98,7 @@ async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
 
 async def _with_stack(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
     from toolexec import bench_pipeline as pipeline
+    from toolexec import bench_up
     from toolexec.bench_env import BenchEnvironment
     from toolexec.bench_replay import replay
 
@@ -103,10 +107,13 @@ async def _with_stack(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
         runs: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
             "overhead": lambda: pipeline.invoke_overhead(
                 env, calls=sizes.overhead_calls, warmup=sizes.overhead_warmup),
+            "gateway-overhead": lambda: bench_up.gateway_overhead(
+                env, calls=sizes.overhead_calls, warmup=sizes.overhead_warmup),
             "throughput": lambda: pipeline.api_throughput(
                 env, concurrency=sizes.producers, seconds=sizes.throughput_seconds),
             "script-throughput": lambda: pipeline.script_throughput(
                 env, concurrency=sizes.script_in_flight, seconds=sizes.script_seconds),
+            "idle": lambda: bench_up.idle_cpu(env, seconds=sizes.idle_seconds),
             "replay": lambda: replay(env.bootstrap, env.root, events=sizes.replay_events),
         }
         return [await _guarded(name, run) for name, run in runs.items() if name in chosen]

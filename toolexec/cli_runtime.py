@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
-from toolexec.settings import Settings
+from toolexec.settings import Settings, fetch_waits
 from toolexec.sources import bash_syntax_check, collect_sources
 
 if TYPE_CHECKING:
@@ -181,7 +181,8 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
     tools = tools or []
     runtime = read_runtime(settings)
     if runtime is not None:
-        async with InvocationClient(runtime["kafka_bootstrap"]) as client:
+        async with InvocationClient(runtime["kafka_bootstrap"],
+                                    fetch_waits=fetch_waits(settings)) as client:
             if tools:
                 for event in _tool_events(tools, settings):
                     await client.send(event)
@@ -193,7 +194,8 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
         await stack.publish_all(events)
         if report_rejections:
             _report_rejections(events)
-        async with InvocationClient(stack.bootstrap) as client:
+        async with InvocationClient(stack.bootstrap, pipeline=stack.pipeline,
+                                    fetch_waits=fetch_waits(settings)) as client:
             return await client.invoke(tool_id, parameters, version_range=version_range,
                                        lockfile=lockfile, token=token, timeout=timeout,
                                        progress=progress)

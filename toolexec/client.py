@@ -1,8 +1,11 @@
 """Producer-side client: emit `tool.invoke.requested`, wait for the terminal event.
 
-Used by `toolexec run`, the gateway and the tests. It tails the invocations topic
-from its end (no consumer group) and routes events to waiting callers by
-correlation id, so one client serves many concurrent invocations.
+Used by `toolexec run`, the gateway and the tests. Requests go to the requests topic.
+When the pipeline runs in the same process and owns the request's partition, the
+acknowledged request is handed to it in memory and the terminal event comes back in
+memory; otherwise the client tails the invocations topic from its end (no consumer
+group, started on first need) and routes events to waiting callers by correlation
+id, so one client serves many concurrent invocations.
 
 Across a broker outage it keeps trying within each invocation's timeout: sends are
 retried while the errors are transient, the tail reconnects by itself. An
@@ -17,18 +20,22 @@ import asyncio
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from consumers.delivery import transient_broker_error
+from consumers.fetch_pacing import FetchPacer
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeCancelRequested, InvokeRequested
 from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
 from domain.errors import ToolexecError
+
+if TYPE_CHECKING:
+    from consumers.pipeline import Pipeline
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +45,7 @@ PROGRESS_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
 SOURCE = "urn:toolexec:client"
 
 Progress = Callable[[Envelope], None]
-RecordObserver = Callable[[Any], None]
+LOCAL_ID_TRIES = 16
 SEND_TIMEOUT_MS = 5000
 """How long the producer holds a record the broker does not take before failing it:
 `invoke` then sends it again (same event id) while its own timeout lasts, and
@@ -60,18 +67,26 @@ class InvocationUnresolved(ToolexecError):
 
 
 class InvocationClient:
-    """Emits invocation requests and resolves them when their terminal event arrives."""
+    """Emits invocation requests and resolves them when their terminal event arrives.
 
-    def __init__(self, bootstrap: str, *, fetch_max_wait_ms: int = 5,
-                 observer: RecordObserver | None = None) -> None:
+    With `pipeline` (the pipeline of this very process), a request whose partition the
+    pipeline owns is handed over in memory once the broker acknowledged it, and its
+    terminal event comes back in memory; other requests are followed on the log."""
+
+    def __init__(self, bootstrap: str, *, pipeline: Pipeline | None = None,
+                 fetch_waits: tuple[int, int] = (1, 500)) -> None:
         self._bootstrap = bootstrap
-        self._observer = observer  # sees every invocations record read (e.g. metrics)
-        self._fetch_max_wait_ms = fetch_max_wait_ms
+        self._pipeline = pipeline
+        self._pacer = FetchPacer(*fetch_waits)
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._tail_lock = asyncio.Lock()
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._progress: dict[str, Progress] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._registry_end: int | None = None
+        """End offset of the registry topic after this client's own last write there:
+        its requests carry it, so the resolver sees what this client published."""
 
     async def __aenter__(self) -> InvocationClient:
         await self.start()
@@ -84,19 +99,42 @@ class InvocationClient:
         self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, linger_ms=0,
                                           request_timeout_ms=SEND_TIMEOUT_MS)
         await self._producer.start()
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
-                                          auto_offset_reset="latest",
-                                          fetch_max_wait_ms=self._fetch_max_wait_ms)
-        await self._consumer.start()
-        partitions = self._consumer.partitions_for_topic(topics.INVOCATIONS) or {0}
-        from aiokafka import TopicPartition
 
-        tps = [TopicPartition(topics.INVOCATIONS, p) for p in sorted(partitions)]
-        self._consumer.assign(tps)
-        await self._consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve the end positions now, before any request is sent
-            await self._consumer.position(tp)
-        self._reader = asyncio.create_task(self._read())
+    async def _follow_log(self) -> None:
+        """Start tailing the facts from their end (before the first request that is
+        not handed over locally is sent, so its terminal event cannot be missed)."""
+        async with self._tail_lock:
+            if self._consumer is not None:
+                return
+            consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
+                                        auto_offset_reset="latest",
+                                        fetch_max_wait_ms=self._pacer.short_ms)
+            await consumer.start()
+            partitions = consumer.partitions_for_topic(topics.INVOCATIONS) or {0}
+            tps = [TopicPartition(topics.INVOCATIONS, p) for p in sorted(partitions)]
+            consumer.assign(tps)
+            await consumer.seek_to_end(*tps)
+            for tp in tps:  # resolve the end positions now, before any request is sent
+                await consumer.position(tp)
+            self._consumer = consumer
+            self._pacer.attach(consumer)
+            self._reader = asyncio.create_task(self._read())
+
+    async def _following_log(self, envelope: Envelope, deadline: float) -> None:
+        """`_follow_log`, retried while the broker is away until `deadline` (then the
+        request was not delivered: E3001)."""
+        loop = asyncio.get_running_loop()
+        delay = RETRY_FIRST_DELAY
+        while True:
+            try:
+                await asyncio.wait_for(self._follow_log(), max(deadline - loop.time(), 0))
+                return
+            except (KafkaError, TimeoutError) as exc:
+                if loop.time() + delay >= deadline:
+                    raise _not_delivered(envelope, exc) from None
+                log.warning("client.follow_retrying", error=repr(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_DELAY)
 
     async def stop(self) -> None:
         if self._reader is not None:
@@ -114,12 +152,37 @@ class InvocationClient:
         if self._producer is not None:
             await self._producer.stop()
 
-    async def send(self, envelope: Envelope) -> None:
-        """Publish any event (e.g. tool.published) to its topic."""
+    async def send(self, envelope: Envelope, *, partition: int | None = None) -> Any:
+        """Publish any event (e.g. tool.published) to its topic; returns its metadata."""
         assert self._producer is not None, "client not started"
         record = encode(envelope)
-        await self._producer.send_and_wait(topics.TOPIC_OF_TYPE[envelope.type], record.value,
-                                           key=record.key, headers=list(record.headers))
+        topic = topics.TOPIC_OF_TYPE[envelope.type]
+        metadata = await self._producer.send_and_wait(
+            topic, record.value, key=record.key, headers=list(record.headers),
+            partition=partition)
+        if topic == topics.REGISTRY:
+            self._registry_end = max(self._registry_end or 0, metadata.offset + 1)
+        return metadata
+
+    def new_invocation_id(self) -> str:
+        """A fresh invocation id; with a local pipeline, one whose partition it owns
+        when one of a few tries finds it (production replicas share the partitions)."""
+        invocation_id = str(uuid.uuid4())
+        pipeline = self._pipeline
+        if pipeline is not None:
+            for _ in range(LOCAL_ID_TRIES):
+                if pipeline.owns(pipeline.partition_of(invocation_id)):
+                    break
+                invocation_id = str(uuid.uuid4())
+        return invocation_id
+
+    def _local_partition(self, invocation_id: str) -> int | None:
+        """The partition of `invocation_id` when the local pipeline owns it."""
+        pipeline = self._pipeline
+        if pipeline is None:
+            return None
+        partition = pipeline.partition_of(invocation_id)
+        return partition if pipeline.owns(partition) else None
 
     async def submit(self, tool_id: str, parameters: Mapping[str, Any] | None = None, *,
                      version_range: str = "*", lockfile: Mapping[str, Any] | None = None,
@@ -132,9 +195,13 @@ class InvocationClient:
         not take it within `timeout` seconds."""
         envelope = _request(tool_id, parameters, version_range=version_range,
                             lockfile=lockfile, token=token, requested_by=requested_by,
-                            invocation_id=invocation_id or str(uuid.uuid4()),
-                            execution_mode=execution_mode)
-        await self._deliver(envelope, asyncio.get_running_loop().time() + timeout)
+                            invocation_id=invocation_id or self.new_invocation_id(),
+                            execution_mode=execution_mode, registry_offset=self._registry_end)
+        partition = self._local_partition(envelope.correlationid)
+        metadata = await self._deliver(envelope, asyncio.get_running_loop().time() + timeout,
+                                       partition=partition)
+        if partition is not None and self._pipeline is not None:
+            self._pipeline.hand_over(envelope, partition, metadata.offset)
         return envelope
 
     async def invoke(self, tool_id: str, parameters: Mapping[str, Any] | None = None, *,
@@ -146,25 +213,32 @@ class InvocationClient:
 
         Raises `InvocationNotDelivered` (E3001) or `InvocationUnresolved` (E3002) when
         that cannot be done within `timeout` seconds; both carry the invocation id."""
-        invocation_id = invocation_id or str(uuid.uuid4())
+        invocation_id = invocation_id or self.new_invocation_id()
         envelope = _request(tool_id, parameters, version_range=version_range,
                             lockfile=lockfile, token=token, requested_by=requested_by,
-                            invocation_id=invocation_id, execution_mode="sync")
-        waiter: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+                            invocation_id=invocation_id, execution_mode="sync",
+                            registry_offset=self._registry_end)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        partition = self._local_partition(invocation_id)
+        if partition is not None and self._pipeline is not None:
+            waiter = self._pipeline.expect(invocation_id, _only_progress(progress))
+            try:
+                metadata = await self._deliver(envelope, deadline, partition=partition)
+            except BaseException:
+                self._pipeline.forget(invocation_id)
+                raise
+            self._pipeline.hand_over(envelope, partition, metadata.offset)
+            return await _terminal(waiter, invocation_id, deadline, timeout)
+        await self._following_log(envelope, deadline)
+        waiter = loop.create_future()
         self._waiters[invocation_id] = waiter
         if progress is not None:
             self._progress[invocation_id] = progress
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        self._pacer.busy()
         try:
             await self._deliver(envelope, deadline)
-            try:
-                return await asyncio.wait_for(waiter, max(deadline - loop.time(), 0))
-            except TimeoutError:
-                raise InvocationUnresolved(
-                    f"no terminal event for invocation {invocation_id} within {timeout:g} s; "
-                    "it may still finish", details={"invocation_id": invocation_id,
-                                                    "delivered": True}) from None
+            return await _terminal(waiter, invocation_id, deadline, timeout)
         finally:
             self._waiters.pop(invocation_id, None)
             self._progress.pop(invocation_id, None)
@@ -173,7 +247,7 @@ class InvocationClient:
                      requested_by: str | None = None, timeout: float = 30.0) -> Envelope:
         """Emit `tool.invoke.cancel.requested` for `invocation_id` and return it.
 
-        The executor stops the invocation if it has not ended yet (it then ends with
+        The pipeline stops the invocation if it has not ended yet (it then ends with
         `tool.invoke.failed` E3703); a cancel of an ended invocation changes nothing.
         Raises `InvocationNotDelivered` (E3001) when the broker does not take it in time."""
         envelope = new_envelope(
@@ -184,15 +258,17 @@ class InvocationClient:
         await self._deliver(envelope, asyncio.get_running_loop().time() + timeout)
         return envelope
 
-    async def _deliver(self, envelope: Envelope, deadline: float) -> None:
-        """Send `envelope`, retrying transient broker errors until `deadline`."""
+    async def _deliver(self, envelope: Envelope, deadline: float, *,
+                       partition: int | None = None) -> Any:
+        """Send `envelope`, retrying transient broker errors until `deadline`; returns
+        the record's metadata (partition, offset)."""
         loop = asyncio.get_running_loop()
         delay = RETRY_FIRST_DELAY
         last: BaseException | None = None
         while (remaining := deadline - loop.time()) > 0:
             try:
-                await asyncio.wait_for(self.send(envelope), remaining)
-                return
+                return await asyncio.wait_for(self.send(envelope, partition=partition),
+                                              remaining)
             except TimeoutError:
                 break
             except KafkaError as exc:
@@ -202,28 +278,30 @@ class InvocationClient:
                 log.warning("client.send_retrying", event_id=envelope.id, error=repr(exc))
             await asyncio.sleep(min(delay, max(deadline - loop.time(), 0)))
             delay = min(delay * 2, RETRY_MAX_DELAY)
-        raise InvocationNotDelivered(
-            f"invocation {envelope.correlationid} could not be handed to the broker in time; "
-            "it was not confirmed and may or may not run",
-            details={"invocation_id": envelope.correlationid, "delivered": False,
-                     "last_error": repr(last) if last else "timeout"})
+        raise _not_delivered(envelope, last)
 
     async def _read(self) -> None:
         assert self._consumer is not None
+        failing = False
         while True:
             try:
                 batches = await self._consumer.getmany(timeout_ms=200)
             except KafkaError as exc:  # broker away: the consumer reconnects by itself
-                log.warning("client.read_retrying", error=repr(exc))
+                if not failing:
+                    log.warning("client.read_retrying", error=repr(exc))
+                failing = True
                 await asyncio.sleep(0.2)
                 continue
+            failing = False
+            if self._waiters:
+                self._pacer.busy()
+            else:
+                self._pacer.update()
             for records in batches.values():
                 for record in records:
                     self._route(record)
 
     def _route(self, record: Any) -> None:
-        if self._observer is not None:
-            self._observer(record)
         key = record.key.decode("utf-8", "replace") if record.key else None
         if key not in self._waiters:
             return
@@ -241,13 +319,58 @@ class InvocationClient:
             self._progress[envelope.correlationid](envelope)
 
 
+def _not_delivered(envelope: Envelope, last: BaseException | None) -> InvocationNotDelivered:
+    return InvocationNotDelivered(
+        f"invocation {envelope.correlationid} could not be handed to the broker in time; "
+        "it was not confirmed and may or may not run",
+        details={"invocation_id": envelope.correlationid, "delivered": False,
+                 "last_error": repr(last) if last else "timeout"})
+
+
+def _only_progress(progress: Progress | None) -> Progress | None:
+    """`progress`, called for the progress facts only (not the terminal event)."""
+    if progress is None:
+        return None
+
+    def listener(event: Envelope) -> None:
+        if event.type in PROGRESS_TYPES:
+            progress(event)
+    return listener
+
+
+async def _terminal(waiter: asyncio.Future[Envelope], invocation_id: str, deadline: float,
+                    timeout: float) -> Envelope:
+    """The terminal event `waiter` gets, or E3002 when it does not come by `deadline`."""
+    remaining = max(deadline - asyncio.get_running_loop().time(), 0)
+    try:
+        return await asyncio.wait_for(asyncio.shield(waiter), remaining)
+    except TimeoutError:
+        raise InvocationUnresolved(
+            f"no terminal event for invocation {invocation_id} within {timeout:g} s; "
+            "it may still finish", details={"invocation_id": invocation_id,
+                                            "delivered": True}) from None
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        reason = "its run was stopped (the pipeline is shutting down)"
+    except Exception as error:  # the run could not even append its failure
+        reason = f"its run failed: {error!r}"
+    raise InvocationUnresolved(
+        f"invocation {invocation_id} did not reach its terminal event here: {reason}; it "
+        "resumes from the log when the pipeline starts again",
+        details={"invocation_id": invocation_id, "delivered": True})
+
+
 def _request(tool_id: str, parameters: Mapping[str, Any] | None, *, version_range: str,
              lockfile: Mapping[str, Any] | None, token: str | None, requested_by: str | None,
-             invocation_id: str, execution_mode: Literal["sync", "async"]) -> Envelope:
+             invocation_id: str, execution_mode: Literal["sync", "async"],
+             registry_offset: int | None = None) -> Envelope:
     request = InvokeRequested(
         invocation_id=invocation_id, tool_id=tool_id, version_range=version_range,
         parameters=dict(parameters or {}), lockfile=dict(lockfile) if lockfile else None,
         requested_by=requested_by, execution_mode=execution_mode,
+        registry_offset=registry_offset,
     )
     extensions = {"captoken": token} if token else {}
     return new_envelope(request, source=SOURCE, partitionkey=invocation_id,

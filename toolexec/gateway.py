@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from domain.errors import AuthorizationError, ToolexecError
 from domain.lifecycle import LifecycleChange
 from domain.manifest import normalise_manifest
 from domain.model import ToolFile, ToolSource
+from domain.semver import select_highest
 from projections.audit import AuditQuery, audit_records
 from projections.queries import (
     invocation_status,
@@ -102,6 +102,16 @@ class GatewayContext:
     catch_up: Callable[[str, float], Awaitable[bool]]
     """Wait (bounded) until the named read model holds every record in the log now."""
     asyncapi: Callable[[], dict[str, Any]] = dict
+    manifest_of: Callable[[str], Mapping[str, Any] | None] | None = None
+    """The manifest a request for the tool would resolve to now (the in-memory
+    registry view), for the sync wait bound; None = read the registry read model."""
+
+
+def current_manifest(registry: Any, tool_id: str) -> Mapping[str, Any] | None:
+    """The manifest of `tool_id`'s highest active version in a registry view."""
+    active = {v.version: v for v in registry.versions(tool_id) if v.lifecycle == "active"}
+    best = select_highest(active, "*")
+    return None if best is None else active[best].manifest
 
 
 def _bearer(authorization: str | None) -> str | None:
@@ -197,7 +207,7 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
                                 headers={"Location": accepted.status_url})
         bound = body.timeout_seconds or await _tool_wait_bound(ctx, body.tool_id)
         started = time.monotonic()
-        request_id = str(uuid.uuid4())
+        request_id = ctx.client.new_invocation_id()
         try:
             terminal = await ctx.client.invoke(
                 body.tool_id, body.parameters, version_range=body.tool_version,
@@ -265,6 +275,8 @@ async def _known_invocation(ctx: GatewayContext, invocation_id: str) -> dict[str
 
 
 async def _tool_wait_bound(ctx: GatewayContext, tool_id: str) -> float:
+    if ctx.manifest_of is not None:
+        return wait_bound(ctx.manifest_of(tool_id), ctx.settings.registry_wait_seconds)
     async with ctx.engine.connect() as conn:
         tool = await show_tool(conn, tool_id)
     manifest = None

@@ -20,14 +20,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts import topics
-from contracts.kafka_binding import decode
 from projections.runner import stored_offsets
 from toolexec.asyncapi import asyncapi_document
 from toolexec.client import InvocationClient
-from toolexec.gateway import GatewayContext, create_app
+from toolexec.gateway import GatewayContext, create_app, current_manifest
 from toolexec.metrics import PipelineMetrics
 from toolexec.read_models import ReadModels
-from toolexec.settings import Settings, consumer_kwargs
+from toolexec.settings import Settings, fetch_waits
 from toolexec.stack import Stack
 
 log = structlog.get_logger(__name__)
@@ -40,7 +39,8 @@ class KafkaProbe:
     """Broker liveness and consumer lag (pipeline groups' commits, read models' stored
     offsets) against the log's end offsets."""
 
-    def __init__(self, bootstrap: str, engine: AsyncEngine, groups: list[str],
+    def __init__(self, bootstrap: str, engine: AsyncEngine,
+                 groups: Mapping[str, tuple[str, ...]],
                  read_models: Mapping[str, tuple[str, ...]]) -> None:
         self._bootstrap = bootstrap
         self._engine = engine
@@ -91,10 +91,9 @@ class KafkaProbe:
     async def lag(self) -> dict[str, int]:
         ends = await self._ends()
         lag: dict[str, int] = {}
-        invocations = [place for place in ends if place[0] == topics.INVOCATIONS]
-        for group in self._groups:
-            positions = await self._committed(group, invocations)
-            lag[group] = _behind(ends, positions, (topics.INVOCATIONS,))
+        for group, group_topics in self._groups.items():
+            positions = await self._committed(group, [p for p in ends if p[0] in group_topics])
+            lag[group] = _behind(ends, positions, group_topics)
         for name, model_topics in self._read_models.items():
             stored = await stored_offsets(self._engine, name)
             lag[f"projection.{name}"] = _behind(ends, stored, model_topics)
@@ -116,6 +115,8 @@ def consumer_states(stack: Stack, read_models: ReadModels) -> dict[str, str]:
         watched = ",".join(str(getattr(t, "name", t)) for t in getattr(subscriber, "topics", ()))
         name = group or f"view:{watched}"
         states[name] = "running" if getattr(subscriber, "running", False) else "stopped"
+    if stack.pipeline is not None:
+        states[stack.pipeline.group] = "running" if stack.pipeline.running else "stopped"
     for name, runner in read_models.runners.items():
         failure = runner.failure
         states[f"projection.{name}"] = ("running" if failure is None
@@ -150,12 +151,14 @@ def url_of(sock: socket.socket) -> str:
 async def serve_gateway(stack: Stack, read_models: ReadModels,
                         settings: Settings) -> AsyncIterator[str]:
     """Run the gateway over `stack` and `read_models`; yields its base URL."""
-    observed = PipelineMetrics(lambda r: decode(r.key, r.value, r.headers))
-    client = InvocationClient(stack.bootstrap,
-                              fetch_max_wait_ms=consumer_kwargs(settings)["fetch_max_wait_ms"],
-                              observer=observed.observe)
-    groups = sorted({g for s in (stack.broker.subscribers if stack.broker else ())
-                     if (g := getattr(s, "group_id", None))})
+    observed = PipelineMetrics()
+    stack.observers.append(observed.observe)
+    client = InvocationClient(stack.bootstrap, pipeline=stack.pipeline,
+                              fetch_waits=fetch_waits(settings))
+    groups = {g: (topics.INVOCATIONS,) for s in (stack.broker.subscribers if stack.broker else ())
+              if (g := getattr(s, "group_id", None))}
+    if stack.pipeline is not None:
+        groups[stack.pipeline.group] = (topics.REQUESTS,)
     probe = KafkaProbe(stack.bootstrap, read_models.engine, groups,
                        {name: tuple(runner.model.topics)
                         for name, runner in read_models.runners.items()})
@@ -170,7 +173,9 @@ async def serve_gateway(stack: Stack, read_models: ReadModels,
         await probe.start()
         context = GatewayContext(settings=settings, engine=read_models.engine, client=client,
                                  probe=probe, consumers=lambda: consumer_states(stack, read_models),
-                                 catch_up=catch_up, asyncapi=lambda: document)
+                                 catch_up=catch_up, asyncapi=lambda: document,
+                                 manifest_of=lambda tool_id: current_manifest(stack.registry,
+                                                                              tool_id))
         sock = bind(settings.gateway_host, settings.gateway_port)
         async with _serving(create_app(context), sock) as url:
             yield url

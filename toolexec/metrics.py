@@ -1,21 +1,21 @@
 """Prometheus metrics of a running toolexec, on the default registry (served at /metrics).
 
-Invocation outcomes and per-step latencies are observed from the invocations topic
-itself (the gateway's client tails it), so they cover every invocation on the log
-since this process started, whichever producer sent it. Consumer lag and breaker
-states are read when scraped (`refresh_gauges`).
+Invocation outcomes and per-step latencies are observed by the pipeline of this
+process as it runs invocations (`Stack.observers`): every request it starts and every
+fact it appends, whichever producer sent the request. With several replicas each
+reports the invocations it ran; Prometheus sums them. Consumer lag and breaker states
+are read when scraped (`refresh_gauges`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from datetime import datetime
 from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from contracts.kafka_binding import header_type
+from contracts.envelope import Envelope
 
 INVOCATIONS: Final = Counter(
     "toolexec_invocations", "Invocations that reached their terminal event, by tool and "
@@ -45,65 +45,41 @@ STEPS: Final = (
 TRACKED: Final = frozenset({"tool.invoke.requested", "tool.chain.resolved",
                             "tool.permission.decided", "tool.execution.finished"})
 
-Decoder = Callable[[Any], Any]
-
-
 class PipelineMetrics:
-    """Folds invocation records into `INVOCATIONS` and `STEP_SECONDS`.
+    """Folds invocation events into `INVOCATIONS` and `STEP_SECONDS`.
 
     Keeps the event times of at most `capacity` unfinished invocations (oldest dropped),
     so a flood of invocations that never end cannot grow it without bound."""
 
-    def __init__(self, decode: Decoder, capacity: int = 10_000) -> None:
-        self._decode = decode
+    def __init__(self, capacity: int = 10_000) -> None:
         self._capacity = capacity
         self._times: OrderedDict[str, dict[str, float]] = OrderedDict()
 
-    def observe(self, record: Any) -> None:
-        """One record of the invocations topic (an aiokafka ConsumerRecord)."""
-        kind = header_type(record.headers)
-        key = record.key.decode("utf-8", "replace") if record.key else None
-        if kind is None or key is None:
-            return
+    def observe(self, event: Envelope) -> None:
+        """One request started or fact appended by the pipeline."""
+        kind = event.type
+        key = event.correlationid
         if kind in TRACKED:
-            moment = _header_time(record.headers)
-            if moment is not None:
-                # Retries emit several execution.finished: the last one counts.
-                self._times.setdefault(key, {})[kind] = moment
-                self._times.move_to_end(key)
-                while len(self._times) > self._capacity:
-                    self._times.popitem(last=False)
+            # Retries emit several execution.finished: the last one counts.
+            self._times.setdefault(key, {})[kind] = event.time.timestamp()
+            self._times.move_to_end(key)
+            while len(self._times) > self._capacity:
+                self._times.popitem(last=False)
         elif kind in TERMINAL:
-            self._finish(key, kind, record)
+            self._finish(key, event)
 
-    def _finish(self, key: str, kind: str, record: Any) -> None:
-        try:
-            data = self._decode(record).data
-        except Exception:  # noqa: BLE001 - an undecodable record is not counted
-            return
+    def _finish(self, key: str, event: Envelope) -> None:
+        data = event.data
         error = getattr(data, "error", None)
         INVOCATIONS.labels(tool_id=str(getattr(data, "tool_id", None) or "unknown"),
-                           outcome="completed" if kind == "tool.invoke.completed" else "failed",
+                           outcome="completed" if event.type == "tool.invoke.completed"
+                           else "failed",
                            code=error.code if error is not None else "").inc()
         times = self._times.pop(key, {})
-        end = _header_time(record.headers)
-        if end is None:
-            return
-        times["terminal"] = end
+        times["terminal"] = event.time.timestamp()
         for step, stop, start in STEPS:
             if stop in times and start in times:
                 STEP_SECONDS.labels(step=step).observe(max(times[stop] - times[start], 0.0))
-
-
-def _header_time(headers: Iterable[tuple[str, bytes]]) -> float | None:
-    for name, value in headers or ():
-        if name == "ce_time":
-            try:
-                text = value.decode("ascii")
-                return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-            except (UnicodeDecodeError, ValueError):
-                return None
-    return None
 
 
 async def refresh_gauges(circuits: Iterable[Mapping[str, Any]],

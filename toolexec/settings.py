@@ -22,13 +22,14 @@ MIB = 1024 * 1024
 # join; these bring it to about a second. Apache Kafka refuses sessions below its
 # `group.min.session.timeout.ms` (6000 by default), hence the production values.
 # Tansu (embedded) does not answer a waiting fetch when records arrive, so every hop
-# would cost up to fetch_max_wait_ms: keep it short there (measured: 500 ms wait ->
-# 238 ms p50 per hop, 5 ms -> 3.9 ms). Kafka answers waiting fetches at once.
+# costs up to fetch_max_wait_ms: keep it short there while work is in flight
+# (measured: 500 ms wait -> 249 ms p50 per hop, 5 ms -> 2.8 ms, 1 ms -> 0.8 ms) and
+# long while idle (consumers.fetch_pacing). Kafka answers waiting fetches at once.
 EMBEDDED_CONSUMER_TUNING: dict[str, int] = {
     "session_timeout_ms": 1000,
     "heartbeat_interval_ms": 100,
     "rebalance_timeout_ms": 1000,
-    "fetch_max_wait_ms": 5,
+    "fetch_max_wait_ms": 1,
 }
 PRODUCTION_CONSUMER_TUNING: dict[str, int] = {
     "session_timeout_ms": 6000,
@@ -88,8 +89,12 @@ class Settings(BaseSettings):
     rebalance_timeout_ms: int | None = None
     """Consumer rebalance timeout; None = the profile default (1000 / client default)."""
     fetch_max_wait_ms: int | None = None
-    """Longest a fetch waits for records; None = the profile default (5 / 100 ms).
-    Set it low for brokers that do not answer waiting fetches early (Tansu)."""
+    """Longest a fetch waits for records while a consumer is busy; None = the profile
+    default (1 / 100 ms). Low for brokers that hold every fetch this long (Tansu)."""
+    fetch_idle_wait_ms: int | None = None
+    """Fetch wait of a consumer idle for a few seconds; None = the profile default
+    (500 ms). Tansu answers a waiting fetch only when it ends: an idle consumer polls
+    at this rate, and the first request after a pause may wait this long."""
 
     gateway_host: str = "127.0.0.1"
     """Address the HTTP gateway of `toolexec up` listens on (loopback by default)."""
@@ -146,6 +151,16 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{(self.state_dir / 'toolexec.db').resolve()}"
+
+
+IDLE_FETCH_WAIT_MS = 500
+
+
+def fetch_waits(settings: Settings) -> tuple[int, int]:
+    """(busy, idle) fetch waits for `settings`' profile (consumers.fetch_pacing)."""
+    busy = consumer_kwargs(settings)["fetch_max_wait_ms"]
+    idle = settings.fetch_idle_wait_ms or IDLE_FETCH_WAIT_MS
+    return busy, max(idle, busy)
 
 
 def consumer_kwargs(settings: Settings) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
@@ -29,20 +29,16 @@ from consumers.claim_store import RedisClaims, SqliteClaims
 from consumers.deadletter import DeadLetters
 from consumers.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions
 from consumers.delivery import DeliveringPublisher
-from consumers.pipeline import (
-    Attached,
-    PipelineDeps,
-    attach_group,
-    passthrough_decoder,
-    pipeline_groups,
-)
+from consumers.fetch_pacing import FetchPacer
+from consumers.invocation import InvocationDeps
+from consumers.pipeline import Pipeline
 from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
 from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbox
-from consumers.request_log import KafkaRequestLog
 from contracts import topics
 from contracts.envelope import Envelope
+from contracts.events import EVENT_MODELS
 from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
 from domain.capability import VerifiedTokens
 from domain.policy import DecisionCache
@@ -51,15 +47,23 @@ from projections.policy_view import PolicyView
 from projections.registry_view import RegistryView
 from toolexec import keys
 from toolexec.embedded_broker import EmbeddedBroker, ensure_topics
-from toolexec.settings import Settings, consumer_kwargs
+from toolexec.settings import Settings, consumer_kwargs, fetch_waits
 
 log = structlog.get_logger(__name__)
 
-STOP_GRACE_SECONDS = 10.0
+START_TIMEOUT_SECONDS = 60.0
+PACING_SECONDS = 0.5
+VIEWS_IDLE_WAIT_MS = 100
+"""The views (registry, circuits, policies) answer read-your-writes waits: their idle
+fetch wait is what a resolver's catch-up may wait for a new tool, so keep it short."""
+CIRCUITS_BATCH_MS = 100
+FACT_TYPES = frozenset(t for t in EVENT_MODELS if topics.TOPIC_OF_TYPE[t] == topics.INVOCATIONS)
 DECISION_REDIS_TIMEOUT_SECONDS = 0.5
+INVOCATION_PARTITIONS = 4
 TOPIC_PARTITIONS = {
     topics.REGISTRY: 1,
-    topics.INVOCATIONS: 4,
+    topics.REQUESTS: INVOCATION_PARTITIONS,
+    topics.INVOCATIONS: INVOCATION_PARTITIONS,
     topics.CIRCUITS: 1,
     topics.POLICIES: 1,
     topics.DEADLETTER: 1,
@@ -76,6 +80,11 @@ async def start_concurrently(broker: KafkaBroker) -> None:
     broker.running = True
 
 
+async def passthrough_decoder(message: Any) -> Any:
+    """FastStream decoder that hands the handler the raw StreamMessage."""
+    return message
+
+
 class Stoppable(Protocol):
     async def stop(self) -> None: ...
 
@@ -89,7 +98,7 @@ def utc_now() -> datetime:
 
 @dataclass
 class Stack:
-    """A running toolexec: broker connection, registry view and (optionally) consumers."""
+    """A running toolexec: broker connection, views and (optionally) the pipeline."""
 
     settings: Settings
     run_consumers: bool = True
@@ -101,15 +110,20 @@ class Stack:
     decisions: DecisionStore = field(init=False)
     embedded: EmbeddedBroker | None = field(default=None, init=False)
     broker: KafkaBroker | None = field(default=None, init=False)
+    pipeline: Pipeline | None = field(default=None, init=False)
+    """The consumer group running invocations (None without consumers)."""
+    observers: list[Callable[[Envelope], None]] = field(default_factory=list, init=False)
+    """Called with every request the pipeline starts and every fact it appends."""
+    _producer: AIOKafkaProducer | None = field(default=None, init=False)
     _offsets: AIOKafkaConsumer | None = field(default=None, init=False)
     _primitives: Primitives | None = field(default=None, init=False)
     _claims: SqliteClaims | RedisClaims | None = field(default=None, init=False)
     _redis: Any = field(default=None, init=False)
     _decisions_redis: Any = field(default=None, init=False)
     _abac: HttpAbac | None = field(default=None, init=False)
-    _requests: KafkaRequestLog | None = field(default=None, init=False)
+    _pacers: list[FetchPacer] = field(default_factory=list, init=False)
+    _pacing: asyncio.Task[None] | None = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
-    _attached: list[Attached] = field(default_factory=list, init=False)
     _read_models: Stoppable | None = field(default=None, init=False)
 
     @property
@@ -127,6 +141,13 @@ class Stack:
         await self.stop()
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         state = Path(self.settings.state_dir).resolve()  # bwrap binds absolute paths
         state.mkdir(parents=True, exist_ok=True)
         if not self.settings.kafka_bootstrap:
@@ -134,6 +155,9 @@ class Stack:
             await self.embedded.start()
         else:
             await ensure_topics(self.bootstrap, TOPIC_PARTITIONS)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0,
+                                          max_request_size=self.settings.max_message_bytes)
+        await self._producer.start()
         self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
         await self._offsets.start()
         self.registry = RegistryView(end_offsets=self._registry_end_offsets)
@@ -148,8 +172,17 @@ class Stack:
                                   linger_ms=0, logger=None, graceful_timeout=10)
         self._attach_views(self.broker)
         if self.run_consumers:
-            self._attach_pipeline(self.broker, state)
+            self._attach_circuits(self.broker)
+            self.pipeline = self._pipeline(state)
         await start_concurrently(self.broker)
+        for subscriber in self.broker.subscribers:
+            if (pacer := getattr(subscriber, "_toolexec_pacer", None)) is not None:
+                pacer.attach(subscriber.consumer)
+        if self.pipeline is not None:
+            await self.pipeline.start()
+            async with asyncio.timeout(START_TIMEOUT_SECONDS):
+                await self.pipeline.ready.wait()
+        self._pacing = asyncio.create_task(self._pace(), name="fetch-pacing")
         if self.run_consumers and self.read_models_factory is not None:
             self._read_models = await self.read_models_factory(self.settings, self.bootstrap)
         log.info("stack.started", bootstrap=self.bootstrap, consumers=self.run_consumers)
@@ -158,12 +191,13 @@ class Stack:
         if self._read_models is not None:
             await self._read_models.stop()
             self._read_models = None
-        for attached in self._attached:
-            try:
-                async with asyncio.timeout(STOP_GRACE_SECONDS):
-                    await attached.drain()
-            except TimeoutError:
-                log.warning("stack.stop_with_work_in_flight")
+        if self._pacing is not None:
+            self._pacing.cancel()
+            await asyncio.gather(self._pacing, return_exceptions=True)
+            self._pacing = None
+        if self.pipeline is not None:
+            await self.pipeline.stop()
+            self.pipeline = None
         if self.broker is not None:
             await self.broker.stop()
             self.broker = None
@@ -182,12 +216,12 @@ class Stack:
         if self._abac is not None:
             await self._abac.aclose()
             self._abac = None
-        if self._requests is not None:
-            await self._requests.aclose()
-            self._requests = None
         if self._offsets is not None:
             await self._offsets.stop()
             self._offsets = None
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
         if self.embedded is not None:
             await self.embedded.stop()
             self.embedded = None
@@ -210,16 +244,18 @@ class Stack:
 
     async def publish(self, envelope: Envelope) -> None:
         """Publish one event to its topic (CloudEvents binary mode, key = partitionkey)."""
-        assert self.broker is not None, "stack not started"
+        assert self._producer is not None, "stack not started"
         record = encode(envelope)
-        await self.broker.publish(
-            record.value, topics.TOPIC_OF_TYPE[envelope.type], key=record.key,
-            headers={name: value.decode("utf-8") for name, value in record.headers},
-        )
+        await self._producer.send_and_wait(topics.TOPIC_OF_TYPE[envelope.type], record.value,
+                                           key=record.key, headers=record.headers)
 
     async def publish_all(self, envelopes: Iterable[Envelope]) -> None:
         for envelope in envelopes:
             await self.publish(envelope)
+
+    def _observe(self, event: Envelope) -> None:
+        for observer in self.observers:
+            observer(event)
 
     async def _registry_end_offsets(self) -> dict[int, int]:
         return await self._end_offsets(topics.REGISTRY)
@@ -237,21 +273,35 @@ class Stack:
         ends = await self._offsets.end_offsets(tps)
         return {tp.partition: offset for tp, offset in ends.items()}
 
+    def _new_pacer(self, *, idle_ms: int | None = None) -> FetchPacer:
+        short, long = fetch_waits(self.settings)
+        pacer = FetchPacer(short, long if idle_ms is None else min(long, idle_ms))
+        self._pacers.append(pacer)
+        return pacer
+
+    async def _pace(self) -> None:
+        """Move idle consumers to their long fetch wait."""
+        while True:
+            await asyncio.sleep(PACING_SECONDS)
+            for pacer in self._pacers:
+                pacer.update()
+
     def _attach_views(self, broker: KafkaBroker) -> None:
         """Every process folds the registry, circuits and policies topics into its
         views, outside any consumer group, through one consumer: each consumer polls
-        the broker every fetch_max_wait_ms even when idle, so one instead of three.
-        Records of other types only advance a view's position."""
+        the broker even when idle, so one instead of three. Records of other types
+        only advance a view's position."""
         views: dict[str, tuple[Any, tuple[str, ...]]] = {
             topics.REGISTRY: (self.registry, ("tool.published", "tool.lifecycle.changed")),
             topics.CIRCUITS: (self.circuits, ("circuit.state.changed",)),
             topics.POLICIES: (self.policies, ("policy.updated",)),
         }
-        fetch_wait = consumer_kwargs(self.settings)["fetch_max_wait_ms"]
+        pacer = self._new_pacer(idle_ms=VIEWS_IDLE_WAIT_MS)
 
         @broker.subscriber(*views, group_id=None, auto_offset_reset="earliest",
-                           ack_policy=AckPolicy.MANUAL, fetch_max_wait_ms=fetch_wait)
+                           ack_policy=AckPolicy.MANUAL, fetch_max_wait_ms=pacer.long_ms)
         async def fold(message: Any) -> None:
+            pacer.busy()
             record = message.raw_message
             view, types = views[record.topic]
             if header_type(record.headers) in types:
@@ -262,7 +312,47 @@ class Stack:
                                 error=bad.error.code)
             view.advance(record.partition, record.offset)
 
-    def _attach_pipeline(self, broker: KafkaBroker, state: Path) -> None:
+        _pace_subscriber(broker, pacer)
+
+    def _attach_circuits(self, broker: KafkaBroker) -> None:
+        """The circuits step, a side step of its own consumer group on the facts: it
+        must see every outcome of a service, so one member of the group counts them."""
+        assert self._producer is not None
+        publish = DeliveringPublisher(self.publish)
+        deps = circuits.CircuitDeps(publish=publish, registry=self.registry,
+                                    book=circuits.CircuitBook(self.circuits), clock=utc_now)
+        dead_letters = DeadLetters(publish, utc_now)
+        pacer = self._new_pacer()
+        group = f"{self.group_prefix}.circuits"
+        options = {k: v for k, v in consumer_kwargs(self.settings).items()
+                   if k != "fetch_max_wait_ms"}
+
+        @broker.subscriber(topics.INVOCATIONS, group_id=group, batch=True,
+                           batch_timeout_ms=CIRCUITS_BATCH_MS, max_records=500,
+                           auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL,
+                           fetch_max_wait_ms=pacer.long_ms, **options)
+        async def count_outcomes(message: Any) -> None:
+            pacer.busy()
+            records = message.raw_message
+            for record in records:
+                kind = header_type(record.headers)
+                if kind == "tool.execution.finished":
+                    await circuits.count_record(record, deps, dead_letters, consumer=group)
+                elif kind not in FACT_TYPES:
+                    await circuits.misplaced_record(record, dead_letters, consumer=group)
+            positions: dict[TopicPartition, int] = {}
+            for record in records:
+                tp = TopicPartition(record.topic, record.partition)
+                positions[tp] = max(positions.get(tp, 0), record.offset + 1)
+            try:
+                await message.consumer.commit(positions)
+            except Exception as exc:  # moved in a rebalance: the new owner counts again
+                log.info("circuits.commit_deferred", error=repr(exc))
+
+        _pace_subscriber(broker, pacer)
+
+    def _pipeline(self, state: Path) -> Pipeline:
+        assert self._producer is not None
         sandbox = resolve_sandbox(self.settings.effective_sandbox,
                                   strict=self.settings.sandbox_strict)
         if sandbox in ("rlimits", NO_SANDBOX) and self.settings.effective_sandbox == "auto":
@@ -282,35 +372,39 @@ class Stack:
             canaries = RedisCanaries(self._redis)
         else:  # durable across restarts of this host's executor
             self._claims = SqliteClaims(state / "claims.sqlite3", owner=owner)
-        publish = DeliveringPublisher(self.publish)  # outlasts a broker restart
-        options = consumer_kwargs(self.settings)
-        if self.settings.auth_required:  # tokens of requests consumed before a restart
-            self._requests = KafkaRequestLog(
-                self.bootstrap, consumer_options={"fetch_max_wait_ms": options["fetch_max_wait_ms"]})
         env_snapshot = dict(os.environ)
-        deps = PipelineDeps(
+        deps = InvocationDeps(
             resolve=resolve.ResolveDeps(
-                registry=self.registry, publish=publish, clock=utc_now,
-                strict_chain=self.settings.strict_chain,
+                registry=self.registry, clock=utc_now, strict_chain=self.settings.strict_chain,
                 registry_wait_seconds=self.settings.registry_wait_seconds),
             authorize=authorize.AuthorizeDeps(
-                publish=publish, clock=utc_now, require_auth=self.settings.auth_required,
+                clock=utc_now, require_auth=self.settings.auth_required,
                 public_keys=lambda: keys.verification_keys(self.settings),
-                pending=authorize.PendingTokens(), registry=self.registry,
                 policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
                 default_decision=self.settings.policy_default, external=self._abac,
-                verified=VerifiedTokens(), requests=self._requests),
+                verified=VerifiedTokens()),
             execute=execute.ExecuteDeps(
-                registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
+                publish=_no_publish, clock=utc_now, runner=self._primitives,
                 claims=self._claims, secrets=env_snapshot.get, random=random.random,
                 gate=AttemptGate(circuits=self.circuits, canaries=canaries)),
-            finalize=finalize.FinalizeDeps(publish=publish, clock=utc_now),
-            dead_letters=DeadLetters(publish, utc_now),
-            clock=utc_now,
-            circuits=circuits.CircuitDeps(
-                publish=publish, registry=self.registry,
-                book=circuits.CircuitBook(self.circuits), clock=utc_now),
+            finalize=finalize.FinalizeDeps(clock=utc_now),
+            registry=self.registry,
         )
-        for group in pipeline_groups(deps, group_prefix=self.group_prefix,
-                                     execute_workers=self.execute_workers):
-            self._attached.append(attach_group(broker, group, deps, consumer_options=options))
+        options = {k: v for k, v in consumer_kwargs(self.settings).items()
+                   if k != "fetch_max_wait_ms"}
+        return Pipeline(self.bootstrap, self._producer, deps,
+                        DeadLetters(DeliveringPublisher(self.publish), utc_now),
+                        group=f"{self.group_prefix}.pipeline", consumer_options=options,
+                        pacer=self._new_pacer(), max_in_flight=self.execute_workers,
+                        observe=self._observe)
+
+
+async def _no_publish(envelope: Envelope) -> None:
+    raise AssertionError("each run publishes through its own fact log")
+
+
+def _pace_subscriber(broker: KafkaBroker, pacer: FetchPacer) -> None:
+    """Mark the subscriber just declared on `broker` for `pacer` (attached once it
+    started and has its consumer)."""
+    subscriber = broker.subscribers[-1]
+    subscriber._toolexec_pacer = pacer  # type: ignore[attr-defined]

@@ -23,11 +23,11 @@ from tests.log_reading import terminal_event_ids
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
+from toolexec.stack import TOPIC_PARTITIONS
 
 pytestmark = pytest.mark.chaos
 
-TOPICS = {"toolexec.registry": 1, "toolexec.invocations": 4, "toolexec.circuits": 1,
-          "toolexec.policies": 1, "toolexec.deadletter": 1}
+
 BURST = 150
 AFTER_RESTART = 20
 DURING_OUTAGE = 10
@@ -53,16 +53,16 @@ async def test_broker_restart_mid_burst_finishes_or_reports_every_invocation(
     state = tmp_path / "state"
     state.mkdir()
     with s3_store() as (endpoint, _):
-        broker = EmbeddedBroker(TOPICS, log_dir=tmp_path, storage_engine="s3://toolexec/",
+        broker = EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path, storage_engine="s3://toolexec/",
                                 env=tansu_s3_env(endpoint))
         async with broker:
             process = start_up(broker.bootstrap, state, log=(state / "up.log").open("ab"))
             try:
                 await wait_until_up(process, state)
                 # Tansu's s3 fetch answers empty when its object reads outlast the
-                # fetch wait, so the client waits longer than its 5 ms default.
+                # fetch wait, so the client waits longer than its 1 ms default.
                 async with InvocationClient(broker.bootstrap,
-                                            fetch_max_wait_ms=FETCH_WAIT_MS) as client:
+                                            fetch_waits=(FETCH_WAIT_MS, FETCH_WAIT_MS)) as client:
                     def invoke(invocation_id: str, timeout: float = TIMEOUT) -> asyncio.Task:
                         return asyncio.create_task(client.invoke(
                             "append_id", {"id": invocation_id, "ledger": str(ledger)},

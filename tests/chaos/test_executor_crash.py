@@ -14,6 +14,7 @@ from tests.chaos.up_process import start_up, wait_until_up
 from tests.log_reading import terminal_event_ids
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
+from toolexec.stack import TOPIC_PARTITIONS
 
 pytestmark = pytest.mark.chaos
 
@@ -24,9 +25,7 @@ async def test_kill_9_mid_burst_loses_nothing_and_runs_nothing_twice(tmp_path: P
     ledger = tmp_path / "ledger.txt"
     state = tmp_path / "state"
     state.mkdir()
-    async with EmbeddedBroker({"toolexec.registry": 1, "toolexec.invocations": 4,
-                               "toolexec.circuits": 1, "toolexec.policies": 1,
-                               "toolexec.deadletter": 1}, log_dir=tmp_path) as broker:
+    async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path) as broker:
         process = start_up(broker.bootstrap, state)
         try:
             await wait_until_up(process, state)

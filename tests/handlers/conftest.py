@@ -1,14 +1,17 @@
-"""In-memory wiring of the pipeline steps on FastStream's TestKafkaBroker.
+"""In-memory wiring of the pipeline's runs: the step functions chained as the pipeline
+chains them, with fakes for every port and an in-memory fact log.
 
 Ports are fakes: a registry built from sealed tool sources, a scripted primitive
-runner, in-memory claims. Every event any step publishes is recorded in order.
+runner, in-memory claims. Every request, cancel and fact is recorded in log order.
+The Kafka side (consumer group, commits, recovery scans) is tested against the real
+broker in tests/integration.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,13 +19,14 @@ from typing import Any
 
 import pytest_asyncio
 from aiokafka.errors import KafkaConnectionError
-from faststream.kafka import KafkaBroker, TestKafkaBroker
 
 from consumers import authorize, execute, finalize, resolve
 from consumers.claim_store import InMemoryClaims
 from consumers.deadletter import DeadLetters
-from consumers.delivery import DeliveringPublisher
-from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_groups, process_record
+from consumers.delivery import DeliveringFactLog
+from consumers.invocation import InvocationDeps
+from consumers.invocation_facts import InvocationFacts
+from consumers.runs import InvocationRuns, RecordRef
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeCancelRequested, InvokeRequested
@@ -45,6 +49,9 @@ class FakeRegistry(InMemoryRegistry):
         return super().versions(tool_id)
 
     async def catch_up(self, timeout: float) -> bool:
+        return True
+
+    async def reach(self, end_offset: int, timeout: float) -> bool:
         return True
 
 
@@ -81,37 +88,73 @@ class ScriptedRunner:
 
 @dataclass
 class Harness:
-    broker: KafkaBroker
     registry: FakeRegistry
     runner: ScriptedRunner
     claims: InMemoryClaims
-    settings: dict[str, Any]
+    runs: InvocationRuns = field(init=False)
     events: list[Envelope] = field(default_factory=list)
     deadletters: list[dict[str, Any]] = field(default_factory=list)
     fail_once: set[str] = field(default_factory=set)
-    """Event types whose next publish raises, as if the process died right there."""
+    """Fact types whose next append fails for good, as if the process died right there."""
     sleeps_fail: int = 0
     """How many of the next backoff sleeps raise (a crash while waiting to retry)."""
     sleeps_block: bool = False
     """When True, backoff sleeps last until cancelled; `backing_off` is set meanwhile."""
     backing_off: asyncio.Event = field(default_factory=asyncio.Event)
     broker_away_for: int = 0
-    """How many of the next publishes fail as they do while the broker restarts."""
+    """How many of the next appends fail as they do while the broker restarts."""
+    acknowledged: list[list[str]] = field(default_factory=list)
+    """Each acknowledged append: the types of its facts, in order."""
 
-    async def request(self, tool_id: str, params: Mapping[str, Any] | None = None, *,
+    async def append(self, events: Sequence[Envelope]) -> None:
+        """The in-memory fact log (the FactLog port)."""
+        if self.broker_away_for:
+            self.broker_away_for -= 1
+            raise KafkaConnectionError("injected: the broker is restarting")
+        failing = self.fail_once & {e.type for e in events}
+        if failing:
+            self.fail_once -= failing
+            raise ConnectionError(f"injected: appending {sorted(failing)} failed")
+        self.events.extend(events)
+        self.acknowledged.append([e.type for e in events])
+
+    def request_event(self, tool_id: str, params: Mapping[str, Any] | None = None, *,
                       version_range: str = "*", token: str | None = None,
-                      event_id: str | None = None, invocation_id: str | None = None) -> str:
+                      event_id: str | None = None, invocation_id: str | None = None
+                      ) -> Envelope:
         invocation_id = invocation_id or str(uuid.uuid4())
-        envelope = new_envelope(
+        return new_envelope(
             InvokeRequested(invocation_id=invocation_id, tool_id=tool_id,
                             version_range=version_range, parameters=dict(params or {})),
             source="urn:test", partitionkey=invocation_id, correlationid=invocation_id,
             id=event_id or str(uuid.uuid4()), time=FIXED_NOW,
             extensions={"captoken": token} if token else {},
         )
+
+    async def request(self, tool_id: str, params: Mapping[str, Any] | None = None, *,
+                      version_range: str = "*", token: str | None = None,
+                      event_id: str | None = None, invocation_id: str | None = None) -> str:
+        """Send a request and wait until its run ended; returns the invocation id."""
+        envelope = self.request_event(tool_id, params, version_range=version_range,
+                                      token=token, event_id=event_id,
+                                      invocation_id=invocation_id)
         self.events.append(envelope)
-        await publish_on(self.broker, envelope)
-        return invocation_id
+        await self.run(envelope)
+        return envelope.data.invocation_id
+
+    async def run(self, request: Envelope, facts: InvocationFacts | None = None) -> None:
+        """Run `request` as the pipeline does, resuming from `facts`; wait for its end."""
+        record = encode(request)
+        source = RecordRef(topics.REQUESTS, 0, len(self.events), record.key, record.value,
+                           record.headers)
+        run = self.runs.start(request, DeliveringFactLog(self, sleep=_no_sleep),
+                              facts or InvocationFacts(), source, lambda: None)
+        await asyncio.gather(run.done, return_exceptions=True)
+
+    async def redeliver(self, request: Envelope) -> None:
+        """The request read again by a new owner: it resumes from its facts on the log."""
+        facts = InvocationFacts.of(self.of(request.data.invocation_id))
+        await self.run(request, facts)
 
     async def cancel(self, invocation_id: str, reason: str | None = None) -> None:
         """Emit `tool.invoke.cancel.requested` for the invocation."""
@@ -120,7 +163,8 @@ class Harness:
             source="urn:test", partitionkey=invocation_id, correlationid=invocation_id,
             id=str(uuid.uuid4()), time=FIXED_NOW)
         self.events.append(envelope)
-        await publish_on(self.broker, envelope)
+        self.runs.cancel(invocation_id, reason)
+        await asyncio.sleep(0)
 
     def of(self, invocation_id: str, event_type: str | None = None) -> list[Envelope]:
         return [e for e in self.events if e.correlationid == invocation_id
@@ -133,10 +177,8 @@ class Harness:
         return found[0]
 
 
-async def publish_on(broker: KafkaBroker, envelope: Envelope) -> None:
-    record = encode(envelope)
-    await broker.publish(record.value, topics.TOPIC_OF_TYPE[envelope.type], key=record.key,
-                         headers={k: v.decode() for k, v in record.headers})
+async def _no_sleep(seconds: float) -> None:
+    return None
 
 
 def sealed_tools() -> list[ToolVersion]:
@@ -145,38 +187,13 @@ def sealed_tools() -> list[ToolVersion]:
     return [seal(s) for s in sources]
 
 
-def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None = None,
-                  ) -> tuple[Harness, KafkaBroker]:
-    broker = KafkaBroker("localhost:9092", apply_types=False, decoder=passthrough_decoder)
-    registry = FakeRegistry()
-    for tool in sealed_tools():
-        registry.add(tool)
-    runner = ScriptedRunner()
-    claims = InMemoryClaims("test-executor")
-    harness = Harness(broker, registry, runner, claims, {"require_auth": require_auth})
+def clock() -> datetime:
+    return FIXED_NOW
 
-    async def publish_once(envelope: Envelope) -> None:
-        if harness.broker_away_for:
-            harness.broker_away_for -= 1
-            raise KafkaConnectionError("injected: the broker is restarting")
-        if envelope.type in harness.fail_once:
-            harness.fail_once.discard(envelope.type)
-            raise ConnectionError(f"injected: publishing {envelope.type} failed")
-        # Recorded before it is delivered: the in-memory broker runs subscribers
-        # nested inside publish, so this keeps the causal order of the log.
-        if envelope.type == "deadletter.recorded":
-            harness.deadletters.append(envelope.data.model_dump(mode="json"))
-        else:
-            harness.events.append(envelope)
-        await publish_on(broker, envelope)
 
-    async def no_backoff(seconds: float) -> None:
-        return None
-
-    publish = DeliveringPublisher(publish_once, sleep=no_backoff)  # as toolexec wires it
-
-    def clock() -> datetime:
-        return FIXED_NOW
+def pipeline_deps(harness: Harness, *, authorize_deps: authorize.AuthorizeDeps,
+                  secrets: Callable[[str], str | None] = lambda name: None) -> InvocationDeps:
+    """The steps' ports as toolexec wires them, with the harness's fakes."""
 
     async def sleep(seconds: float) -> None:
         if harness.sleeps_fail:
@@ -186,33 +203,39 @@ def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None =
             harness.backing_off.set()
             await asyncio.Event().wait()
 
-    deps = PipelineDeps(
-        resolve=resolve.ResolveDeps(registry=registry, publish=publish, clock=clock),
-        authorize=authorize.AuthorizeDeps(publish=publish, clock=clock, require_auth=require_auth,
-                                          public_keys=lambda: public_keys or [],
-                                          pending=authorize.PendingTokens()),
-        execute=execute.ExecuteDeps(registry=registry, publish=publish, clock=clock,
-                                    runner=runner, claims=claims, secrets=lambda name: None,
+    return InvocationDeps(
+        resolve=resolve.ResolveDeps(registry=harness.registry, clock=clock),
+        authorize=authorize_deps,
+        execute=execute.ExecuteDeps(publish=_unused, clock=clock, runner=harness.runner,
+                                    claims=harness.claims, secrets=secrets,
                                     random=lambda: 0.0, sleep=sleep),
-        finalize=finalize.FinalizeDeps(publish=publish, clock=clock),
-        dead_letters=DeadLetters(publish, clock),
-        clock=clock,
+        finalize=finalize.FinalizeDeps(clock=clock),
+        registry=harness.registry,
     )
-    groups = pipeline_groups(deps, group_prefix="test", execute_workers=1)
 
-    # One subscriber hands each record to every group in a fixed order. On Kafka each
-    # group reads the partition in log order; the in-memory broker delivers nested
-    # and in no guaranteed subscriber order, so this keeps it faithful.
-    @broker.subscriber(topics.INVOCATIONS, group_id="groups")
-    async def all_steps(message: Any) -> None:
-        for group in groups:
-            await process_record(message.raw_message, group, deps)
 
-    return harness, broker
+async def _unused(envelope: Envelope) -> None:
+    raise AssertionError("runs publish through their fact log")
+
+
+def dead_letters_of(harness: Harness) -> DeadLetters:
+    async def record(envelope: Envelope) -> None:
+        harness.deadletters.append(envelope.data.model_dump(mode="json"))
+    return DeadLetters(record, clock)
+
+
+def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None = None,
+                  runner: ScriptedRunner | None = None) -> Harness:
+    registry = FakeRegistry()
+    for tool in sealed_tools():
+        registry.add(tool)
+    harness = Harness(registry, runner or ScriptedRunner(), InMemoryClaims("test-executor"))
+    deps = pipeline_deps(harness, authorize_deps=authorize.AuthorizeDeps(
+        clock=clock, require_auth=require_auth, public_keys=lambda: public_keys or []))
+    harness.runs = InvocationRuns(deps, dead_letters_of(harness), consumer="test.pipeline")
+    return harness
 
 
 @pytest_asyncio.fixture
 async def harness() -> AsyncIterator[Harness]:
-    h, broker = build_harness()
-    async with TestKafkaBroker(broker):
-        yield h
+    yield build_harness()

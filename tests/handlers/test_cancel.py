@@ -1,4 +1,4 @@
-"""Cancellation (`tool.invoke.cancel.requested`) in the execute step, on TestKafkaBroker."""
+"""Cancellation (`tool.invoke.cancel.requested`) of runs at every stage."""
 
 from __future__ import annotations
 

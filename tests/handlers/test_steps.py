@@ -1,4 +1,4 @@
-"""Every branch of the four pipeline steps, on FastStream's in-memory TestKafkaBroker."""
+"""Every branch of the four pipeline steps, chained as the pipeline chains them."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import time
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
-from faststream.kafka import TestKafkaBroker
 
 from consumers.claim_store import InMemoryClaims
-from contracts import topics
+from consumers.invocation_facts import InvocationFacts
 from domain.model import PrimitiveOutcome
 from tests.handlers.conftest import Harness, build_harness
 
@@ -98,21 +97,63 @@ async def test_plan_is_built_from_the_merged_chain(harness: Harness) -> None:
     assert plan.argv[0] == "python3" and plan.argv[-1] == "main.py"
 
 
-async def test_redelivered_request_yields_same_ids_and_runs_once(harness: Harness) -> None:
+async def test_facts_that_do_not_gate_each_other_are_appended_together(
+        harness: Harness) -> None:
+    await harness.request("py_echo", {"text": "x"})
+    assert harness.acknowledged == [
+        ["tool.chain.resolved", "tool.permission.decided", "tool.execution.started"],
+        ["tool.execution.finished", "tool.invoke.completed"]]
+
+
+async def test_a_failure_before_any_attempt_is_appended_with_the_decision(
+        harness: Harness) -> None:
+    await harness.request("py_echo", {"text": 5})
+    assert harness.acknowledged == [
+        ["tool.chain.resolved", "tool.permission.decided", "tool.invoke.failed"]]
+
+
+async def test_the_decision_is_on_the_log_before_the_tool_starts(harness: Harness) -> None:
+    seen: list[list[str]] = []
+
+    async def spy(*args, **kwargs):
+        seen.append([e.type for e in harness.events])
+        return await original(*args, **kwargs)
+
+    original, harness.runner.run = harness.runner.run, spy  # type: ignore[method-assign]
+    await harness.request("py_echo", {"text": "x"})
+    assert seen == [["tool.invoke.requested", "tool.chain.resolved",
+                     "tool.permission.decided", "tool.execution.started"]]
+
+
+async def test_redelivered_request_resumes_from_the_log_and_does_nothing_again(
+        harness: Harness) -> None:
     invocation = await harness.request("py_echo", {"text": "x"}, event_id="evt-1")
-    await harness.request("py_echo", {"text": "x"}, event_id="evt-1", invocation_id=invocation)
-    resolved = harness.of(invocation, "tool.chain.resolved")
-    assert len(resolved) == 2 and resolved[0].id == resolved[1].id
+    before = list(harness.events)
+    await harness.redeliver(harness.of(invocation, "tool.invoke.requested")[0])
+    assert harness.events == before
     assert len(harness.runner.plans) == 1
 
 
-async def test_undecodable_record_is_dead_lettered_once(harness: Harness) -> None:
-    await harness.broker.publish(b"{not json", topics.INVOCATIONS, key=b"k",
-                                 headers={"ce_type": "tool.invoke.requested"})
-    assert len(harness.deadletters) == 1
-    assert harness.deadletters[0]["error"]["code"] == "E3004"
-    invocation = await harness.request("py_echo", {"text": "still works"})
-    assert harness.terminal(invocation).type == "tool.invoke.completed"
+async def test_a_request_resumed_after_its_decision_is_neither_resolved_nor_decided_again(
+        harness: Harness) -> None:
+    earlier = build_harness()
+    invocation = await earlier.request("py_echo", {"text": "x"})
+    request, resolved, decided = earlier.of(invocation)[:3]
+    harness.events.extend([request, resolved, decided])
+    await harness.run(request, InvocationFacts.of([resolved, decided]))
+    assert [e.type for e in harness.of(invocation)][3:] == [
+        "tool.execution.started", "tool.execution.finished", "tool.invoke.completed"]
+    assert harness.terminal(invocation).causationid == harness.of(
+        invocation, "tool.execution.finished")[0].id
+
+
+async def test_a_deny_on_the_log_without_its_failure_gets_the_same_failure(rsa_key) -> None:
+    earlier = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    invocation = await earlier.request("py_echo", {"text": "x"})
+    request, resolved, denied, failure = earlier.of(invocation)
+    resumed = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    await resumed.run(request, InvocationFacts.of([resolved, denied]))
+    assert [e.id for e in resumed.events] == [failure.id]
 
 
 async def test_crashing_handler_is_dead_lettered_and_the_invocation_fails(
@@ -135,23 +176,41 @@ async def test_crashing_primitive_ends_the_invocation_with_E3404(harness: Harnes
     assert finished.outcome == "unknown"
 
 
-async def test_attempt_abandoned_by_a_dead_executor_is_reported_unknown_not_rerun(
+async def test_attempt_started_by_a_dead_executor_is_reported_unknown_not_rerun(
         harness: Harness) -> None:
+    earlier = build_harness()
     invocation = "inv-abandoned"
+    await earlier.request("py_echo", {"text": "x"}, invocation_id=invocation)
+    request, resolved, decided, started = earlier.of(invocation)[:4]
     await _claim_as_dead_executor(harness, f"{invocation}/1")
-    await harness.request("py_echo", {"text": "x"}, invocation_id=invocation)
+    harness.events.extend([request, resolved, decided, started])
+    await harness.run(request, InvocationFacts.of([resolved, decided, started]))
     assert harness.runner.plans == []
     finished = harness.of(invocation, "tool.execution.finished")[0].data
     assert (finished.outcome, finished.error.code) == ("unknown", "E3404")
     assert harness.terminal(invocation).data.error.code == "E3404"
 
 
+async def test_attempt_claimed_by_a_dead_executor_that_never_started_it_runs(
+        harness: Harness) -> None:
+    invocation = "inv-claimed"
+    await _claim_as_dead_executor(harness, f"{invocation}/1")
+    await harness.request("py_echo", {"text": "x"}, invocation_id=invocation)
+    assert len(harness.runner.plans) == 1  # its started fact never reached the log
+    assert harness.terminal(invocation).type == "tool.invoke.completed"
+
+
 async def test_abandoned_attempt_of_an_idempotent_tool_is_run_again(harness: Harness) -> None:
     tool = harness.registry.get("py_echo", "1.0.0")
     harness.registry.add(seal_variant(tool, version="1.1.0", idempotent=True))
+    earlier = build_harness()
+    earlier.registry.add(seal_variant(tool, version="1.1.0", idempotent=True))
     invocation = "inv-idempotent"
+    await earlier.request("py_echo", {"text": "x"}, invocation_id=invocation)
+    request, resolved, decided, started = earlier.of(invocation)[:4]
     await _claim_as_dead_executor(harness, f"{invocation}/1")
-    await harness.request("py_echo", {"text": "x"}, invocation_id=invocation)
+    harness.events.extend([request, resolved, decided, started])
+    await harness.run(request, InvocationFacts.of([resolved, decided, started]))
     assert len(harness.runner.plans) == 1
     assert harness.terminal(invocation).type == "tool.invoke.completed"
 
@@ -179,9 +238,7 @@ async def test_crash_while_backing_off_goes_on_with_the_next_attempt(harness: Ha
     assert len(harness.runner.plans) == 2
     attempts = [(e.data.attempt, e.data.final)
                 for e in harness.of(invocation, "tool.execution.finished")]
-    assert attempts == [(1, False), (1, False), (2, True)]  # attempt 1 republished, same id
-    first, again = harness.of(invocation, "tool.execution.finished")[:2]
-    assert first.id == again.id
+    assert attempts == [(1, False), (2, True)]  # attempt 1's outcome was on the log already
     assert harness.terminal(invocation).type == "tool.invoke.completed"
 
 
@@ -210,9 +267,8 @@ def _token(key: rsa.RSAPrivateKey, tool: str = "py_echo") -> str:
 
 
 async def test_required_auth_without_token_is_denied_E3203(rsa_key) -> None:
-    harness, broker = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
-    async with TestKafkaBroker(broker):
-        invocation = await harness.request("py_echo", {"text": "x"})
+    harness = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    invocation = await harness.request("py_echo", {"text": "x"})
     decision = harness.of(invocation, "tool.permission.decided")[0].data
     assert decision.decision == "deny" and decision.enforced
     failed = harness.terminal(invocation).data
@@ -221,9 +277,8 @@ async def test_required_auth_without_token_is_denied_E3203(rsa_key) -> None:
 
 
 async def test_required_auth_with_valid_token_allows_and_records_subject(rsa_key) -> None:
-    harness, broker = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
-    async with TestKafkaBroker(broker):
-        invocation = await harness.request("py_echo", {"text": "x"}, token=_token(rsa_key))
+    harness = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    invocation = await harness.request("py_echo", {"text": "x"}, token=_token(rsa_key))
     decision = harness.of(invocation, "tool.permission.decided")[0].data
     assert (decision.decision, decision.subject, decision.token_jti) == ("allow", "did:example:a",
                                                                           "j1")
@@ -231,18 +286,16 @@ async def test_required_auth_with_valid_token_allows_and_records_subject(rsa_key
 
 
 async def test_token_for_another_tool_is_E3204(rsa_key) -> None:
-    harness, broker = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
-    async with TestKafkaBroker(broker):
-        invocation = await harness.request("py_echo", {"text": "x"},
-                                           token=_token(rsa_key, tool="other"))
+    harness = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    invocation = await harness.request("py_echo", {"text": "x"},
+                                       token=_token(rsa_key, tool="other"))
     assert harness.terminal(invocation).data.error.code == "E3204"
 
 
 async def test_capability_token_never_travels_into_derived_events(rsa_key) -> None:
-    harness, broker = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
+    harness = build_harness(require_auth=True, public_keys=[rsa_key.public_key()])
     token = _token(rsa_key)
-    async with TestKafkaBroker(broker):
-        invocation = await harness.request("py_echo", {"text": "x"}, token=token)
+    invocation = await harness.request("py_echo", {"text": "x"}, token=token)
     derived = harness.of(invocation)[1:]
     assert derived and all("captoken" not in e.extensions for e in derived)
     assert all(token not in e.data.model_dump_json() for e in derived)
@@ -254,4 +307,20 @@ async def test_publishes_refused_while_the_broker_restarts_are_delivered_once_it
     invocation = await harness.request("py_echo", {"text": "hi"})
     assert [e.type for e in harness.of(invocation)] == PIPELINE
     assert len(harness.runner.plans) == 1
+    assert harness.deadletters == []
+
+
+async def test_a_run_that_stalled_past_its_lease_leaves_the_conclusion_to_its_new_owner(
+        harness: Harness) -> None:
+    other = InMemoryClaims("other-executor", rows=harness.claims.rows)
+
+    async def stalled_until_taken_over(plan, params, *, secrets):
+        key = next(iter(harness.claims.rows))
+        assert await other.take_over(harness.claims.rows[key], now=1e10, lease_seconds=1)
+        return PrimitiveOutcome(ok=True, stdout=b'{"echo": "late", "keys": 1}', exit_code=0)
+
+    harness.runner.run = stalled_until_taken_over  # type: ignore[method-assign]
+    invocation = await harness.request("py_echo", {"text": "x"})
+    assert harness.of(invocation, "tool.execution.finished") == []
+    assert [e.type for e in harness.of(invocation)][-1] == "tool.execution.started"
     assert harness.deadletters == []

@@ -24,18 +24,10 @@ import pytest
 
 from toolexec.embedded_broker import EmbeddedBroker, ensure_topics
 from toolexec.settings import EMBEDDED_CONSUMER_TUNING, PRODUCTION_CONSUMER_TUNING
+from toolexec.stack import TOPIC_PARTITIONS as STACK_TOPICS
 
-try:
-    from contracts.topics import ALL_TOPICS, INVOCATIONS
-except ImportError:  # contracts not written yet
-    INVOCATIONS = "toolexec.invocations"
-    ALL_TOPICS = ("toolexec.registry", INVOCATIONS, "toolexec.circuits",
-                  "toolexec.policies", "toolexec.deadletter")
-
-TOPIC_PARTITIONS: dict[str, int] = {
-    topic: 4 if topic == INVOCATIONS else 1 for topic in ALL_TOPICS
-}
-"""Every toolexec topic with its partition count in the test broker."""
+TOPIC_PARTITIONS: dict[str, int] = dict(STACK_TOPICS)
+"""Every toolexec topic with its partition count in the test broker (as `up` makes them)."""
 
 EXTERNAL_BOOTSTRAP_ENV = "TOOLEXEC_TEST_KAFKA_BOOTSTRAP"
 

@@ -15,16 +15,16 @@ from tests.log_reading import terminal_failure
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
 from toolexec.embedded_broker import EmbeddedBroker
+from toolexec.stack import TOPIC_PARTITIONS
 
 pytestmark = pytest.mark.integration
 
-TOPICS = {"toolexec.registry": 1, "toolexec.invocations": 4, "toolexec.circuits": 1,
-          "toolexec.policies": 1, "toolexec.deadletter": 1}
+
 
 
 async def test_a_request_the_broker_cannot_take_is_reported_as_not_delivered(
         tmp_path: Path) -> None:
-    async with EmbeddedBroker(TOPICS, log_dir=tmp_path) as broker, \
+    async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path) as broker, \
             InvocationClient(broker.bootstrap) as client:
         await broker.stop()
         with pytest.raises(InvocationNotDelivered) as reported:
@@ -35,7 +35,7 @@ async def test_a_request_the_broker_cannot_take_is_reported_as_not_delivered(
 
 async def test_a_request_without_a_result_in_time_is_reported_as_unresolved(
         tmp_path: Path) -> None:
-    async with EmbeddedBroker(TOPICS, log_dir=tmp_path) as broker, \
+    async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path) as broker, \
             InvocationClient(broker.bootstrap) as client:  # no pipeline runs
         with pytest.raises(InvocationUnresolved) as reported:
             await client.invoke("echo", invocation_id="inv-slow", timeout=1.0)
@@ -46,9 +46,9 @@ async def test_a_request_without_a_result_in_time_is_reported_as_unresolved(
 async def test_the_client_reconnects_after_a_broker_restart(tmp_path: Path) -> None:
     with s3_store() as (endpoint, _):
         # Tansu's s3 fetch answers empty when its reads outlast a 5 ms fetch wait.
-        async with EmbeddedBroker(TOPICS, log_dir=tmp_path, storage_engine="s3://toolexec/",
+        async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path, storage_engine="s3://toolexec/",
                                   env=tansu_s3_env(endpoint)) as broker, \
-                InvocationClient(broker.bootstrap, fetch_max_wait_ms=100) as client:
+                InvocationClient(broker.bootstrap, fetch_waits=(100, 100)) as client:
             await broker.restart()
             waiting = asyncio.create_task(
                 client.invoke("echo", invocation_id="inv-after", timeout=30))
@@ -59,7 +59,7 @@ async def test_the_client_reconnects_after_a_broker_restart(tmp_path: Path) -> N
 
 
 async def test_run_reports_e3002_when_no_result_arrives_in_time(tmp_path: Path) -> None:
-    async with EmbeddedBroker(TOPICS, log_dir=tmp_path) as broker:
+    async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path) as broker:
         # A "running system" whose pipeline never answers: the broker, no consumers.
         state = tmp_path / ".toolexec"
         state.mkdir()

@@ -201,7 +201,7 @@ def test_health_reports_broker_database_and_consumers(gateway) -> None:
     assert health["status"] == "ok"
     assert health["checks"]["broker"]["ok"] and health["checks"]["database"]["ok"]
     consumers = health["checks"]["consumers"]["consumers"]
-    assert {"toolexec.pipeline", "toolexec.execute", "projection.invocations",
+    assert {"toolexec.pipeline", "toolexec.circuits", "projection.invocations",
             "projection.audit"} <= set(consumers)
     assert set(consumers.values()) == {"running"}
 
@@ -224,7 +224,8 @@ def test_metrics_count_invocations_and_expose_latency_lag_and_breakers(gateway) 
                  'tool_id="no_such_tool"}') >= 1
     for step in ("resolve", "authorize", "execute", "finalize", "total"):
         assert value(f'toolexec_pipeline_step_seconds_count{{step="{step}"}}') >= 1
-    assert 'toolexec_consumer_lag{consumer="toolexec.execute"}' in text
+    assert 'toolexec_consumer_lag{consumer="toolexec.pipeline"}' in text
+    assert 'toolexec_consumer_lag{consumer="toolexec.circuits"}' in text
     assert 'toolexec_consumer_lag{consumer="projection.audit"}' in text
     assert value('toolexec_circuit_state{service_id="metrics-service"}') == 2  # open
     assert "toolexec_decision_cache_hits" in text  # the consumers' metrics, same registry
@@ -234,7 +235,9 @@ def test_asyncapi_document_lists_every_event_contract(gateway) -> None:
     document = gateway.http.get("/asyncapi.json").json()
     assert document["asyncapi"].startswith("3.")
     channels = document["channels"]
-    assert channels["toolexec.invocations:tool.invoke.requested"]["address"] == \
+    assert channels["toolexec.requests:tool.invoke.requested"]["address"] == \
+        "toolexec.requests"
+    assert channels["toolexec.invocations:tool.invoke.completed"]["address"] == \
         "toolexec.invocations"
     assert "InvokeRequested" in document["components"]["schemas"]
     assert len(channels) >= 14

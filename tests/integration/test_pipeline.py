@@ -192,14 +192,15 @@ def _with_data(event: Envelope, data: object) -> Envelope:
                         time=event.time)
 
 
+@pytest.mark.parametrize("topic", [topics.REQUESTS, topics.INVOCATIONS])
 async def test_undecodable_record_is_dead_lettered_and_the_pipeline_goes_on(
-        stack: Stack, client: InvocationClient) -> None:
+        stack: Stack, client: InvocationClient, topic: str) -> None:
     key = f"garbage-{uuid.uuid4()}".encode()
     producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap)
     await producer.start()
     try:
-        await producer.send_and_wait(topics.INVOCATIONS, b"\x00not json", key=key,
-                                     headers=[("ce_type", b"tool.invoke.requested")])
+        headers = [("ce_type", b"tool.invoke.requested")]
+        await producer.send_and_wait(topic, b"\x00not json", key=key, headers=headers)
     finally:
         await producer.stop()
     event = await client.invoke("py_echo", {"text": "after"})
@@ -207,7 +208,7 @@ async def test_undecodable_record_is_dead_lettered_and_the_pipeline_goes_on(
     record = await _find_deadletter(stack.bootstrap, key)
     document = decode(record.key, record.value, record.headers).data
     assert document.error.code == "E3004"
-    assert document.topic == topics.INVOCATIONS
+    assert document.topic == topic
 
 
 async def _find_deadletter(bootstrap: str, key: bytes) -> Any:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-from faststream.kafka import TestKafkaBroker
 
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
@@ -24,15 +23,14 @@ TOOL = Path(__file__).parent / "tools" / "cred_echo"
 
 async def test_credential_reaches_the_tool_but_no_event_or_log(rsa_key, tmp_path: Path) -> None:
     runner = Primitives(ContentStore(tmp_path / "cas"), tmp_path / "work", sandbox="rlimits")
-    harness, broker, _, _ = build_secure_harness(
+    harness, _, _ = build_secure_harness(
         [rsa_key.public_key()], runner=runner,
         secrets={"CRED_ECHO_TOKEN": SECRET}.get)
     harness.registry.add(seal(load_source(TOOL)))
     with structlog.testing.capture_logs() as logs:
-        async with TestKafkaBroker(broker):
-            invocation = await harness.request(
-                "cred_echo", {"password": "hunter2-param"},
-                token=rs256(rsa_key, tool="cred_echo"))
+        invocation = await harness.request(
+            "cred_echo", {"password": "hunter2-param"},
+            token=rs256(rsa_key, tool="cred_echo"))
     await runner.aclose()
     terminal = harness.terminal(invocation)
     assert terminal.type == "tool.invoke.completed", terminal.data
@@ -50,12 +48,11 @@ async def test_undeclared_credential_is_refused_before_anything_runs(rsa_key) ->
 
     source = load_source(TOOL)
     manifest = {**source.manifest, "version": "1.1.0", "required_permissions": []}
-    harness, broker, _, _ = build_secure_harness(
+    harness, _, _ = build_secure_harness(
         [rsa_key.public_key()], secrets={"CRED_ECHO_TOKEN": SECRET}.get)
     harness.registry.add(seal(ToolSource(manifest=manifest, files=source.files, origin="test")))
-    async with TestKafkaBroker(broker):
-        invocation = await harness.request("cred_echo", {"password": "x"}, version_range="1.1.0",
-                                           token=rs256(rsa_key, tool="cred_echo"))
+    invocation = await harness.request("cred_echo", {"password": "x"}, version_range="1.1.0",
+                                       token=rs256(rsa_key, tool="cred_echo"))
     failed = harness.terminal(invocation).data
     assert (failed.error.code, failed.stage) == ("E3206", "execute")
     assert "CRED_ECHO_TOKEN" in failed.error.message

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from faststream.kafka import TestKafkaBroker
 
 from consumers.abac_client import HttpAbac
 from tests.security.conftest import build_secure_harness, rs256
@@ -61,10 +60,9 @@ def engine() -> Iterator[tuple[Engine, str]]:
 
 async def _invoke(rsa_key, url: str, params: dict[str, Any] | None = None, *, times: int = 1):
     abac = HttpAbac(url, timeout_seconds=2)
-    harness, broker, _, _ = build_secure_harness([rsa_key.public_key()], external=abac)
-    async with TestKafkaBroker(broker):
-        ids = [await harness.request("py_echo", params or {"text": "hi"}, token=rs256(rsa_key))
-               for _ in range(times)]
+    harness, _, _ = build_secure_harness([rsa_key.public_key()], external=abac)
+    ids = [await harness.request("py_echo", params or {"text": "hi"}, token=rs256(rsa_key))
+           for _ in range(times)]
     await abac.aclose()
     return harness, ids
 

@@ -14,7 +14,6 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 import structlog
-from faststream.kafka import TestKafkaBroker
 from prometheus_client import REGISTRY
 
 from consumers.decision_cache import RedisDecisions
@@ -56,14 +55,12 @@ class Replica:
     """One authorize replica: its own pipeline, policy view, Redis connection."""
 
     harness: Any
-    broker: Any
     view: Any
     store: RedisDecisions
     cedar: CountedCedar
 
     async def decide(self, token: str) -> Any:
-        async with TestKafkaBroker(self.broker):
-            invocation = await self.harness.request("py_echo", {"text": "x"}, token=token)
+        invocation = await self.harness.request("py_echo", {"text": "x"}, token=token)
         return self.harness.of(invocation, "tool.permission.decided")[0].data
 
     async def fold(self, event: Any) -> None:
@@ -83,9 +80,9 @@ async def connect(redis_url: str) -> AsyncIterator[Any]:
         clients.append(client)
         store = RedisDecisions(client, prefix=prefix, operation_timeout=0.5)
         cedar = CountedCedar()
-        harness, broker, view, _ = build_secure_harness(
+        harness, view, _ = build_secure_harness(
             [rsa_key.public_key()], decisions=store, evaluator=cedar, **options)
-        return Replica(harness, broker, view, store, cedar)
+        return Replica(harness, view, store, cedar)
 
     yield replica
     for client in clients:
@@ -168,11 +165,10 @@ async def test_with_redis_down_decisions_are_evaluated_and_the_log_says_so(
 
 
 async def test_in_process_cache_hits_and_misses_are_counted(rsa_key) -> None:
-    harness, broker, view, _ = build_secure_harness([rsa_key.public_key()])
+    harness, view, _ = build_secure_harness([rsa_key.public_key()])
     view.apply(_policy_event(PERMIT_ALL, "v1"))
     hits, misses = _count("hits", "memory"), _count("misses", "memory")
-    async with TestKafkaBroker(broker):
-        for _ in range(3):
-            await harness.request("py_echo", {"text": "x"}, token=rs256(rsa_key))
+    for _ in range(3):
+        await harness.request("py_echo", {"text": "x"}, token=rs256(rsa_key))
     assert _count("hits", "memory") - hits == 2
     assert _count("misses", "memory") - misses == 1

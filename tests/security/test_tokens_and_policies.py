@@ -16,7 +16,6 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from faststream.kafka import TestKafkaBroker
 
 from contracts.envelope import new_envelope
 from contracts.events import PolicyUpdated
@@ -28,11 +27,10 @@ pytestmark = pytest.mark.security
 
 async def _decide(key: rsa.RSAPrivateKey, token: str | None, *, tool: str = "py_echo",
                   policies: str | None = None) -> tuple[Any, Any, Any]:
-    harness, broker, view, _ = build_secure_harness([key.public_key()])
+    harness, view, _ = build_secure_harness([key.public_key()])
     if policies is not None:
         view.apply(_policy_event(policies))
-    async with TestKafkaBroker(broker):
-        invocation = await harness.request(tool, {"text": "x"}, token=token)
+    invocation = await harness.request(tool, {"text": "x"}, token=token)
     decision = harness.of(invocation, "tool.permission.decided")[0].data
     return decision, harness.terminal(invocation), harness
 
@@ -133,14 +131,13 @@ async def test_valid_token_without_policies_is_allowed_by_default(rsa_key) -> No
 
 async def test_repeated_decision_is_served_from_the_cache_until_policies_change(
         rsa_key) -> None:
-    harness, broker, view, cache = build_secure_harness([rsa_key.public_key()])
+    harness, view, cache = build_secure_harness([rsa_key.public_key()])
     view.apply(_policy_event("permit(principal, action, resource);", "v1"))
-    async with TestKafkaBroker(broker):
-        for _ in range(3):
-            await harness.request("py_echo", {"text": "x"}, token=rs256(rsa_key))
-        assert (cache.hits, cache.misses) == (2, 1)
-        view.apply(_policy_event(FORBID_AGENT, "v2"))
-        denied = await harness.request("py_echo", {"text": "x"}, token=rs256(rsa_key))
+    for _ in range(3):
+        await harness.request("py_echo", {"text": "x"}, token=rs256(rsa_key))
+    assert (cache.hits, cache.misses) == (2, 1)
+    view.apply(_policy_event(FORBID_AGENT, "v2"))
+    denied = await harness.request("py_echo", {"text": "x"}, token=rs256(rsa_key))
     assert harness.terminal(denied).data.error.code == "E3206"
     assert cache.invalidations == 2 and cache.misses == 2
 
@@ -149,9 +146,8 @@ async def test_token_never_reaches_derived_events_or_log_lines(rsa_key) -> None:
     token = rs256(rsa_key)
     with structlog.testing.capture_logs() as logs:
         decision, terminal, harness = await _decide(rsa_key, token, policies=FORBID_AGENT)
-        allowed_harness, broker, _, _ = build_secure_harness([rsa_key.public_key()])
-        async with TestKafkaBroker(broker):
-            await allowed_harness.request("py_echo", {"text": "x"}, token=token)
+        allowed_harness, _, _ = build_secure_harness([rsa_key.public_key()])
+        await allowed_harness.request("py_echo", {"text": "x"}, token=token)
     derived = harness.events[1:] + allowed_harness.events[1:]
     assert derived and all("captoken" not in e.extensions for e in derived)
     assert all(token not in e.data.model_dump_json() for e in derived)

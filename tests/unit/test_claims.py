@@ -45,7 +45,7 @@ def test_finished_claim_means_nothing_to_do() -> None:
         is ClaimStatus.FINISHED
 
 
-def test_same_owner_sees_a_duplicate_delivery() -> None:
+def test_same_owner_finds_the_claim_it_left_unfinished() -> None:
     row = ClaimRecord("i/1", "a", 200.0, False)
     assert decide(row, key="i/1", owner="a", now=150, lease_seconds=1).status \
         is ClaimStatus.RUNNING_HERE
@@ -117,3 +117,17 @@ def test_a_store_written_before_conclusions_were_kept_is_upgraded(tmp_path: Path
         old.execute("INSERT INTO claims VALUES ('i/1', 'a', 0, 1)")
     store = SqliteClaims(path, owner="b")
     assert store._claim("i/1", 1.0, 1.0).record.conclusion is None
+
+
+@pytest.mark.parametrize("store_factory", STORES, indirect=True)
+async def test_an_executor_whose_claim_was_taken_over_cannot_conclude_it(store_factory) -> None:
+    stalled = store_factory("stalled")
+    await stalled.claim("i/1", now=0, lease_seconds=1)
+    late = 1 + LEASE_GRACE_SECONDS + 1
+    other = store_factory("other")
+    seen = await other.claim("i/1", now=late, lease_seconds=1)
+    assert await other.take_over(seen.record, now=late, lease_seconds=1)
+    assert await stalled.finish("i/1", b'{"late": true}') is False
+    assert await other.finish("i/1", b'{"unknown": true}') is True
+    found = await store_factory("reader").claim("i/1", now=late, lease_seconds=1)
+    assert found.record is not None and found.record.conclusion == b'{"unknown": true}'

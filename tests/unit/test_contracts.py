@@ -50,10 +50,14 @@ def test_every_catalog_type_has_a_model_and_a_topic() -> None:
     assert set(topics.TOPIC_OF_TYPE.values()) == set(topics.ALL_TOPICS)
 
 
-def test_invocation_events_share_the_invocations_topic() -> None:
+def test_commands_go_to_the_requests_topic_and_facts_to_the_invocations_topic() -> None:
     invocation_types = {t for t in CATALOG if t.startswith(("tool.invoke", "tool.execution",
                                                             "tool.chain", "tool.permission"))}
-    assert {topics.TOPIC_OF_TYPE[t] for t in invocation_types} == {"toolexec.invocations"}
+    commands = {"tool.invoke.requested", "tool.invoke.cancel.requested"}
+    assert commands == topics.COMMAND_TYPES
+    assert {topics.TOPIC_OF_TYPE[t] for t in commands} == {"toolexec.requests"}
+    assert {topics.TOPIC_OF_TYPE[t] for t in invocation_types - commands} == {
+        "toolexec.invocations"}
     assert topics.TOPIC_OF_TYPE["tool.published"] == "toolexec.registry"
     assert topics.TOPIC_OF_TYPE["circuit.state.changed"] == "toolexec.circuits"
     assert topics.TOPIC_OF_TYPE["policy.updated"] == "toolexec.policies"

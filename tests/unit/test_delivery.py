@@ -1,17 +1,14 @@
-"""Output events outlast a broker outage, and unfinished work is never committed past."""
+"""Output events outlast a broker outage."""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from types import SimpleNamespace
 
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from consumers.delivery import DeliveringPublisher, transient_broker_error
-from consumers.inflight import CommitCoalescer, InFlight
+from consumers.delivery import DeliveringFactLog, DeliveringPublisher, transient_broker_error
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
 
@@ -69,55 +66,21 @@ def test_connection_and_timeout_errors_are_transient() -> None:
     assert not transient_broker_error(ValueError())
 
 
-async def test_a_record_whose_work_failed_holds_back_its_partitions_commit() -> None:
-    commits: list[dict[int, int]] = []
+class FlakyFacts:
+    """A fact log that refuses the first `outage` batches, then takes every one."""
 
-    async def commit(positions: dict[TopicPartition, int]) -> None:
-        commits.append({tp.partition: p for tp, p in positions.items()})
+    def __init__(self, outage: int) -> None:
+        self.outage = outage
+        self.batches: list[list[str]] = []
 
-    async def fails() -> None:
-        raise KafkaTimeoutError()
-
-    async def works() -> None:
-        return None
-
-    inflight = InFlight(4)
-    await inflight.submit(SimpleNamespace(topic="t", partition=0, offset=0), works, commit)
-    await inflight.submit(SimpleNamespace(topic="t", partition=0, offset=1), fails, commit)
-    await inflight.submit(SimpleNamespace(topic="t", partition=0, offset=2), works, commit)
-    await inflight.drain()
-    assert commits == [{0: 1}]  # never past offset 1, whose output was not delivered
+    async def append(self, events: Sequence[Envelope]) -> None:
+        if self.outage > 0:
+            self.outage -= 1
+            raise KafkaConnectionError("broker restarting")
+        self.batches.append([e.id for e in events])
 
 
-async def test_a_record_cancelled_at_shutdown_is_not_committed() -> None:
-    commits: list[dict[int, int]] = []
-
-    async def commit(positions: dict[TopicPartition, int]) -> None:
-        commits.append({tp.partition: p for tp, p in positions.items()})
-
-    async def cancelled() -> None:  # what a task cancelled at shutdown sees
-        raise asyncio.CancelledError
-
-    inflight = InFlight(4)
-    await inflight.submit(SimpleNamespace(topic="t", partition=0, offset=0), cancelled, commit)
-    await inflight.drain()
-    assert commits == []
-
-
-async def test_the_coalescer_commits_nothing_past_a_held_record_until_it_is_done() -> None:
-    commits: list[dict[int, int]] = []
-
-    async def commit(positions: dict[TopicPartition, int]) -> None:
-        commits.append({tp.partition: p for tp, p in positions.items()})
-
-    tp = TopicPartition("t", 0)
-    committer = CommitCoalescer(interval=0)
-    committer.done(commit, tp, 5)
-    committer.hold(tp, 5)  # the record at offset 5 failed
-    committer.done(commit, tp, 7)
-    await committer.flush()
-    assert commits == [{0: 5}]
-    committer.done(commit, tp, 6)  # offset 5 redelivered and done
-    committer.done(commit, tp, 8)
-    await committer.flush()
-    assert commits == [{0: 5}, {0: 8}]
+async def test_a_batch_of_facts_is_sent_again_whole_until_the_broker_takes_it() -> None:
+    inner = FlakyFacts(outage=3)
+    await DeliveringFactLog(inner, sleep=no_wait).append([an_event(), an_event()])
+    assert inner.batches == [["ev-1", "ev-1"]]

@@ -1,5 +1,5 @@
 """Pure parts of the gateway: the invocation view, the sync wait bound, step metrics
-folded from invocation records, and the status page's escaping."""
+folded from the pipeline's events, and the status page's escaping."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from prometheus_client import REGISTRY
 from contracts.envelope import new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import InvokeCompleted, InvokeFailed
-from contracts.kafka_binding import decode, encode
 from projections.invocations import new_invocation
 from toolexec.gateway import invocation_view, wait_bound
 from toolexec.metrics import PipelineMetrics
@@ -49,20 +48,20 @@ def test_the_sync_wait_covers_timeout_times_attempts_plus_slack() -> None:
 
 
 @dataclass
-class Record:
-    key: bytes
-    value: bytes
-    headers: list[tuple[str, bytes]]
+class Seen:
+    """What the metrics read of an event: its type, time, invocation and data."""
+
+    type: str
+    time: datetime
+    correlationid: str
+    data: object
 
 
-def record(data: object, at: datetime, event_type: str | None = None) -> Record:
+def record(data: object, at: datetime, event_type: str | None = None) -> Seen:
     envelope = new_envelope(data, source="urn:test", partitionkey="inv-m", correlationid="inv-m",
                             id=f"id-{at.timestamp()}", time=at)
-    encoded = encode(envelope)
-    headers = list(encoded.headers)
-    if event_type is not None:  # progress events only need their type and time here
-        headers = [(n, event_type.encode() if n == "ce_type" else v) for n, v in headers]
-    return Record(encoded.key, encoded.value, headers)
+    # Progress events only need their type and time here.
+    return Seen(event_type or envelope.type, envelope.time, envelope.correlationid, data)
 
 
 def sample(name: str, labels: dict[str, str]) -> float:
@@ -70,7 +69,7 @@ def sample(name: str, labels: dict[str, str]) -> float:
 
 
 def test_step_latencies_and_outcomes_are_folded_from_event_times() -> None:
-    metrics = PipelineMetrics(lambda r: decode(r.key, r.value, r.headers))
+    metrics = PipelineMetrics()
     done = InvokeCompleted(invocation_id="inv-m", tool_id="metered_tool", version="1.0.0",
                            result={}, duration_ms=1.0, attempts=1)
     before = {step: sample("toolexec_pipeline_step_seconds_sum", {"step": step})
@@ -92,7 +91,7 @@ def test_step_latencies_and_outcomes_are_folded_from_event_times() -> None:
 
 
 def test_a_failure_is_counted_with_its_code() -> None:
-    metrics = PipelineMetrics(lambda r: decode(r.key, r.value, r.headers))
+    metrics = PipelineMetrics()
     failed = InvokeFailed(invocation_id="inv-f", tool_id="failing_tool", stage="resolve",
                           error=ErrorInfo(code="E3101", message="not found"))
     labels = {"tool_id": "failing_tool", "outcome": "failed", "code": "E3101"}

@@ -1,0 +1,149 @@
+"""One invocation, end to end: the step functions chained in process.
+
+resolve -> authorize on the request (the token is checked where it arrives), then
+execute, then finalize. The steps stay stateless functions of an event and the views;
+this module only chains them and appends their facts to the log (the `FactLog` port)
+in the order the design asks for:
+
+- facts that do not gate each other leave together: the resolution and the decision
+  are appended with the first `tool.execution.started` (or with the failure that ends
+  the invocation before any attempt), the final `tool.execution.finished` with the
+  terminal event it leads to;
+- write-ahead: the decision and `tool.execution.started` are acknowledged by the
+  broker before the tool starts, the terminal event before anyone is answered.
+
+A run resumes from `InvocationFacts` (what the log already holds): a step whose fact
+is there is not done again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from consumers.authorize import AuthorizeDeps, authorize_request, denial_failure
+from consumers.delivery import FactLog
+from consumers.events import failed
+from consumers.execute import ExecuteDeps, execute_decision
+from consumers.finalize import FinalizeDeps, finalize_execution
+from consumers.invocation_facts import InvocationFacts
+from consumers.ports import RegistryReader
+from consumers.resolve import Resolved, ResolveDeps, chain_from_links, resolve_request
+from contracts.envelope import Envelope
+from domain.errors import ToolexecError
+from domain.model import ResolvedChain
+
+
+@dataclass(frozen=True)
+class InvocationDeps:
+    """The steps' ports; `execute.publish` is replaced by each run's own appender."""
+
+    resolve: ResolveDeps
+    authorize: AuthorizeDeps
+    execute: ExecuteDeps
+    finalize: FinalizeDeps
+    registry: RegistryReader
+
+
+class _Appender:
+    """Appends a run's facts, holding back the staged ones until the next append,
+    and records every acknowledged fact in the run's `facts`."""
+
+    def __init__(self, log: FactLog, facts: InvocationFacts) -> None:
+        self._log = log
+        self._facts = facts
+        self._staged: list[Envelope] = []
+
+    def stage(self, *events: Envelope) -> None:
+        self._staged.extend(events)
+
+    async def append(self, *events: Envelope) -> None:
+        batch = [*self._staged, *events]
+        self._staged = []
+        if batch:
+            await self._log.append(batch)
+            self._facts.add_all(batch)
+
+    async def publish(self, event: Envelope) -> None:
+        """The execute step's Publish port."""
+        await self.append(event)
+
+
+async def run_invocation(request: Envelope, facts: InvocationFacts, log: FactLog,
+                         deps: InvocationDeps) -> Envelope:
+    """Run `request` from where `facts` leave it to its terminal event, which is
+    returned once it is on the log. `facts` is updated with every fact appended."""
+    if facts.terminal is not None:
+        return facts.terminal
+    out = _Appender(log, facts)
+    decision = facts.decision
+    if decision is None:
+        decided = await _decide(request, facts, out, deps)
+        if isinstance(decided, Envelope):  # the failure that ends it
+            await out.append(decided)
+            return decided
+        decision, chain = decided
+    elif decision.data.decision == "deny":
+        failure = denial_failure(decision, decision.data, now=deps.finalize.clock())
+        await out.append(failure)
+        return failure
+    else:
+        try:
+            chain = chain_from_links(decision.data.chain, deps.registry)
+        except ToolexecError as error:
+            failure = _failure(decision, error, stage="execute", deps=deps)
+            await out.append(failure)
+            return failure
+    conclusion = await execute_decision(decision, chain,
+                                        dataclasses.replace(deps.execute, publish=out.publish),
+                                        facts.attempts())
+    if conclusion.type != "tool.execution.finished":
+        await out.append(conclusion)
+        return conclusion
+    terminal = finalize_execution(conclusion, deps.finalize)
+    if conclusion.data.attempt in facts.finished:  # on the log already (a resumed run)
+        await out.append(terminal)
+    else:
+        await out.append(conclusion, terminal)
+    return terminal
+
+
+async def _decide(request: Envelope, facts: InvocationFacts, out: _Appender,
+                  deps: InvocationDeps) -> tuple[Envelope, ResolvedChain] | Envelope:
+    """The chain and the allowing decision (both staged), or the terminal failure."""
+    if facts.resolved is None:
+        resolved = await resolve_request(request, deps.resolve)
+        if not isinstance(resolved, Resolved):
+            return resolved
+        chain, resolution = resolved.chain, resolved.event
+        out.stage(resolution)
+    else:
+        resolution = facts.resolved
+        try:
+            chain = chain_from_links(resolution.data.chain, deps.registry)
+        except ToolexecError as error:
+            return _failure(resolution, error, stage="resolve", deps=deps)
+    decided = await authorize_request(request, resolution, chain, deps.authorize)
+    if len(decided) > 1:  # deny, then its failure
+        out.stage(decided[0])
+        return decided[1]
+    out.stage(*decided)
+    return decided[0], chain
+
+
+def _failure(cause: Envelope, error: ToolexecError, *, stage: str,
+             deps: InvocationDeps) -> Envelope:
+    data = cause.data
+    return failed(cause, error, stage=stage, invocation_id=data.invocation_id,
+                  tool_id=getattr(data, "tool_id", None), version=getattr(data, "version", None),
+                  now=deps.finalize.clock())
+
+
+def failed_stage(facts: InvocationFacts) -> str:
+    """The step an invocation had reached, by its facts (for a run that gave up)."""
+    if facts.resolved is None:
+        return "resolve"
+    if facts.decision is None:
+        return "authorize"
+    return "execute"
+
