@@ -14,6 +14,7 @@ import base64
 import json
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ CREATE TABLE IF NOT EXISTS claims (
     owner TEXT NOT NULL,
     lease_until REAL NOT NULL,
     finished INTEGER NOT NULL DEFAULT 0,
-    conclusion BLOB
+    conclusion BLOB,
+    started INTEGER NOT NULL DEFAULT 0
 )
 """
 REDIS_PREFIX = "toolexec:claim:"
@@ -34,7 +36,11 @@ REDIS_TTL_SECONDS = 7 * 24 * 3600
 
 
 def _finished(row: ClaimRecord, conclusion: bytes | None) -> ClaimRecord:
-    return ClaimRecord(row.key, row.owner, row.lease_until, True, conclusion)
+    return ClaimRecord(row.key, row.owner, row.lease_until, True, conclusion, row.started)
+
+
+def _started(row: ClaimRecord) -> ClaimRecord:
+    return ClaimRecord(row.key, row.owner, row.lease_until, row.finished, row.conclusion, True)
 
 
 class InMemoryClaims:
@@ -57,6 +63,13 @@ class InMemoryClaims:
             return False
         self.rows[found.key] = take_over(found, owner=self.owner, now=now,
                                          lease_seconds=lease_seconds)
+        return True
+
+    async def start(self, key: str) -> bool:
+        row = self.rows.get(key)
+        if row is None or row.owner != self.owner or row.finished:
+            return False
+        self.rows[key] = _started(row)
         return True
 
     async def finish(self, key: str, conclusion: bytes | None = None) -> bool:
@@ -85,6 +98,8 @@ class SqliteClaims:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(claims)")}
         if "conclusion" not in columns:  # a store written before conclusions were kept
             self._db.execute("ALTER TABLE claims ADD COLUMN conclusion BLOB")
+        if "started" not in columns:  # a store written before starts were marked
+            self._db.execute("ALTER TABLE claims ADD COLUMN started INTEGER NOT NULL DEFAULT 1")
         self._lock = threading.Lock()
 
     async def claim(self, key: str, *, now: float, lease_seconds: float) -> ClaimDecision:
@@ -93,6 +108,13 @@ class SqliteClaims:
     async def take_over(self, found: ClaimRecord, *, now: float, lease_seconds: float) -> bool:
         fresh = take_over(found, owner=self.owner, now=now, lease_seconds=lease_seconds)
         return self._take_over(found, fresh)
+
+    async def start(self, key: str) -> bool:
+        with self._lock:
+            cursor = self._db.execute(
+                "UPDATE claims SET started = 1 WHERE key = ? AND owner = ? AND finished = 0",
+                (key, self.owner))
+            return cursor.rowcount == 1
 
     async def finish(self, key: str, conclusion: bytes | None = None) -> bool:
         return self._finish(key, conclusion)
@@ -105,17 +127,17 @@ class SqliteClaims:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 row = self._db.execute(
-                    "SELECT key, owner, lease_until, finished, conclusion FROM claims "
+                    "SELECT key, owner, lease_until, finished, conclusion, started FROM claims "
                     "WHERE key = ?", (key,)).fetchone()
-                existing = (ClaimRecord(row[0], row[1], row[2], bool(row[3]), row[4])
-                            if row else None)
+                existing = (ClaimRecord(row[0], row[1], row[2], bool(row[3]), row[4],
+                                        bool(row[5])) if row else None)
                 decision = decide(existing, key=key, owner=self.owner, now=now,
                                   lease_seconds=lease_seconds)
                 if decision.status is ClaimStatus.ACQUIRED and decision.record is not None:
                     record = decision.record
                     self._db.execute(
-                        "INSERT INTO claims (key, owner, lease_until, finished) "
-                        "VALUES (?, ?, ?, 0)", (record.key, record.owner, record.lease_until))
+                        "INSERT INTO claims (key, owner, lease_until, finished, started) "
+                        "VALUES (?, ?, ?, 0, 0)", (record.key, record.owner, record.lease_until))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -125,7 +147,7 @@ class SqliteClaims:
     def _take_over(self, found: ClaimRecord, fresh: ClaimRecord) -> bool:
         with self._lock:
             cursor = self._db.execute(
-                "UPDATE claims SET owner = ?, lease_until = ? "
+                "UPDATE claims SET owner = ?, lease_until = ?, started = 0 "
                 "WHERE key = ? AND owner = ? AND lease_until = ? AND finished = 0",
                 (fresh.owner, fresh.lease_until, found.key, found.owner, found.lease_until))
             return cursor.rowcount == 1
@@ -183,7 +205,15 @@ class RedisClaims:
                 return False
         return True
 
+    async def start(self, key: str) -> bool:
+        return await self._update_own(key, _started)
+
     async def finish(self, key: str, conclusion: bytes | None = None) -> bool:
+        return await self._update_own(key, lambda record: _finished(record, conclusion))
+
+    async def _update_own(self, key: str, change: Callable[[ClaimRecord], ClaimRecord]) -> bool:
+        """Replace this owner's unfinished claim of `key` by `change(claim)`; False when
+        the claim is not (any more) this owner's or is finished."""
         from redis.exceptions import WatchError
 
         name = self._prefix + key
@@ -197,7 +227,7 @@ class RedisClaims:
                 if record.owner != self.owner or record.finished:
                     return False
                 pipe.multi()
-                pipe.set(name, _dump(_finished(record, conclusion)), ex=self._ttl)
+                pipe.set(name, _dump(change(record)), ex=self._ttl)
                 await pipe.execute()
             except WatchError:
                 return False
@@ -209,12 +239,15 @@ def _dump(record: ClaimRecord) -> str:
                   else base64.b64encode(record.conclusion).decode("ascii"))
     return json.dumps({"key": record.key, "owner": record.owner,
                        "lease_until": record.lease_until, "finished": record.finished,
-                       "conclusion": conclusion}, separators=(",", ":"))
+                       "conclusion": conclusion, "started": record.started},
+                      separators=(",", ":"))
 
 
 def _load(raw: bytes | str) -> ClaimRecord:
     data = json.loads(raw)
     conclusion = data.get("conclusion")
+    # A claim written before starts were marked counts as started (the safe side).
     return ClaimRecord(data["key"], data["owner"], float(data["lease_until"]),
                        bool(data["finished"]),
-                       None if conclusion is None else base64.b64decode(conclusion))
+                       None if conclusion is None else base64.b64decode(conclusion),
+                       bool(data.get("started", True)))

@@ -62,6 +62,11 @@ class ExecuteDeps:
     cancellations: Cancellations = dataclasses.field(default_factory=Cancellations)
 
 
+class AttemptTakenOver(Exception):
+    """Another executor took this attempt's claim over (it found it abandoned: this
+    executor stalled past its lease) and concludes it; this run must not."""
+
+
 @dataclass(frozen=True)
 class AttemptsOnLog:
     """What the log holds of an invocation's attempts: the numbers of those started,
@@ -153,6 +158,8 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
                                                version=decision.version,
                                                now=deps.clock()), deps)
         try:
+            if not await deps.claims.start(key):
+                raise AttemptTakenOver(f"attempt {key} was taken over by another executor")
             await deps.publish(derive(event, _started(decision, attempt, plan,
                                                       deps.runner.sandbox),
                                       step=f"execute.started.{attempt}", now=deps.clock()))
@@ -197,11 +204,6 @@ def _is_final(conclusion: Envelope) -> bool:
     return not isinstance(data, ExecutionFinished) or data.final
 
 
-class AttemptTakenOver(Exception):
-    """Another executor took this attempt's claim over (it found it abandoned: this
-    executor stalled past its lease) and concludes it; this run must not."""
-
-
 async def _conclude(key: str, conclusion: Envelope, deps: ExecuteDeps) -> Envelope:
     """Store the attempt's concluding event with its claim; returns it. Raises
     AttemptTakenOver when the claim is no longer this executor's."""
@@ -223,9 +225,10 @@ async def _claim(key: str, timeout: float, idempotent: bool, never_started: bool
                  deps: ExecuteDeps) -> ClaimDecision:
     """Claim an attempt. A claim held by another live owner is waited out (its lease
     covers its timeout); a claim left unfinished is taken over, then run again when
-    the tool cannot have started (its started fact is not on the log) or is
-    idempotent, and otherwise reported as ABANDONED so the outcome is recorded as
-    unknown (by this executor alone: the take-over is atomic)."""
+    the tool cannot have started (its owner never marked it started, and no started
+    fact of it is on the log) or is idempotent, and otherwise reported as ABANDONED so
+    the outcome is recorded as unknown (by this executor alone: the take-over is
+    atomic, and the old owner can then neither start nor conclude it)."""
     while True:
         now = deps.clock().timestamp()
         claim = await deps.claims.claim(key, now=now, lease_seconds=timeout)
@@ -235,7 +238,7 @@ async def _claim(key: str, timeout: float, idempotent: bool, never_started: bool
         if claim.status in _LEFT_UNFINISHED and claim.record is not None:
             if not await deps.claims.take_over(claim.record, now=now, lease_seconds=timeout):
                 continue  # another executor took it over first: its lease is waited out
-            rerun = idempotent or never_started
+            rerun = idempotent or (never_started and not claim.record.started)
             return ClaimDecision(ClaimStatus.ACQUIRED if rerun else ClaimStatus.ABANDONED,
                                  claim.record)
         return claim

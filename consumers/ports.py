@@ -73,6 +73,11 @@ class ClaimStore(Protocol):
         executor took it over first)."""
         ...
 
+    async def start(self, key: str) -> bool:
+        """Mark the attempt this executor owns as about to start; False when it does
+        not own it any more."""
+        ...
+
     async def finish(self, key: str, conclusion: bytes | None = None) -> bool:
         """Conclude the attempt this executor owns, storing `conclusion`; False when it
         does not own it any more (another executor took an abandoned claim over)."""

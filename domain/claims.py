@@ -2,6 +2,12 @@
 
 A claim has an owner (one executor process) and a lease that covers the attempt's
 timeout plus a grace period. The decision is pure; stores apply it atomically.
+
+An executor marks its claim started (conditionally: only while it still owns it)
+before it announces and runs the attempt, and concludes it (conditionally too). So an
+executor that stalled past its lease and lost its claim to another can neither start
+the tool nor conclude the attempt, and the one that took the claim over knows whether
+the tool may have run (started) or certainly did not.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ class ClaimRecord:
     conclusion: bytes | None = None
     """The event that concluded the attempt (opaque bytes), stored before it is
     published so a redelivery can publish it again instead of concluding twice."""
+    started: bool = False
+    """Set by the owner just before it announces and starts the attempt: a claim left
+    unfinished without it was never started, so running it again is safe."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -324,3 +324,13 @@ async def test_a_run_that_stalled_past_its_lease_leaves_the_conclusion_to_its_ne
     assert harness.of(invocation, "tool.execution.finished") == []
     assert [e.type for e in harness.of(invocation)][-1] == "tool.execution.started"
     assert harness.deadletters == []
+
+
+async def test_attempt_a_dead_executor_marked_started_is_not_rerun(harness: Harness) -> None:
+    invocation = "inv-marked"
+    dead = InMemoryClaims("dead-executor", rows=harness.claims.rows)
+    await dead.claim(f"{invocation}/1", now=0.0, lease_seconds=1.0)
+    await dead.start(f"{invocation}/1")  # it died before its started fact was on the log
+    await harness.request("py_echo", {"text": "x"}, invocation_id=invocation)
+    assert harness.runner.plans == []
+    assert harness.terminal(invocation).data.error.code == "E3404"

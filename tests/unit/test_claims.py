@@ -131,3 +131,42 @@ async def test_an_executor_whose_claim_was_taken_over_cannot_conclude_it(store_f
     assert await other.finish("i/1", b'{"unknown": true}') is True
     found = await store_factory("reader").claim("i/1", now=late, lease_seconds=1)
     assert found.record is not None and found.record.conclusion == b'{"unknown": true}'
+
+
+@pytest.mark.parametrize("store_factory", STORES, indirect=True)
+async def test_an_executor_whose_claim_was_taken_over_cannot_start_it(store_factory) -> None:
+    stalled = store_factory("stalled")
+    await stalled.claim("i/1", now=0, lease_seconds=1)
+    late = 1 + LEASE_GRACE_SECONDS + 1
+    other = store_factory("other")
+    seen = await other.claim("i/1", now=late, lease_seconds=1)
+    assert seen.record is not None and seen.record.started is False  # it never started
+    assert await other.take_over(seen.record, now=late, lease_seconds=1)
+    assert await stalled.start("i/1") is False
+
+
+@pytest.mark.parametrize("store_factory", STORES, indirect=True)
+async def test_a_started_claim_says_so_to_the_executor_that_finds_it_abandoned(
+        store_factory) -> None:
+    dead = store_factory("dead")
+    await dead.claim("i/1", now=0, lease_seconds=1)
+    assert await dead.start("i/1") is True
+    found = await store_factory("next").claim("i/1", now=1 + LEASE_GRACE_SECONDS + 1,
+                                             lease_seconds=1)
+    assert found.status is ClaimStatus.ABANDONED
+    assert found.record is not None and found.record.started is True
+
+
+def test_unfinished_claims_of_a_store_written_before_starts_were_marked_count_as_started(
+        tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "claims.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.execute("CREATE TABLE claims (key TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+                    "lease_until REAL NOT NULL, finished INTEGER NOT NULL DEFAULT 0, "
+                    "conclusion BLOB)")
+        old.execute("INSERT INTO claims VALUES ('i/1', 'a', 0, 0, NULL)")
+    store = SqliteClaims(path, owner="b")
+    assert store._claim("i/1", 1e9, 1.0).record.started is True
+    assert store._claim("i/2", 1e9, 1.0).record.started is False  # a new claim
