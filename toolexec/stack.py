@@ -299,7 +299,8 @@ class Stack:
                 pending=authorize.PendingTokens(), registry=self.registry,
                 policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
                 default_decision=self.settings.policy_default, external=self._abac,
-                verified=VerifiedTokens(), requests=self._requests),
+                verified=VerifiedTokens(lifetime=keys.token_lifetime(self.settings)),
+                requests=self._requests),
             execute=execute.ExecuteDeps(
                 registry=self.registry, publish=publish, clock=utc_now, runner=self._primitives,
                 claims=self._claims, secrets=env_snapshot.get, random=random.random,
