@@ -60,12 +60,11 @@ async def checked_reading_your_writes(
 
 async def _checked_with_rights(conn: AsyncConnection, change: LifecycleChange,
                                capability: Capability | None) -> tuple[LifecycleChange, ...]:
-    changes = await checked_change(conn, change)
-    if capability is not None:
+    if capability is not None:  # rights first: a refused caller learns nothing more
         tool = await show_tool(conn, change.tool_id)
         types = [v["tool_type"] for v in (tool or {}).get("versions", [])]
         rights.demand(capability, [lifecycle_need(change.tool_id, types)])
-    return changes
+    return await checked_change(conn, change)
 
 
 def lifecycle_event(change: LifecycleChange, *, now: datetime) -> Envelope:
