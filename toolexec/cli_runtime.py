@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from contracts.envelope import Envelope
     from domain.model import ToolSource
     from domain.registry import RegistryView
+    from domain.scopes import Need
     from toolexec.client import InvocationClient, Progress
     from toolexec.publishing import Publication
     from toolexec.read_models import ReadModels
@@ -31,14 +32,13 @@ if TYPE_CHECKING:
 err = Console(stderr=True)
 out = Console()
 
+REGISTRY_CATCH_UP_SECONDS = 10.0  # a restarted `up` reads the registry already in its log
+
 
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("run")(run)
     app.command("publish")(publish)
-
-
-REGISTRY_CATCH_UP_SECONDS = 10.0  # a restarted `up` reads the registry already in its log
 
 
 def _publications(sources: list[ToolSource], known: dict[str, str], registry: RegistryView,
@@ -97,7 +97,7 @@ async def _publish_to_running(client: InvocationClient, runtime: dict[str, Any],
     return publications
 
 
-def _needs(publications: list[Publication]) -> list[Any]:
+def _needs(publications: list[Publication]) -> list[Need]:
     return [p.need for p in publications if p.event is not None]
 
 

@@ -87,7 +87,7 @@ def plan_publications(sources: Sequence[ToolSource], registry: RegistryView, *,
         if plan.outcome == "new":
             event = publish_event(source, now=now, published_by=published_by,
                                   sealed=plan.version, executor_pin=plan.version.executor_pin)
-            publications.append(_from_event(source, event, need, registry))
+            publications.append(_from_event(source, event, need))
         elif plan.outcome == "unchanged":
             publications.append(Publication(
                 source, "unchanged", None, need, item.tool_id, item.version,
@@ -107,8 +107,7 @@ def _types(registry: RegistryView, tool_id: str) -> set[str]:
     return {tv.tool_type for tv in registry.versions(tool_id)}
 
 
-def _from_event(source: ToolSource, event: Envelope, need: Need,
-                registry: RegistryView) -> Publication:
+def _from_event(source: ToolSource, event: Envelope, need: Need) -> Publication:
     data = event.data
     assert isinstance(data, ToolPublished)
     pin = data.executor_pin
