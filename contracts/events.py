@@ -42,6 +42,8 @@ class EventData(BaseModel):
 
     EVENT_TYPE: ClassVar[str]
     SCHEMA_VERSION: ClassVar[str] = "1"
+    READABLE_SCHEMA_VERSIONS: ClassVar[tuple[str, ...]] = ()
+    """Earlier versions whose records this model still reads (logs outlive releases)."""
 
 
 # --- toolexec.registry ---------------------------------------------------------------
@@ -59,15 +61,35 @@ class PublishedFile(BaseModel):
     content_b64gz: str = Field(description="Standard base64 of the gzip-compressed bytes.")
 
 
+class ExecutorPin(BaseModel):
+    """The exact executor version a tool version runs on, fixed when it was published."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tool_id: NonEmpty = Field(description="tool_id of the executor.")
+    version: NonEmpty = Field(description="Exact version of the executor.")
+    integrity: Integrity = Field(description="Integrity of that executor version.")
+
+
 class ToolPublished(EventData):
-    """A tool version entered the registry; the log alone can rebuild it and its files."""
+    """A tool version entered the registry; the log alone can rebuild it and its files.
+
+    v2 adds `executor_pin`; v1 records (no pin) are still read: their executor is
+    resolved by its range at each invocation, as before pins existed."""
 
     EVENT_TYPE: ClassVar[str] = "tool.published"
+    SCHEMA_VERSION: ClassVar[str] = "2"
+    READABLE_SCHEMA_VERSIONS: ClassVar[tuple[str, ...]] = ("1",)
 
     tool_id: NonEmpty = Field(description="Registry id of the tool.")
     version: NonEmpty = Field(description="Semantic version of this publication.")
     tool_type: ToolType = Field(description="Tool type (manifest-driven validation seed).")
     executor: str | None = Field(description="tool_id of the parent executor; None for primitives.")
+    executor_pin: ExecutorPin | None = Field(
+        default=None,
+        description="The executor version (and integrity) active when this version was "
+                    "published; it runs on exactly that one. None for primitives and for "
+                    "records written before pins existed.")
     manifest: JsonObject = Field(description="The normalised manifest as published.")
     files: list[PublishedFile] = Field(description="Every file of the tool, sorted by path.")
     integrity: Integrity = Field(

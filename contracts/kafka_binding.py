@@ -39,6 +39,9 @@ SPECVERSION: Final = "1.0"
 _FORMAT: Final = JSONFormat()
 _BYTES: Final = (bytes, bytearray, memoryview)
 _DATASCHEMAS: Final = {t: dataschema_uri(t, m.SCHEMA_VERSION) for t, m in EVENT_MODELS.items()}
+_READABLE_DATASCHEMAS: Final = {
+    t: frozenset(dataschema_uri(t, v) for v in (m.SCHEMA_VERSION, *m.READABLE_SCHEMA_VERSIONS))
+    for t, m in EVENT_MODELS.items()}
 _ENVELOPE_ATTRIBUTES: Final = frozenset(
     {"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "dataschema",
      "correlationid", "causationid", "partitionkey"}
@@ -306,7 +309,7 @@ def _envelope(attrs: dict[str, Any], data: Any) -> Envelope:
                                 attribute="datacontenttype")
     schema = attrs.get("dataschema")
     expected = _DATASCHEMAS[event_type]
-    if schema is not None and schema != expected:
+    if schema is not None and schema not in _READABLE_DATASCHEMAS[event_type]:
         raise UndecodableRecord("unsupported dataschema", attribute="dataschema",
                                 expected=expected)
     extensions = {n: v for n, v in attrs.items() if n not in _ENVELOPE_ATTRIBUTES}

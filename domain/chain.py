@@ -1,9 +1,14 @@
 """Chain resolution: from a requested tool and range to [leaf, ..., primitive].
 
 The leaf is the highest version satisfying the range; each link then names its parent
-in `manifest.executor`, as `"name"` (the highest active version) or `"name@range"`.
+in `manifest.executor`, as `"name"` or `"name@range"`. A link published with an
+executor pin runs on exactly that version, whose integrity must still be the pinned
+one: a later executor version never changes an existing tool (`pin_executor` fixes
+the pin at publish time: the highest active version in range then). A link without a
+pin (published before pins existed) takes the highest active version in range now.
 Versions in state `removed` never resolve (E3104 when only removed versions match);
-`deprecated` and `sunset` ones do, with a warning. Pins (tool_id -> exact version, from a lockfile) override every range.
+`deprecated` and `sunset` ones do, with a warning. Pins (tool_id -> exact version,
+from a lockfile) override every range, and must agree with executor pins.
 
 `resolve_chain` is a pure function of the registry view; `ChainCache` memoises it on
 an explicit registry revision.
@@ -14,9 +19,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from domain.errors import ChainInvalid, RequestError, ToolNotFound, VersionNotFound
+from domain.errors import (
+    ChainInvalid,
+    IntegrityMismatch,
+    RequestError,
+    ToolNotFound,
+    VersionNotFound,
+)
 from domain.lifecycle import lifecycle_warning, removed_error
-from domain.model import MAX_CHAIN_DEPTH, PRIMITIVES, ResolvedChain, ToolVersion
+from domain.model import MAX_CHAIN_DEPTH, PRIMITIVES, ExecutorPin, ResolvedChain, ToolVersion
 from domain.registry import RegistryView
 from domain.semver import ANY_RANGE, parse_range, select_highest
 
@@ -33,8 +44,10 @@ def resolve_chain(
     """Resolve `tool_id@version_range` and its executors down to a primitive.
 
     Raises ToolNotFound (E3101), VersionNotFound (E3102), VersionRemoved (E3104: only
-    removed versions match) or ChainInvalid (E3105: cycle,
-    depth over MAX_CHAIN_DEPTH, bad executor reference, chain not ending in a primitive).
+    removed versions match, or a pinned executor was removed), IntegrityMismatch (E3105:
+    a pinned executor's integrity differs from the pin) or ChainInvalid (E3105: cycle,
+    depth over MAX_CHAIN_DEPTH, bad executor reference, chain not ending in a primitive,
+    a lockfile pin disagreeing with an executor pin).
     """
     pins = pins or {}
     parse_range(version_range)  # a bad requested range is a request error, raised first
@@ -51,8 +64,11 @@ def resolve_chain(
                 details={"tool_id": tool_id, "max_depth": MAX_CHAIN_DEPTH,
                          "chain": [_ref(tv) for tv in links]},
             )
-        link = _pick(registry, parent_id, parent_range, pins, prefer_active=True,
-                     required_by=link, warnings=warnings)
+        if link.executor_pin is not None:
+            link = _pinned_parent(registry, link, parent_id, pins, warnings)
+        else:
+            link = _pick(registry, parent_id, parent_range, pins, prefer_active=True,
+                         required_by=link, warnings=warnings)
         links.append(link)
     _check_primitive(links)
     return ResolvedChain(links=tuple(links), warnings=tuple(warnings))
@@ -70,6 +86,60 @@ def parse_executor(tv: ToolVersion) -> tuple[str, str]:
     except RequestError as error:
         raise _bad_reference(tv, reference, error.message) from error
     return name, range_text
+
+
+def pin_executor(registry: RegistryView, tv: ToolVersion) -> ExecutorPin | None:
+    """The executor `tv` is published with: the highest active version satisfying its
+    executor reference now (else the highest deprecated or sunset one), never a removed
+    one. None for a tool without an executor (primitives, knowledge).
+
+    Raises ToolNotFound / VersionNotFound (E3101 / E3102) when no such version is in
+    `registry`, VersionRemoved (E3104) when only removed ones are, ChainInvalid for a
+    bad executor reference."""
+    if tv.executor is None:
+        return None
+    parent_id, parent_range = parse_executor(tv)
+    if parent_id == tv.tool_id:
+        raise ChainInvalid(f"{_ref(tv)} names itself as its executor",
+                           details={"tool_id": tv.tool_id, "executor": tv.executor})
+    parent = _pick(registry, parent_id, parent_range, {}, prefer_active=True,
+                   required_by=tv, warnings=[])
+    return ExecutorPin(parent.tool_id, parent.version, parent.integrity)
+
+
+def _pinned_parent(registry: RegistryView, child: ToolVersion, parent_id: str,
+                   pins: Mapping[str, str], warnings: list[str]) -> ToolVersion:
+    """The exact executor version `child` was published with, checked."""
+    pin = child.executor_pin
+    assert pin is not None
+    details: dict[str, object] = {"tool_id": child.tool_id, "version": child.version,
+                                  "executor_pin": str(pin)}
+    if pin.tool_id != parent_id:
+        raise ChainInvalid(f"{_ref(child)} is pinned to {pin} but its executor is "
+                           f"{child.executor!r}", details=details)
+    locked = pins.get(parent_id)
+    if locked is not None and locked != pin.version:
+        raise ChainInvalid(f"{_ref(child)} runs on {pin} (it was published with it); the "
+                           f"lockfile pins {parent_id}@{locked}: lock it again",
+                           details={**details, "locked": f"{parent_id}@{locked}"})
+    parent = registry.get(pin.tool_id, pin.version)
+    if parent is None:
+        if not registry.versions(pin.tool_id):
+            raise _not_found(pin.tool_id, child)
+        raise VersionNotFound(f"{pin} (the executor {_ref(child)} was published with) is "
+                              "not in the registry", details=details)
+    if parent.lifecycle == "removed":
+        available = [tv.version for tv in registry.versions(pin.tool_id)
+                     if tv.lifecycle != "removed"]
+        raise removed_error(pin.tool_id, pin.version, [parent], available, pinned=True)
+    if parent.integrity != pin.integrity:
+        raise IntegrityMismatch(
+            f"{pin} (the executor of {_ref(child)}) has integrity {parent.integrity[:19]}, "
+            f"not the pinned {pin.integrity[:19]}",
+            details={**details, "expected": pin.integrity, "actual": parent.integrity})
+    if parent.lifecycle in _WARN_STATES:
+        warnings.append(lifecycle_warning(parent))
+    return parent
 
 
 class ChainCache:

@@ -49,6 +49,12 @@ class VersionNotFound(RegistryError):
     code = "E3102"
 
 
+class VersionConflict(RegistryError):
+    """A published version is offered again with other contents (versions are immutable)."""
+
+    code = "E3103"
+
+
 class VersionRemoved(RegistryError):
     """The only versions that match were removed from the registry (HTTP 410)."""
 

@@ -116,7 +116,8 @@ def verify_lockfile(lock: Lockfile, registry: RegistryView) -> ResolvedChain:
     (E3104) when it was removed,
     IntegrityMismatch when the registry's integrity differs from the locked one (both
     in details), LockfileError when the registry's manifests no longer link the entries
-    in lock order. Warnings are given for deprecated or sunset versions.
+    in lock order or a locked executor is not the one its child was published with
+    (its executor pin). Warnings are given for deprecated or sunset versions.
     """
     links: list[ToolVersion] = []
     warnings: list[str] = []
@@ -162,6 +163,15 @@ def _check_registry_links(links: list[ToolVersion]) -> None:
                 f"puts {parent.tool_id} after it",
                 details={"tool_id": child.tool_id, "executor": executor,
                          "locked_next": parent.tool_id},
+            )
+        pin = child.executor_pin
+        if pin is not None and (pin.version, pin.integrity) != (parent.version, parent.integrity):
+            raise LockfileError(
+                f"{child.tool_id}@{child.version} runs on {pin} (it was published with it), "
+                f"but the lockfile puts {parent.tool_id}@{parent.version} after it: lock it "
+                "again",
+                details={"tool_id": child.tool_id, "executor_pin": str(pin),
+                         "locked_next": f"{parent.tool_id}@{parent.version}"},
             )
     last = links[-1]
     if last.executor is not None or last.tool_type != "primitive" or last.tool_id not in PRIMITIVES:

@@ -63,8 +63,25 @@ class ToolSource:
 
 
 @dataclass(frozen=True, slots=True)
+class ExecutorPin:
+    """The exact executor version (and its integrity) a tool version runs on, fixed
+    when the tool version was published."""
+
+    tool_id: str
+    version: str
+    integrity: str
+
+    def __str__(self) -> str:
+        return f"{self.tool_id}@{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
 class ToolVersion:
-    """An immutable published tool version as the registry view knows it."""
+    """An immutable published tool version as the registry view knows it.
+
+    `executor_pin` is the executor version it was published with; None for primitives,
+    for sources not published yet, and for versions published before pins existed
+    (their executor is resolved by range)."""
 
     tool_id: str
     version: str
@@ -74,6 +91,7 @@ class ToolVersion:
     lifecycle: str = "active"
     lifecycle_reason: str | None = None
     replacement_tool_id: str | None = None
+    executor_pin: ExecutorPin | None = None
 
     @property
     def tool_type(self) -> str:

@@ -85,6 +85,32 @@ class InMemoryRegistry:
         self.revision += 1
 
 
+class Overlay:
+    """A RegistryView of `base` plus versions not published yet (a batch being planned).
+    Where both hold a version, the base's stays: the registry keeps the first."""
+
+    def __init__(self, base: RegistryView) -> None:
+        self._base = base
+        self._added = InMemoryRegistry()
+
+    def add(self, tv: ToolVersion) -> None:
+        """Add one version unless the base (or an earlier add) already holds it."""
+        if self.get(tv.tool_id, tv.version) is None:
+            self._added.add(tv)
+
+    def versions(self, tool_id: str) -> Sequence[ToolVersion]:
+        added = self._added.versions(tool_id)
+        if not added:
+            return self._base.versions(tool_id)
+        return tuple(sorted([*self._base.versions(tool_id), *added], key=_order))
+
+    def get(self, tool_id: str, version: str) -> ToolVersion | None:
+        return self._base.get(tool_id, version) or self._added.get(tool_id, version)
+
+    def tool_ids(self) -> Iterable[str]:
+        return sorted({*self._base.tool_ids(), *self._added.tool_ids()})
+
+
 def _order(tv: ToolVersion) -> tuple[int, object, str]:
     parsed = parse_version(tv.version)
     return (0, parsed, tv.version) if parsed is not None else (1, None, tv.version)

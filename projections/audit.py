@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from contracts import topics
 from projections.audit_document import GENESIS, AuditEntry, audit_entry, chain_hash
 from projections.store import Record
-from projections.tables import audit_heads, audit_log, iso
+from projections.tables import audit_heads, audit_log, invocations, iso
 
 NAME = "audit"
 
@@ -152,6 +152,8 @@ class AuditQuery:
     type: str | None = None
     invocation_id: str | None = None
     tool_id: str | None = None
+    subject: str | None = None
+    """Only the records of this subject's invocations."""
 
 
 async def audit_records(conn: AsyncConnection, query: AuditQuery) -> AsyncIterator[dict[str, Any]]:
@@ -170,6 +172,9 @@ async def audit_records(conn: AsyncConnection, query: AuditQuery) -> AsyncIterat
         conditions.append(audit_log.c.invocation_id == query.invocation_id)
     if query.tool_id is not None:
         conditions.append(audit_log.c.tool_id == query.tool_id)
+    if query.subject is not None:
+        conditions.append(audit_log.c.invocation_id.in_(
+            select(invocations.c.invocation_id).where(invocations.c.subject == query.subject)))
     statement = (select(audit_log).where(and_(True, *conditions))
                  .order_by(audit_log.c.time, audit_log.c.topic, audit_log.c.partition,
                            audit_log.c.offset))

@@ -49,9 +49,12 @@ async def invocation_status(conn: AsyncConnection, invocation_id: str) -> dict[s
 
 
 async def list_invocations(conn: AsyncConnection, *, tool_id: str | None = None,
-                           status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """Most recently updated invocations first, optionally by tool and status."""
+                           status: str | None = None, limit: int = 100,
+                           subject: str | None = None) -> list[dict[str, Any]]:
+    """Most recently updated invocations first, optionally by tool, status and subject."""
     conditions = []
+    if subject is not None:
+        conditions.append(invocations.c.subject == subject)
     if tool_id is not None:
         conditions.append(invocations.c.tool_id == tool_id)
     if status is not None:

@@ -47,8 +47,11 @@ def fold_registry(rows: Rows, envelope: Envelope) -> Rows:
 
 
 def _version_row(data: ToolPublished, envelope: Envelope) -> Row:
+    pin = data.executor_pin
     return {"tool_id": data.tool_id, "version": data.version, "tool_type": data.tool_type,
-            "executor": data.executor, "integrity": data.integrity, "lifecycle": "active",
+            "executor": data.executor,
+            "executor_pin": None if pin is None else pin.model_dump(mode="json"),
+            "integrity": data.integrity, "lifecycle": "active",
             "lifecycle_reason": None, "replacement_tool_id": None,
             "description": str(data.manifest.get("description") or ""),
             "manifest": data.manifest,

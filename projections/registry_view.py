@@ -3,7 +3,8 @@
 Every resolver/executor process keeps its own copy (the topic is read from offset 0
 outside any consumer group), so a replica can answer from memory. Versions are
 immutable: a second `tool.published` for an existing version with another integrity
-is ignored, and the first stays (the log shows both). Integrity is NOT checked here:
+is ignored, and the first stays (the log shows both). Each version keeps the executor
+pin its event carries, so a rebuild from the log resolves every chain as before. Integrity is NOT checked here:
 the log is recorded as it is, and the resolver verifies every link before use.
 """
 
@@ -17,7 +18,7 @@ import structlog
 
 from contracts.envelope import Envelope
 from contracts.events import ToolLifecycleChanged, ToolPublished
-from domain.model import ToolFile, ToolVersion
+from domain.model import ExecutorPin, ToolFile, ToolVersion
 from domain.registry import InMemoryRegistry
 from projections.log_position import EndOffsets, LogPosition
 
@@ -31,8 +32,11 @@ def tool_version_from_event(event: ToolPublished) -> ToolVersion:
                  content=gzip.decompress(base64.b64decode(f.content_b64gz)))
         for f in event.files
     )
+    pin = event.executor_pin
     return ToolVersion(tool_id=event.tool_id, version=event.version, manifest=event.manifest,
-                       files=files, integrity=event.integrity)
+                       files=files, integrity=event.integrity,
+                       executor_pin=None if pin is None else ExecutorPin(
+                           pin.tool_id, pin.version, pin.integrity))
 
 
 class RegistryView:

@@ -78,6 +78,7 @@ registry_versions = Table(
     Column("version", String(100), primary_key=True),
     Column("tool_type", String(40), nullable=False),
     Column("executor", String(200)),
+    Column("executor_pin", JSON),
     Column("integrity", String(80), nullable=False),
     Column("lifecycle", String(20), nullable=False),
     Column("lifecycle_reason", Text),

@@ -23,6 +23,7 @@ from domain.errors import ToolexecError
 from domain.integrity import compute_integrity, seal, verify_chain
 from domain.lockfile import freeze
 from domain.model import Issue, ToolSource
+from domain.publication import plan_publication
 from domain.registry import InMemoryRegistry
 from domain.validation import validate_source
 from toolexec.cli_output import bad_usage, echo_json, fail
@@ -233,14 +234,15 @@ def _now() -> str:
 
 
 def _local_registry(tool_dirs: Sequence[Path]) -> InMemoryRegistry:
-    """Built-in tools plus every valid source under `tool_dirs`, sealed; unreadable or
-    invalid sources are reported on stderr and left out."""
+    """Built-in tools plus every valid source under `tool_dirs`, sealed and pinned to
+    their executors as publishing them would; unreadable or invalid sources are
+    reported on stderr and left out."""
     found = discover([d for d in tool_dirs if d.exists()])
     for error in (item for item in found if isinstance(item, SourceError)):
         err.print(f"[yellow]skipped:[/] {escape(str(error))}")
     sources = [*load_builtin_sources(), *(i for i in found if isinstance(i, ToolSource))]
     known = _known_tools(sources)
-    registry = InMemoryRegistry()
+    sealed = []
     for source in sources:
         problems = _errors(validate_source(source, bash_syntax=bash_syntax_check,
                                            known_tools=known))
@@ -250,9 +252,16 @@ def _local_registry(tool_dirs: Sequence[Path]) -> InMemoryRegistry:
                       f"{escape(problems[0].path)} {escape(problems[0].message)}")
             continue
         try:
-            registry.add(seal(source))
+            sealed.append(seal(source))
         except ToolexecError as error:
             err.print(f"[yellow]skipped:[/] {escape(_display(source.origin))}: {escape(str(error))}")
+    registry = InMemoryRegistry()
+    for plan in plan_publication(sealed, InMemoryRegistry()):
+        if plan.outcome == "new":
+            registry.add(plan.version)
+        elif plan.error is not None:
+            err.print(f"[yellow]skipped:[/] {escape(plan.version.tool_id)}@"
+                      f"{escape(plan.version.version)}: {escape(str(plan.error))}")
     return registry
 
 

@@ -3,6 +3,9 @@
 Each checks the change against the registry read model of the running `up` (found
 like `toolexec publish` finds it), emits `tool.lifecycle.changed`, and waits (bounded)
 until the read model shows it, so that `toolexec show` right after sees the change.
+With authorization on (this process's settings or the running `up`'s), a capability
+token (`--token`, else `TOOLEXEC_TOKEN`) with the lifecycle scope on the tool is
+required (admin for runtimes, primitives and MCP servers), as the gateway requires.
 Exit 0 on success, 1 on a failure carrying an E3xxx code, 2 on bad usage.
 """
 
@@ -25,6 +28,7 @@ from toolexec.settings import Settings
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from domain.capability import Capability
     from domain.lifecycle import LifecycleChange
 
 err = Console(stderr=True)
@@ -32,6 +36,10 @@ out = Console()
 
 READ_MODEL_WAIT_SECONDS = 5.0  # a tool published just before may not be folded yet
 POLL_SECONDS = 0.1
+
+Token = Annotated[str | None, typer.Option(
+    "--token", help="capability token (JWT) with the lifecycle scope; default TOOLEXEC_TOKEN "
+    "(needed when authorization is on)")]
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 Reason = Annotated[str | None, typer.Option("--reason", help="why (shown in warnings)")]
@@ -48,33 +56,36 @@ def register(app: typer.Typer) -> None:
 
 def deprecate(
     tool: Annotated[str, typer.Argument(metavar="TOOL[@VERSION]", help="TOOL (every version) or TOOL@VERSION")],
-    reason: Reason = None, replacement: Replacement = None, as_json: JsonFlag = False,
+    reason: Reason = None, replacement: Replacement = None, token: Token = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Deprecate a tool version (or every version): it still runs, with a warning."""
-    _change(tool, "deprecated", reason, replacement, as_json, version_required=False)
+    _change(tool, "deprecated", reason, replacement, token, as_json, version_required=False)
 
 
 def remove(
     tool: Annotated[str, typer.Argument(metavar="TOOL@VERSION", help="the exact version to remove")],
-    reason: Reason = None, replacement: Replacement = None, as_json: JsonFlag = False,
+    reason: Reason = None, replacement: Replacement = None, token: Token = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Remove a tool version: invoking it fails with E3104 (HTTP 410) from now on."""
-    _change(tool, "removed", reason, replacement, as_json, version_required=True)
+    _change(tool, "removed", reason, replacement, token, as_json, version_required=True)
 
 
 def restore(
     tool: Annotated[str, typer.Argument(metavar="TOOL[@VERSION]", help="TOOL (every version) or TOOL@VERSION")],
-    reason: Reason = None, as_json: JsonFlag = False,
+    reason: Reason = None, token: Token = None, as_json: JsonFlag = False,
 ) -> None:
     """Make a deprecated or removed version active again."""
-    _change(tool, "active", reason, None, as_json, version_required=False)
+    _change(tool, "active", reason, None, token, as_json, version_required=False)
 
 
 def _change(tool: str, state: str, reason: str | None, replacement: str | None,
-            as_json: bool, *, version_required: bool) -> None:
+            token: str | None, as_json: bool, *, version_required: bool) -> None:
     from domain.errors import ToolexecError
     from domain.lifecycle import LifecycleChange
     from domain.semver import is_valid_version
+    from toolexec import rights
 
     tool_id, _, version = tool.partition("@")
     if not tool_id or (version and not is_valid_version(version)) or (
@@ -91,22 +102,25 @@ def _change(tool: str, state: str, reason: str | None, replacement: str | None,
     change = LifecycleChange(tool_id, version or None, state, reason=reason,
                              replacement_tool_id=replacement)
     try:
-        event_ids, shown = asyncio.run(_emit(str(bootstrap), str(database_url), change))
+        capability = rights.caller(settings, token or settings.token, runtime)
+        event_ids, shown = asyncio.run(_emit(str(bootstrap), str(database_url), change,
+                                             capability))
     except ToolexecError as error:
         fail(error.code, error.message, as_json, error.details)
     _report(change, event_ids, shown, as_json)
 
 
-async def _emit(bootstrap: str, database_url: str,
-                change: LifecycleChange) -> tuple[list[str], dict[str, Any] | None]:
+async def _emit(bootstrap: str, database_url: str, change: LifecycleChange,
+                capability: Capability | None) -> tuple[list[str], dict[str, Any] | None]:
     from projections.database import make_engine
     from toolexec.client import InvocationClient
     from toolexec.lifecycle import checked_reading_your_writes, lifecycle_event
+    from toolexec.registry_reads import registry_caught_up
 
     engine = make_engine(database_url)
     try:
         changes = await checked_reading_your_writes(
-            engine, change, lambda: _registry_caught_up(engine, bootstrap))
+            engine, change, lambda: registry_caught_up(engine, bootstrap), capability)
         now = datetime.now(UTC)
         events = [lifecycle_event(checked, now=now) for checked in changes]
         async with InvocationClient(bootstrap) as client:
@@ -115,33 +129,6 @@ async def _emit(bootstrap: str, database_url: str,
         return [e.id for e in events], await _wait_shown(engine, changes)
     finally:
         await engine.dispose()
-
-
-async def _registry_caught_up(engine: AsyncEngine, bootstrap: str) -> bool:
-    """Wait (bounded) until the registry read model has folded the registry topic up to
-    its end offsets as they are now."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from contracts.topics import REGISTRY
-    from projections.registry_table import NAME
-    from projections.runner import stored_offsets
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        await consumer.topics()
-        partitions = [TopicPartition(REGISTRY, p)
-                      for p in consumer.partitions_for_topic(REGISTRY) or ()]
-        ends = await consumer.end_offsets(partitions) if partitions else {}
-    finally:
-        await consumer.stop()
-    deadline = time.monotonic() + READ_MODEL_WAIT_SECONDS
-    while time.monotonic() < deadline:
-        stored = await stored_offsets(engine, NAME)
-        if all(stored.get((tp.topic, tp.partition), 0) >= end for tp, end in ends.items()):
-            return True
-        await asyncio.sleep(POLL_SECONDS)
-    return False
 
 
 async def _wait_shown(engine: AsyncEngine,

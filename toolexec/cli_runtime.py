@@ -19,7 +19,11 @@ from toolexec.sources import bash_syntax_check, collect_sources
 
 if TYPE_CHECKING:
     from contracts.envelope import Envelope
-    from toolexec.client import Progress
+    from domain.model import ToolSource
+    from domain.registry import RegistryView
+    from domain.scopes import Need
+    from toolexec.client import InvocationClient, Progress
+    from toolexec.publishing import Publication
     from toolexec.read_models import ReadModels
 
 # The client, the stack and the publishing code (Kafka, FastStream, SQLAlchemy) are
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
 err = Console(stderr=True)
 out = Console()
 
+REGISTRY_CATCH_UP_SECONDS = 10.0  # a restarted `up` reads the registry already in its log
+
 
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
@@ -35,22 +41,73 @@ def register(app: typer.Typer) -> None:
     app.command("publish")(publish)
 
 
-def _tool_events(tool_dirs: list[Path], settings: Settings) -> list[Envelope]:
-    from toolexec.publishing import publish_event
+def _publications(sources: list[ToolSource], known: dict[str, str], registry: RegistryView,
+                  published_by: str | None = None) -> list[Publication]:
+    """What publishing `sources` to `registry` does (pins, no-ops, rejections)."""
+    from toolexec.publishing import plan_publications
 
-    now = datetime.now(UTC)
+    return plan_publications(sources, registry, now=datetime.now(UTC),
+                             published_by=published_by, bash_syntax=bash_syntax_check,
+                             known_tools=known)
+
+
+def _sources(tool_dirs: list[Path], settings: Settings) -> tuple[list[ToolSource], dict[str, str]]:
+    """The sources a running system publishes (built-ins first) and their tool types."""
     sources = collect_sources(tool_dirs, settings)
-    known = {str(s.manifest.get("tool_id")): str(s.manifest.get("tool_type")) for s in sources}
-    return [publish_event(s, now=now, bash_syntax=bash_syntax_check, known_tools=known)
-            for s in sources]
+    return sources, {str(s.manifest.get("tool_id")): str(s.manifest.get("tool_type"))
+                     for s in sources}
 
 
-def _report_rejections(events: list[Envelope]) -> None:
-    for event in events:
-        if event.type == "tool.publish.rejected":
-            data = event.data
-            err.print(f"[yellow]rejected[/] {data.origin}: "
-                      + "; ".join(f"{i['path']}: {i['message']}" for i in data.issues))
+async def _publish_to_stack(stack: Any, tool_dirs: list[Path], settings: Settings,
+                            token: str | None = None,
+                            check_rights: bool = False) -> list[Publication]:
+    """Plan the tools of `tool_dirs` (and the built-ins) against the stack's registry
+    view once it has read the registry topic, then publish what is new."""
+    from toolexec import rights
+
+    capability = rights.caller(settings, token) if check_rights else None
+    sources, known = _sources(tool_dirs, settings)
+    await stack.registry.catch_up(REGISTRY_CATCH_UP_SECONDS)
+    publications = _publications(sources, known, stack.registry,
+                                 published_by=capability.subject if capability else None)
+    rights.demand(capability, _needs(publications))
+    await stack.publish_all(p.event for p in publications if p.event is not None)
+    return publications
+
+
+async def _publish_to_running(client: InvocationClient, runtime: dict[str, Any],
+                              sources: list[ToolSource], known: dict[str, str],
+                              settings: Settings, token: str | None) -> list[Publication]:
+    """Plan `sources` against the running system's registry read model, check the
+    caller's publish rights when authorization is on, then send what is new."""
+    from toolexec import rights
+    from toolexec.publishing import planned_tool_ids
+    from toolexec.registry_reads import published_versions
+
+    capability = rights.caller(settings, token, runtime)
+    database_url = runtime.get("database_url") or settings.effective_database_url
+    registry = await published_versions(str(database_url), str(runtime["kafka_bootstrap"]),
+                                        planned_tool_ids(sources))
+    publications = _publications(sources, known, registry,
+                                 published_by=capability.subject if capability else None)
+    rights.demand(capability, _needs(publications))
+    for publication in publications:
+        if publication.event is not None:
+            await client.send(publication.event)
+    return publications
+
+
+def _needs(publications: list[Publication]) -> list[Need]:
+    return [p.need for p in publications if p.event is not None]
+
+
+def _report_rejections(publications: list[Publication]) -> None:
+    for publication in publications:
+        if publication.status == "rejected" and publication.event is not None:
+            data = publication.event.data
+            err.print(f"[yellow]rejected[/] {escape(data.origin)} ({data.error.code}): "
+                      + "; ".join(escape(f"{i.path}: {i.message}") for i in data.issues),
+                      highlight=False)
 
 
 def up(
@@ -84,17 +141,18 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
 
     async with Stack(settings, read_models_factory=read_models) as stack, \
             serve_gateway(stack, started[0], settings) as gateway_url:
-        events = _tool_events(tools, settings)
-        await stack.publish_all(events)
-        _report_rejections(events)
+        publications = await _publish_to_stack(stack, tools, settings)
+        _report_rejections(publications)
         write_runtime(settings, {
             "kafka_bootstrap": stack.bootstrap, "database_url": settings.effective_database_url,
-            "gateway_url": gateway_url,
+            "gateway_url": gateway_url, "require_auth": settings.auth_required,
             "broker_pid": stack.embedded.pid if stack.embedded else None})
-        published = sum(1 for e in events if e.type == "tool.published")
+        published = sum(1 for p in publications if p.status == "published")
+        unchanged = sum(1 for p in publications if p.status == "unchanged")
         err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] "
                   f"({'embedded Tansu' if stack.embedded else 'external'}), "
-                  f"{published} tool(s) published, consumers running.")
+                  f"{published} tool(s) published ({unchanged} already there), "
+                  "consumers running.")
         err.print(f"toolexec up: gateway [bold]{gateway_url}[/] (status page {gateway_url}/, "
                   f"API {gateway_url}/docs). Ctrl-C stops.", highlight=False)
         try:
@@ -132,7 +190,10 @@ def run(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the result")] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Invoke a tool through the pipeline and print its result."""
+    """Invoke a tool through the pipeline and print its result. With authorization on,
+    the token must also hold the publish scope for tools of `--tools` not yet published."""
+    from domain.errors import ToolexecError
+
     try:
         parameters = _parse_params(param, params)
         lockfile = json.loads(lock.read_text()) if lock else None
@@ -145,8 +206,9 @@ def run(
     settings = Settings()
     try:
         terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
-                                    lockfile, token, tools, timeout, quiet=as_json))
-    except (InvocationNotDelivered, InvocationUnresolved) as error:  # E3001 / E3002
+                                    lockfile, token or settings.token, tools, timeout,
+                                    quiet=as_json))
+    except (InvocationNotDelivered, InvocationUnresolved, ToolexecError) as error:
         if as_json:
             out.print_json(data={"error": error.to_dict()})
         else:
@@ -174,7 +236,10 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
                       report_rejections: bool = False) -> Envelope:
     """Invoke a tool through the pipeline of the running `up` (found via
     .toolexec/runtime.json), or of an embedded stack started for this call when none
-    runs; the tools under `tools` are published first. Returns the terminal event."""
+    runs; the tools under `tools` are published first (with authorization on, `token`
+    must hold the publish scope for each new one). Returns the terminal event. Raises
+    AuthorizationError when the token may not publish them."""
+    from toolexec import rights
     from toolexec.client import InvocationClient
     from toolexec.stack import Stack
 
@@ -184,16 +249,16 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
         async with InvocationClient(runtime["kafka_bootstrap"],
                                     fetch_waits=fetch_waits(settings)) as client:
             if tools:
-                for event in _tool_events(tools, settings):
-                    await client.send(event)
+                sources, known = _sources(tools, settings)
+                await _publish_to_running(client, runtime, sources, known, settings, token)
             return await client.invoke(tool_id, parameters, version_range=version_range,
                                        lockfile=lockfile, token=token, timeout=timeout,
                                        progress=progress)
     async with Stack(settings) as stack:
-        events = _tool_events(tools, settings)
-        await stack.publish_all(events)
+        publications = await _publish_to_stack(stack, tools, settings, token,
+                                               check_rights=rights.auth_required(settings))
         if report_rejections:
-            _report_rejections(events)
+            _report_rejections(publications)
         async with InvocationClient(stack.bootstrap, pipeline=stack.pipeline,
                                     fetch_waits=fetch_waits(settings)) as client:
             return await client.invoke(tool_id, parameters, version_range=version_range,
@@ -234,9 +299,20 @@ def _print_terminal(terminal: Envelope, as_json: bool) -> int:
 
 def publish(
     paths: Annotated[list[Path], typer.Argument(help="tool sources")],
+    token: Annotated[str | None, typer.Option(
+        "--token", help="capability token (JWT) with the publish scope; default "
+        "TOOLEXEC_TOKEN (needed when authorization is on)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Validate and publish tools to a running system (tool.published / rejected)."""
+    """Validate and publish tools to a running system (tool.published / rejected).
+
+    Each new version is pinned to the executor version active now; a version already
+    published with the same contents is left as it is, with other contents rejected
+    (E3103). With authorization on, the token needs the publish scope on each tool
+    (admin for runtimes, primitives and MCP servers)."""
+    from domain.errors import ToolexecError
+    from toolexec.cli_output import fail
+
     settings = Settings()
     for path in paths:
         if not path.exists():
@@ -245,32 +321,52 @@ def publish(
     runtime = read_runtime(settings)
     bootstrap = settings.kafka_bootstrap or (runtime or {}).get("kafka_bootstrap")
     if not bootstrap:
-        err.print("[red]E3001[/] no running toolexec found: start `toolexec up` first "
-                  "or set TOOLEXEC_KAFKA_BOOTSTRAP")
-        raise typer.Exit(1)
-    events = [e for e in _tool_events(paths, settings) if _from_paths(e, paths)]
-    asyncio.run(_send_all(bootstrap, events))
-    rejected = [e for e in events if e.type == "tool.publish.rejected"]
-    if as_json:
-        out.print_json(data=[{"type": e.type, **json.loads(e.data.model_dump_json())}
-                             for e in events])
-    else:
-        for e in events:
-            label = "published" if e.type == "tool.published" else "[red]rejected[/]"
-            err.print(f"{label} {e.data.tool_id}@{e.data.version}")
-        _report_rejections(events)
-    raise typer.Exit(1 if rejected else 0)
+        fail("E3001", "no running toolexec found: start `toolexec up` first "
+             "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
+    every, known = _sources(paths, settings)
+    sources = [s for s in every if _from_paths(s.origin, paths)]
+    try:
+        publications = asyncio.run(_publish_sources(
+            {**(runtime or {}), "kafka_bootstrap": bootstrap}, sources, known, settings,
+            token or settings.token))
+    except ToolexecError as error:
+        fail(error.code, error.message, as_json, error.details)
+    _report_publications(publications, as_json)
+    raise typer.Exit(1 if any(p.status == "rejected" for p in publications) else 0)
 
 
-def _from_paths(event: Envelope, paths: list[Path]) -> bool:
-    origin = getattr(event.data, "source", None) or getattr(event.data, "origin", None) or ""
-    return any(str(origin).startswith(str(p.resolve())) or str(origin).startswith(str(p))
-               for p in paths)
-
-
-async def _send_all(bootstrap: str, events: list[Envelope]) -> None:
+async def _publish_sources(runtime: dict[str, Any], sources: list[ToolSource],
+                           known: dict[str, str], settings: Settings,
+                           token: str | None) -> list[Publication]:
     from toolexec.client import InvocationClient
 
-    async with InvocationClient(bootstrap) as client:
-        for event in events:
-            await client.send(event)
+    async with InvocationClient(str(runtime["kafka_bootstrap"])) as client:
+        return await _publish_to_running(client, runtime, sources, known, settings, token)
+
+
+def _report_publications(publications: list[Publication], as_json: bool) -> None:
+    if as_json:
+        out.print_json(data=[_publication_json(p) for p in publications])
+        return
+    for p in publications:
+        label = {"published": "published", "unchanged": "unchanged",
+                 "rejected": "[red]rejected[/]"}[p.status]
+        pin = f" on {p.executor_pin}" if p.executor_pin else ""
+        err.print(f"{label} {escape(f'{p.tool_id}@{p.version}{pin}')}", highlight=False)
+    _report_rejections(publications)
+
+
+def _publication_json(p: Publication) -> dict[str, Any]:
+    if p.event is not None:
+        return {"type": p.event.type, **json.loads(p.event.data.model_dump_json())}
+    pin = p.executor_pin
+    return {"type": "unchanged", "tool_id": p.tool_id, "version": p.version,
+            "integrity": p.integrity,
+            "executor_pin": None if pin is None else {"tool_id": pin.tool_id,
+                                                      "version": pin.version,
+                                                      "integrity": pin.integrity}}
+
+
+def _from_paths(origin: str, paths: list[Path]) -> bool:
+    return any(str(origin).startswith(str(p.resolve())) or str(origin).startswith(str(p))
+               for p in paths)

@@ -13,11 +13,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from consumers.policy_engine import cedar_text_from_json, compile_policies
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import PolicyUpdated
 from domain.errors import AuthorizationError
+from domain.scopes import POLICY_NEED, Scopes, is_namespace
+from toolexec import rights
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
@@ -42,18 +45,55 @@ def _tool_grant(text: str) -> tuple[str, str]:
     return tool_id, version_range or "*"
 
 
+def _namespaces(option: str, patterns: list[str]) -> tuple[str, ...]:
+    for pattern in patterns:
+        if not is_namespace(pattern):
+            raise typer.BadParameter(f"{option} expects a tool id, a prefix ending in '*' "
+                                     f"(e.g. acme_*) or '*', got {pattern!r}")
+    return tuple(patterns)
+
+
+Namespaces = list[str]
+
+
 @token_app.command("issue")
 def issue(
     sub: Annotated[str, typer.Option("--sub", help="agent DID (the token subject)")],
-    tool: Annotated[list[str], typer.Option("--tool", help="ID[@RANGE], repeatable")],
+    tool: Annotated[Namespaces, typer.Option(
+        "--tool", help="invoke: ID[@RANGE], repeatable")] = [],  # noqa: B006
+    publish: Annotated[Namespaces, typer.Option(
+        "--publish", help="publish tools: ID, PREFIX* or *, repeatable")] = [],  # noqa: B006
+    lifecycle: Annotated[Namespaces, typer.Option(
+        "--lifecycle", help="deprecate/remove/restore tools: ID, PREFIX* or *, "
+        "repeatable")] = [],  # noqa: B006
+    approve: Annotated[Namespaces, typer.Option(
+        "--approve", help="decide approvals of invocations: ID, PREFIX* or *, "
+        "repeatable")] = [],  # noqa: B006
+    policy: Annotated[bool, typer.Option("--policy", help="apply policy sets")] = False,
+    audit: Annotated[bool, typer.Option(
+        "--audit", help="read the audit trail and every caller's invocations")] = False,
+    admin: Annotated[bool, typer.Option(
+        "--admin", help="every scope on every tool; the only right to publish or retire "
+        "runtimes, primitives and MCP servers")] = False,
     ttl: Annotated[int, typer.Option("--ttl", min=1, help="lifetime in seconds")] = 900,
     key: Annotated[Path | None, typer.Option("--key", help="RSA private key (PEM); "
                                                 "default: the embedded dev key")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Sign a capability token granting the given tools (RS256)."""
+    """Sign a capability token (RS256) granting the tools it may invoke (--tool) and
+    its scopes (--publish, --lifecycle, --approve, --policy, --audit, --admin)."""
     grants = [_tool_grant(t) for t in tool]
+    scopes = Scopes(publish=_namespaces("--publish", publish),
+                    lifecycle=_namespaces("--lifecycle", lifecycle),
+                    approve=_namespaces("--approve", approve),
+                    policy=policy, audit=audit, admin=admin)
+    if not grants and scopes.empty:
+        raise typer.BadParameter("grant something: --tool, --publish, --lifecycle, "
+                                 "--approve, --policy, --audit or --admin")
     settings = Settings()
+    if ttl > settings.token_max_ttl_seconds:
+        raise typer.BadParameter(f"--ttl {ttl} exceeds the {settings.token_max_ttl_seconds} s "
+                                 "maximum lifetime accepted (TOOLEXEC_TOKEN_MAX_TTL_SECONDS)")
     key_path = key or ensure_dev_keys(Path(settings.state_dir)).private
     if not key_path.exists():
         err.print(f"[red]bad usage:[/] {key_path} does not exist")
@@ -61,11 +101,12 @@ def issue(
     now = int(time.time())
     jti = str(uuid.uuid4())
     token = issue_token(load_private_key(key_path), subject=sub, tools=grants,
-                        ttl_seconds=ttl, now=now, jti=jti)
+                        ttl_seconds=ttl, now=now, jti=jti, scopes=scopes)
     if as_json:
         out.print_json(data={"token": token, "sub": sub, "jti": jti, "iat": now,
                              "exp": now + ttl, "tools": [{"tool_id": t, "version_range": r}
-                                                         for t, r in grants]})
+                                                         for t, r in grants],
+                             "scopes": scopes.to_claim()})
     else:
         out.print(token, markup=False, highlight=False, soft_wrap=True)
 
@@ -94,9 +135,13 @@ def apply(
     set_id: Annotated[str | None, typer.Option("--set", help="policy set id "
                                                 "(default: the file name)")] = None,
     version: Annotated[str | None, typer.Option("--version", help="default: content hash")] = None,
+    token: Annotated[str | None, typer.Option(
+        "--token", help="capability token (JWT) with the policy scope; default "
+        "TOOLEXEC_TOKEN (needed when authorization is on)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Validate a policy file and emit policy.updated to the running system."""
+    """Validate a policy file and emit policy.updated to the running system. With
+    authorization on, the token needs the policy scope (or admin)."""
     if not file.exists():
         err.print(f"[red]bad usage:[/] {file} does not exist")
         raise typer.Exit(2)
@@ -108,11 +153,20 @@ def apply(
         err.print(f"[red]{code}[/] {file}: {error}")
         raise typer.Exit(1) from error
     settings = Settings()
-    bootstrap = settings.kafka_bootstrap or (read_runtime(settings) or {}).get("kafka_bootstrap")
+    runtime = read_runtime(settings) or {}
+    bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
     if not bootstrap:
         err.print("[red]E3001[/] no running toolexec found: start `toolexec up` first "
                   "or set TOOLEXEC_KAFKA_BOOTSTRAP")
         raise typer.Exit(1)
+    try:
+        rights.demand(rights.caller(settings, token or settings.token, runtime), [POLICY_NEED])
+    except AuthorizationError as error:
+        if as_json:
+            out.print_json(data={"error": error.to_dict()})
+        else:
+            err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
+        raise typer.Exit(1) from error
     event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
     asyncio.run(_send(bootstrap, event))
     data = event.data

@@ -28,8 +28,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.envelope import Envelope
-from domain.capability import verify_token
-from domain.errors import AuthorizationError, ToolexecError
+from domain.capability import Capability
+from domain.errors import ToolexecError
 from domain.lifecycle import LifecycleChange
 from domain.manifest import normalise_manifest
 from domain.model import ToolFile, ToolSource
@@ -42,8 +42,18 @@ from projections.queries import (
     search_tools,
     show_tool,
 )
-from toolexec import keys, metrics, status_page
+from projections.registry_snapshot import registry_snapshot
+from toolexec import metrics, rights, status_page
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
+from toolexec.gateway_access import (
+    bearer,
+    caller,
+    check_visible,
+    read_token,
+    session_routes,
+    sign_in_page,
+    subject_filter,
+)
 from toolexec.gateway_errors import (
     ApiError,
     documented,
@@ -57,6 +67,7 @@ from toolexec.gateway_models import (
     CircuitList,
     Health,
     InvocationError,
+    InvocationList,
     InvocationView,
     InvokeAccepted,
     InvokeRequest,
@@ -69,7 +80,7 @@ from toolexec.gateway_models import (
     ToolList,
 )
 from toolexec.lifecycle import checked_reading_your_writes, lifecycle_event
-from toolexec.publishing import publish_event
+from toolexec.publishing import Publication, plan_publications, planned_tool_ids
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
 
@@ -114,11 +125,7 @@ def current_manifest(registry: Any, tool_id: str) -> Mapping[str, Any] | None:
     return None if best is None else active[best].manifest
 
 
-def _bearer(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
+_bearer = bearer
 
 
 def _status_url(invocation_id: str) -> str:
@@ -222,12 +229,31 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
             raise ApiError(error.code, error.message, error.details) from None
         return _terminal_answer(terminal, started)
 
+    @app.get("/v1/invocations", response_model=InvocationList, tags=["invocations"],
+             responses=documented(401, 403, 422, 503))
+    async def invocations(request: Request,
+                          tool: Annotated[str | None, Query(max_length=200)] = None,
+                          status: Annotated[str | None, Query(max_length=20)] = None,
+                          limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> InvocationList:
+        """Most recently updated invocations first, by tool and status. With authorization
+        on, the caller's own (its token's subject) unless the token has the audit scope."""
+        capability = caller(ctx.settings, read_token(request))
+        async with ctx.engine.connect() as conn:
+            rows = await list_invocations(conn, tool_id=tool, status=status, limit=limit,
+                                          subject=subject_filter(capability))
+        views = [invocation_view(row) for row in rows]
+        return InvocationList(invocations=views, count=len(views), limit=limit)
+
     @app.get("/v1/invocations/{invocation_id}", response_model=InvocationView,
-             tags=["invocations"], responses=documented(404, 503))
-    async def invocation(invocation_id: str) -> InvocationView:
+             tags=["invocations"], responses=documented(401, 403, 404, 503))
+    async def invocation(invocation_id: str, request: Request) -> InvocationView:
         """Status (requested, resolved, authorized, running, completed, failed, cancelled),
-        timeline, and result or error of one invocation, from the invocations read model."""
-        return invocation_view(await _known_invocation(ctx, invocation_id))
+        timeline, and result or error of one invocation, from the invocations read model.
+        With authorization on, only its subject (or a token with the audit scope) reads it."""
+        capability = caller(ctx.settings, read_token(request))
+        row = await _known_invocation(ctx, invocation_id)
+        check_visible(capability, row)
+        return invocation_view(row)
 
     @app.post("/v1/invocations/{invocation_id}/cancel", response_model=CancelAccepted,
               status_code=202, tags=["invocations"],
@@ -298,40 +324,49 @@ def _terminal_answer(terminal: Envelope, started: float) -> InvokeResult:
 
 def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.post("/v1/tools/register", response_model=RegisterResult, status_code=201,
-              tags=["registry"], responses=documented(401, 422, 503))
+              tags=["registry"], responses={200: {"model": RegisterResult},
+                                            **documented(401, 403, 409, 422, 503)})
     async def register(body: RegisterRequest,
-                       authorization: Annotated[str | None, Header()] = None) -> RegisterResult:
+                       authorization: Annotated[str | None, Header()] = None) -> Any:
         """Validate (layers 1-2) and publish a tool, as `toolexec publish` does: the
-        event is `tool.published`, or `tool.publish.rejected` answered 422 (E3105)."""
-        publisher = _publisher(ctx, _bearer(authorization))
+        event is `tool.published` (201; the version is pinned to its executor version
+        active now), or `tool.publish.rejected` answered 422 (E3105) or 409 (E3103: this
+        version is published with other contents). The same contents again answer 200
+        and change nothing. With authorization on, the token needs the publish scope on
+        the tool (admin for runtimes, primitives and MCP servers)."""
+        capability = caller(ctx.settings, _bearer(authorization))
         source = ToolSource(normalise_manifest(body.manifest), _files(body),
                             origin=f"{REQUESTED_BY}/register", layout="directory")
-        async with ctx.engine.connect() as conn:
-            known = {t["tool_id"]: t["tool_type"]
-                     for t in await search_tools(conn, "", limit=100_000)}
-        event = await asyncio.to_thread(publish_event, source, now=datetime.now(UTC),
-                                        published_by=publisher, bash_syntax=bash_syntax_check,
-                                        known_tools=known)
-        await ctx.client.send(event)
-        data: Any = event.data
-        if event.type == "tool.publish.rejected":
-            raise ApiError.from_info(data.error, event_id=event.id)
+        publication = await _planned(ctx, source, capability)
+        caller_needs = () if publication.event is None else (publication.need,)
+        try:
+            rights.demand(capability, caller_needs)
+        except ToolexecError as error:
+            raise ApiError(error.code, error.message, error.details) from None
+        if publication.event is None:  # already published with these contents
+            return JSONResponse(_register_result(publication, await _event_id_of(
+                ctx, publication)).model_dump(), status_code=200)
+        await ctx.client.send(publication.event)
+        data: Any = publication.event.data
+        if publication.status == "rejected":
+            raise ApiError.from_info(data.error, event_id=publication.event.id)
         await ctx.catch_up("registry", 5.0)  # GET /v1/tools/{id} sees it next
-        return RegisterResult(tool_id=data.tool_id, version=data.version,
-                              integrity=data.integrity, event_id=event.id)
+        return _register_result(publication, publication.event.id)
 
     @app.post("/v1/tools/{tool_id}/lifecycle", response_model=LifecycleResult,
               tags=["registry"], responses=documented(400, 401, 404, 422, 503))
     async def lifecycle(tool_id: str, body: LifecycleRequest,
                         authorization: Annotated[str | None, Header()] = None) -> LifecycleResult:
         """Deprecate, remove or restore a tool version (or every version) as
-        `toolexec deprecate|remove|restore` do: the event is `tool.lifecycle.changed`."""
-        _publisher(ctx, _bearer(authorization), action="change a tool's lifecycle")
+        `toolexec deprecate|remove|restore` do: the event is `tool.lifecycle.changed`.
+        With authorization on, the token needs the lifecycle scope on the tool (admin
+        for runtimes, primitives and MCP servers)."""
+        capability = caller(ctx.settings, _bearer(authorization))
         change = LifecycleChange(tool_id, body.version, body.state, reason=body.reason,
                                  replacement_tool_id=body.replacement)
         now = datetime.now(UTC)
         events = [lifecycle_event(checked, now=now)
-                  for checked in await _checked_change(ctx, change)]
+                  for checked in await _checked_change(ctx, change, capability)]
         for event in events:
             await ctx.client.send(event)
         await ctx.catch_up("registry", 5.0)  # GET /v1/tools/{id} sees it next
@@ -342,36 +377,57 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
 
 def _canceller(ctx: GatewayContext, token: str | None, row: Mapping[str, Any]) -> str | None:
     """Who cancels: with authorization on, a verified token of the invocation's subject."""
-    subject = _publisher(ctx, token, action="cancel invocations")
-    if subject is not None and row["subject"] not in (None, subject):
+    capability = caller(ctx.settings, token)
+    if capability is None:
+        return None
+    if row["subject"] not in (None, capability.subject):
         raise ApiError("E3206", "only the invocation's subject may cancel it",
                        {"invocation_id": row["invocation_id"]})
-    return subject
+    return capability.subject
 
 
-async def _checked_change(ctx: GatewayContext,
-                          change: LifecycleChange) -> tuple[LifecycleChange, ...]:
-    """The change checked against the registry read model (read-your-writes)."""
+async def _checked_change(ctx: GatewayContext, change: LifecycleChange,
+                          capability: Capability | None) -> tuple[LifecycleChange, ...]:
+    """The change checked against the registry read model (read-your-writes) and the
+    caller's lifecycle rights."""
     try:
         return await checked_reading_your_writes(
-            ctx.engine, change, lambda: ctx.catch_up("registry", CATCH_UP_SECONDS))
+            ctx.engine, change, lambda: ctx.catch_up("registry", CATCH_UP_SECONDS),
+            capability)
     except ToolexecError as error:
         raise ApiError(error.code, error.message, error.details) from None
 
 
-def _publisher(ctx: GatewayContext, token: str | None,
-               action: str = "register tools") -> str | None:
-    """The token's subject; a verified token is required when authorization is on."""
-    if not ctx.settings.auth_required:
-        return None
-    if token is None:
-        raise ApiError("E3203", f"a bearer capability token is required to {action}")
-    try:
-        capability = verify_token(token, keys.verification_keys(ctx.settings),
-                                  now=int(time.time()))
-    except AuthorizationError as error:
-        raise ApiError(error.code, error.message) from None
-    return capability.subject
+async def _planned(ctx: GatewayContext, source: ToolSource,
+                   capability: Capability | None) -> Publication:
+    """What publishing `source` does, planned against the registry read model once it
+    holds every registry record in the log now (pins, conflicts, rights needed)."""
+    await ctx.catch_up("registry", CATCH_UP_SECONDS)
+    async with ctx.engine.connect() as conn:
+        known = {t["tool_id"]: t["tool_type"]
+                 for t in await search_tools(conn, "", limit=100_000)}
+        registry = await registry_snapshot(conn, planned_tool_ids([source]))
+    publications = await asyncio.to_thread(
+        plan_publications, [source], registry, now=datetime.now(UTC),
+        published_by=capability.subject if capability else None,
+        bash_syntax=bash_syntax_check, known_tools=known)
+    return publications[0]
+
+
+async def _event_id_of(ctx: GatewayContext, publication: Publication) -> str:
+    """The id of the event that first published `publication`'s version."""
+    async with ctx.engine.connect() as conn:
+        tool = await show_tool(conn, publication.tool_id or "")
+    versions = (tool or {}).get("versions", [])
+    return next((v["event_id"] for v in versions if v["version"] == publication.version), "")
+
+
+def _register_result(publication: Publication, event_id: str) -> RegisterResult:
+    pin = publication.executor_pin
+    return RegisterResult(tool_id=publication.tool_id or "", version=publication.version or "",
+                          integrity=publication.integrity or "", event_id=event_id,
+                          status="unchanged" if publication.event is None else "published",
+                          executor_pin=None if pin is None else str(pin))
 
 
 def _files(body: RegisterRequest) -> tuple[ToolFile, ...]:
@@ -418,17 +474,22 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
         return ToolDetail(tool=found)
 
     @app.get("/v1/audit", response_model=AuditPage, tags=["audit"],
-             responses=documented(422, 503))
-    async def audit(since: datetime | None = None, until: datetime | None = None,
+             responses=documented(401, 403, 422, 503))
+    async def audit(request: Request,
+                    since: datetime | None = None, until: datetime | None = None,
                     type: Annotated[str | None, Query(max_length=100)] = None,  # noqa: A002
                     invocation: Annotated[str | None, Query(max_length=200)] = None,
                     tool: Annotated[str | None, Query(max_length=200)] = None,
                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> AuditPage:
         """Audit records (redacted CloudEvents, hash-chained) in time order, filtered
         like `toolexec audit replay`; times are ISO 8601 with an offset. The answer
-        holds every event in the log when asked (a sync call's events included)."""
+        holds every event in the log when asked (a sync call's events included). With
+        authorization on, a token is needed: with the audit scope it reads every record,
+        without it only the records of its own invocations."""
+        capability = caller(ctx.settings, read_token(request))
         query = AuditQuery(since=_aware(since, "since"), until=_aware(until, "until"),
-                           type=type, invocation_id=invocation, tool_id=tool)
+                           type=type, invocation_id=invocation, tool_id=tool,
+                           subject=subject_filter(capability))
         await ctx.catch_up("audit", CATCH_UP_SECONDS)  # every event in the log when asked
         records = await audit_page(ctx.engine, query, limit)
         return AuditPage(records=records, count=len(records), limit=limit)
@@ -493,24 +554,34 @@ def _operations_routes(app: FastAPI, ctx: GatewayContext) -> None:
         """AsyncAPI 3.0 document of the event contracts (generated by FastStream)."""
         return ctx.asyncapi()
 
+    session_routes(app, ctx.settings)
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def page(audit_tool: str = "", audit_type: str = "", audit_invocation: str = "",
-                   audit_limit: int = 50) -> HTMLResponse:
+    async def page(request: Request, audit_tool: str = "", audit_type: str = "",
+                   audit_invocation: str = "", audit_limit: int = 50) -> HTMLResponse:
+        try:
+            capability = caller(ctx.settings, read_token(request))
+        except ApiError as error:
+            return sign_in_page(f"{error.code}: {error.message}",
+                                status=401 if error.status == 401 else error.status)
+        subject = subject_filter(capability)
         filters = status_page.AuditFilters(tool=audit_tool.strip(), type=audit_type.strip(),
                                            invocation=audit_invocation.strip(),
                                            limit=max(1, min(audit_limit, 500)))
         async with ctx.engine.connect() as conn:
-            invocations = await list_invocations(conn, limit=50)
+            invocations = await list_invocations(conn, limit=50, subject=subject)
             circuits = await list_circuits(conn)
             tools = await search_tools(conn, "", limit=500)
         audit_rows = None
         if filters.active:
             audit_rows = await audit_page(ctx.engine, AuditQuery(
                 type=filters.type or None, invocation_id=filters.invocation or None,
-                tool_id=filters.tool or None), filters.limit)
+                tool_id=filters.tool or None, subject=subject), filters.limit)
         return HTMLResponse(status_page.render(
             invocations=[invocation_view(row) for row in invocations], circuits=circuits,
-            tools=tools, filters=filters, audit_rows=audit_rows))
+            tools=tools, filters=filters, audit_rows=audit_rows,
+            viewer=None if capability is None else status_page.Viewer(
+                capability.subject, sees_everything=subject is None)))
 
 
 async def _check(probe: Awaitable[Any]) -> dict[str, Any]:

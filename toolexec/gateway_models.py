@@ -123,7 +123,12 @@ class RegisterResult(BaseModel):
     tool_id: str
     version: str
     integrity: str
-    event_id: str
+    event_id: str = Field(description="The tool.published event (the first one when the "
+                          "version was already published with these contents).")
+    status: Literal["published", "unchanged"] = Field(
+        default="published", description="unchanged: already published with these contents.")
+    executor_pin: str | None = Field(
+        default=None, description="The executor version this version runs on (tool@version).")
 
 
 class LifecycleRequest(BaseModel):
@@ -157,6 +162,12 @@ class ToolList(BaseModel):
 
 class ToolDetail(BaseModel):
     tool: dict[str, Any]
+
+
+class InvocationList(BaseModel):
+    invocations: list[InvocationView]
+    count: int
+    limit: int
 
 
 class AuditPage(BaseModel):

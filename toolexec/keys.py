@@ -22,7 +22,8 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from domain.capability import ALGORITHM
+from domain.capability import ALGORITHM, TokenLifetime
+from domain.scopes import NO_SCOPES, Scopes
 from toolexec.settings import Settings
 
 KEY_BITS = 2048
@@ -98,14 +99,24 @@ def verification_keys(settings: Settings) -> list[Any]:
     return load_public_keys(paths)
 
 
+def token_lifetime(settings: Settings) -> TokenLifetime:
+    """The lifetime bounds every token check of this process applies."""
+    return TokenLifetime(max_ttl_seconds=settings.token_max_ttl_seconds,
+                         clock_skew_seconds=settings.token_clock_skew_seconds)
+
+
 def issue_token(private_key: Any, *, subject: str, tools: Sequence[tuple[str, str]],
-                ttl_seconds: int, now: int, jti: str | None = None) -> str:
-    """Sign an RS256 capability token granting `tools` [(tool_id, version_range)]."""
-    claims = {
+                ttl_seconds: int, now: int, jti: str | None = None,
+                scopes: Scopes = NO_SCOPES) -> str:
+    """Sign an RS256 capability token granting `tools` [(tool_id, version_range)] to
+    invoke and `scopes` (publish, lifecycle, approve, policy, audit, admin)."""
+    claims: dict[str, Any] = {
         "sub": subject, "iat": now, "exp": now + ttl_seconds, "jti": jti or str(uuid.uuid4()),
         "tools": [{"tool_id": tool_id, "version_range": version_range}
                   for tool_id, version_range in tools],
     }
+    if not scopes.empty:
+        claims["scopes"] = scopes.to_claim()
     return jwt.encode(claims, private_key, algorithm=ALGORITHM)
 
 

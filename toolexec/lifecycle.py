@@ -1,5 +1,6 @@
 """Lifecycle changes as the CLI and the gateway make them: check the requested change
-against the registry read model, then build the `tool.lifecycle.changed` event."""
+against the registry read model and the caller's rights, then build the
+`tool.lifecycle.changed` event."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import Lifecycle, ToolLifecycleChanged
+from domain.capability import Capability
 from domain.errors import RegistryError
 from domain.lifecycle import LifecycleChange, decide_lifecycle_change
+from domain.scopes import lifecycle_need
 from projections.queries import show_tool
+from toolexec import rights
 
 SOURCE = "urn:toolexec:lifecycle"
 
@@ -35,19 +39,32 @@ async def checked_change(conn: AsyncConnection,
 
 async def checked_reading_your_writes(
         engine: AsyncEngine, change: LifecycleChange,
-        catch_up: Callable[[], Awaitable[object]]) -> tuple[LifecycleChange, ...]:
+        catch_up: Callable[[], Awaitable[object]],
+        capability: Capability | None = None) -> tuple[LifecycleChange, ...]:
     """`checked_change`; before answering "not found" (E3101, E3102), wait (`catch_up`,
     bounded) until the read model holds every registry record in the log now, and
-    check again: a tool published just before may not be folded yet."""
+    check again: a tool published just before may not be folded yet.
+
+    With `capability` (authorization on), it must hold the lifecycle scope on the tool,
+    or admin when any version of it is a runtime, primitive or MCP server (E3206)."""
     try:
         async with engine.connect() as conn:
-            return await checked_change(conn, change)
+            return await _checked_with_rights(conn, change, capability)
     except RegistryError as miss:
         if miss.code not in ("E3101", "E3102"):
             raise
     await catch_up()
     async with engine.connect() as conn:
-        return await checked_change(conn, change)
+        return await _checked_with_rights(conn, change, capability)
+
+
+async def _checked_with_rights(conn: AsyncConnection, change: LifecycleChange,
+                               capability: Capability | None) -> tuple[LifecycleChange, ...]:
+    if capability is not None:  # rights first: a refused caller learns nothing more
+        tool = await show_tool(conn, change.tool_id)
+        types = [v["tool_type"] for v in (tool or {}).get("versions", [])]
+        rights.demand(capability, [lifecycle_need(change.tool_id, types)])
+    return await checked_change(conn, change)
 
 
 def lifecycle_event(change: LifecycleChange, *, now: datetime) -> Envelope:

@@ -1,31 +1,135 @@
-"""Turning tool sources into `tool.published` / `tool.publish.rejected` events."""
+"""Turning tool sources into `tool.published` / `tool.publish.rejected` events.
+
+`plan_publications` is what every publisher runs (`toolexec up`, `toolexec publish`,
+`toolexec run --tools`, `POST /v1/tools/register`): validate and seal each source,
+then plan the batch against the registry (`domain.publication`): a new version is
+published pinned to its executor, a version already published with the same bytes is
+left alone (no event), one with other bytes is rejected with E3103, one whose
+executor is not in the registry with E3105. Each publication says which right it needs
+(`domain.scopes.publish_need`); callers with authorization on check it first.
+"""
 
 from __future__ import annotations
 
 import base64
 import gzip
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from contracts.envelope import Envelope, new_envelope
 from contracts.errors import ErrorInfo
+from contracts.events import ExecutorPin as PinContract
 from contracts.events import PublishedFile, ToolPublished, ToolPublishRejected
 from domain.errors import ToolexecError
 from domain.integrity import seal
-from domain.model import Issue, ToolSource
-from domain.validation import validate_source
+from domain.model import ExecutorPin, Issue, ToolSource, ToolVersion
+from domain.publication import plan_publication
+from domain.registry import RegistryView
+from domain.scopes import Need, publish_need
+from domain.validation import executor_name, validate_source
 
 SOURCE = "urn:toolexec:publisher"
 # Leaves room for CloudEvent headers and the manifest under the broker's 1 MiB default.
 MAX_PUBLISHED_BYTES = 900 * 1024
 
+BashSyntax = Callable[[str], str | None]
 
-def publish_event(source: ToolSource, *, now: datetime, published_by: str | None = None,
-                  bash_syntax: Callable[[str], str | None] | None = None,
-                  known_tools: dict[str, str] | None = None) -> Envelope:
-    """Validate (layers 1-2) and seal a tool source into the event that records it:
-    `tool.published`, or `tool.publish.rejected` listing every issue (E3105)."""
+
+@dataclass(frozen=True)
+class Publication:
+    """One offered source and what publishing it does: `published` (event is the
+    `tool.published`), `unchanged` (already published with these bytes: no event) or
+    `rejected` (event is the `tool.publish.rejected`). `need` is the right it takes."""
+
+    source: ToolSource
+    status: Literal["published", "unchanged", "rejected"]
+    event: Envelope | None
+    need: Need
+    tool_id: str | None
+    version: str | None
+    integrity: str | None = None
+    executor_pin: ExecutorPin | None = None
+    error: ErrorInfo | None = None
+
+
+def planned_tool_ids(sources: Iterable[ToolSource]) -> set[str]:
+    """The tool ids whose registry versions `plan_publications` reads for `sources`:
+    their own ids and their executors'."""
+    ids: set[str] = set()
+    for source in sources:
+        for value in (source.manifest.get("tool_id"),
+                      executor_name(source.manifest.get("executor"))):
+            if isinstance(value, str) and value:
+                ids.add(value)
+    return ids
+
+
+def plan_publications(sources: Sequence[ToolSource], registry: RegistryView, *,
+                      now: datetime, published_by: str | None = None,
+                      bash_syntax: BashSyntax | None = None,
+                      known_tools: dict[str, str] | None = None) -> list[Publication]:
+    """What publishing `sources` together does, one Publication per source in order.
+    `registry` must hold every version of `planned_tool_ids(sources)`."""
+    checked: list[ToolVersion | Envelope] = [
+        _checked(source, now, bash_syntax, known_tools) for source in sources]
+    sealed = [item for item in checked if isinstance(item, ToolVersion)]
+    plans = iter(plan_publication(sealed, registry))
+    publications = []
+    for source, item in zip(sources, checked, strict=True):
+        if isinstance(item, Envelope):
+            publications.append(_rejection(source, item, registry))
+            continue
+        plan = next(plans)
+        need = publish_need(item.tool_id, item.tool_type, _types(registry, item.tool_id))
+        if plan.outcome == "new":
+            event = publish_event(source, now=now, published_by=published_by,
+                                  sealed=plan.version, executor_pin=plan.version.executor_pin)
+            publications.append(_from_event(source, event, need))
+        elif plan.outcome == "unchanged":
+            publications.append(Publication(
+                source, "unchanged", None, need, item.tool_id, item.version,
+                integrity=plan.version.integrity, executor_pin=plan.version.executor_pin))
+        else:
+            assert plan.error is not None
+            issue = Issue(path="$.executor" if plan.outcome == "unresolvable" else "$.version",
+                          message=plan.error.message)
+            event = _rejected(item.tool_id, item.version, source.origin, [issue], now,
+                              plan.error.message, code=plan.error.code,
+                              details=plan.error.details)
+            publications.append(_rejection(source, event, registry))
+    return publications
+
+
+def _types(registry: RegistryView, tool_id: str) -> set[str]:
+    return {tv.tool_type for tv in registry.versions(tool_id)}
+
+
+def _from_event(source: ToolSource, event: Envelope, need: Need) -> Publication:
+    data = event.data
+    assert isinstance(data, ToolPublished)
+    pin = data.executor_pin
+    return Publication(source, "published", event, need, data.tool_id, data.version,
+                       integrity=data.integrity,
+                       executor_pin=None if pin is None else ExecutorPin(
+                           pin.tool_id, pin.version, pin.integrity))
+
+
+def _rejection(source: ToolSource, event: Envelope, registry: RegistryView) -> Publication:
+    data = event.data
+    assert isinstance(data, ToolPublishRejected)
+    tool_type = source.manifest.get("tool_type")
+    need = publish_need(data.tool_id, tool_type if isinstance(tool_type, str) else None,
+                        _types(registry, data.tool_id) if data.tool_id else ())
+    return Publication(source, "rejected", event, need, data.tool_id, data.version,
+                       error=data.error)
+
+
+def _checked(source: ToolSource, now: datetime, bash_syntax: BashSyntax | None,
+             known_tools: dict[str, str] | None) -> ToolVersion | Envelope:
+    """The sealed version, or the rejection of a source that fails validation (E3105)."""
     issues = [i for i in validate_source(source, bash_syntax=bash_syntax, known_tools=known_tools)
               if i.severity == "error"]
     tool_id = _str_or_none(source.manifest.get("tool_id"))
@@ -38,34 +142,55 @@ def publish_event(source: ToolSource, *, now: datetime, published_by: str | None
     except ToolexecError as error:
         return _rejected(tool_id, version, source.origin,
                          [Issue(path="$", message=error.message)], now, error.message)
-    files = [
-        PublishedFile(path=f.path, sha256=f.sha256, is_executable=f.is_executable,
-                      size=len(f.content or b""),
-                      content_b64gz=base64.b64encode(gzip.compress(f.content or b"", mtime=0))
-                      .decode("ascii"))
-        for f in sealed.files
-    ]
-    size = sum(len(f.content_b64gz) for f in files)
+    size = sum(len(_packed(f.content)) for f in sealed.files)
     if size > MAX_PUBLISHED_BYTES:
         return _rejected(sealed.tool_id, sealed.version, source.origin,
                          [Issue(path="$.files", message=f"{size} bytes compressed exceeds "
                                 f"the {MAX_PUBLISHED_BYTES}-byte limit of one event")],
                          now, "tool is too large to publish")
+    return sealed
+
+
+def publish_event(source: ToolSource, *, now: datetime, published_by: str | None = None,
+                  bash_syntax: BashSyntax | None = None,
+                  known_tools: dict[str, str] | None = None,
+                  sealed: ToolVersion | None = None,
+                  executor_pin: ExecutorPin | None = None) -> Envelope:
+    """Validate (layers 1-2) and seal one tool source into the event that records it:
+    `tool.published` (pinned to `executor_pin` when given), or
+    `tool.publish.rejected` listing every issue (E3105). Publishers plan a batch with
+    `plan_publications`, which pins every version; this is its single-source step."""
+    checked = sealed if sealed is not None else _checked(source, now, bash_syntax, known_tools)
+    if isinstance(checked, Envelope):
+        return checked
+    files = [PublishedFile(path=f.path, sha256=f.sha256, is_executable=f.is_executable,
+                           size=len(f.content or b""), content_b64gz=_packed(f.content))
+             for f in checked.files]
     data = ToolPublished(
-        tool_id=sealed.tool_id, version=sealed.version, tool_type=sealed.tool_type,
-        executor=sealed.executor, manifest=dict(sealed.manifest), files=files,
-        integrity=sealed.integrity, published_by=published_by, source=source.origin or None,
+        tool_id=checked.tool_id, version=checked.version, tool_type=checked.tool_type,
+        executor=checked.executor, manifest=dict(checked.manifest), files=files,
+        integrity=checked.integrity, published_by=published_by, source=source.origin or None,
+        executor_pin=None if executor_pin is None else PinContract(
+            tool_id=executor_pin.tool_id, version=executor_pin.version,
+            integrity=executor_pin.integrity),
     )
-    return _envelope(data, sealed.tool_id, now, f"{sealed.tool_id}@{sealed.version}:{sealed.integrity}")
+    return _envelope(data, checked.tool_id, now,
+                     f"{checked.tool_id}@{checked.version}:{checked.integrity}")
+
+
+def _packed(content: bytes | None) -> str:
+    return base64.b64encode(gzip.compress(content or b"", mtime=0)).decode("ascii")
 
 
 def _rejected(tool_id: str | None, version: str | None, origin: str, issues: list[Issue],
-              now: datetime, message: str) -> Envelope:
+              now: datetime, message: str, *, code: str = "E3105",
+              details: dict[str, object] | None = None) -> Envelope:
     data = ToolPublishRejected(
         tool_id=tool_id, version=version, origin=origin,
         issues=[issue.to_dict() for issue in issues],
-        error=ErrorInfo(code="E3105", message=message,
-                        details={"issues": [issue.to_dict() for issue in issues]}),
+        error=ErrorInfo(code=code, message=message,
+                        details={**(details or {}),
+                                 "issues": [issue.to_dict() for issue in issues]}),
     )
     key = tool_id or origin or "unknown"
     return _envelope(data, key, now, f"rejected:{key}:{version}:{now.isoformat()}")

@@ -63,6 +63,14 @@ class Settings(BaseSettings):
     token_public_keys: list[Path] = Field(default_factory=list)
     """PEM or JWKS files of the RSA public keys accepted for capability tokens
     (several for rotation; read again on every verification)."""
+    token_max_ttl_seconds: int = Field(default=24 * 3600, ge=1)
+    """Longest lifetime (`exp - iat`) of a capability token that is accepted; longer
+    ones are refused (E3203) and `toolexec token issue` will not sign them."""
+    token_clock_skew_seconds: int = Field(default=60, ge=0)
+    """How far in the future a token's `iat` / `nbf` may be (clocks differ a little)."""
+    token: str | None = None
+    """Capability token the CLI presents when a command gets no `--token` (write
+    commands with authorization on, `run`)."""
     policy_default: Literal["allow", "deny"] = "allow"
     """Decision when no Cedar policy was ever applied (with policies, Cedar denies by
     default)."""
@@ -107,7 +115,7 @@ class Settings(BaseSettings):
     """Largest record toolexec produces; bigger tool publications are rejected (E3105)."""
 
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
-                     "require_auth", "sandbox", "abac_url", mode="before")
+                     "require_auth", "sandbox", "abac_url", "token", mode="before")
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:
         # `TOOLEXEC_KAFKA_BOOTSTRAP=` in a shell or compose file means "not set".

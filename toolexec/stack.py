@@ -382,7 +382,7 @@ class Stack:
                 public_keys=lambda: keys.verification_keys(self.settings),
                 policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
                 default_decision=self.settings.policy_default, external=self._abac,
-                verified=VerifiedTokens()),
+                verified=VerifiedTokens(lifetime=keys.token_lifetime(self.settings))),
             execute=execute.ExecuteDeps(
                 publish=_no_publish, clock=utc_now, runner=self._primitives,
                 claims=self._claims, secrets=env_snapshot.get, random=random.random,

@@ -32,6 +32,15 @@ label { display: flex; flex-direction: column; font-size: 12px; }
 
 
 @dataclass(frozen=True)
+class Viewer:
+    """Who reads the page (authorization on) and whether they see every caller's
+    invocations (audit scope) or only their own."""
+
+    subject: str
+    sees_everything: bool
+
+
+@dataclass(frozen=True)
 class AuditFilters:
     """The audit search form's fields."""
 
@@ -122,15 +131,26 @@ def audit_section(filters: AuditFilters, rows: Sequence[Mapping[str, Any]] | Non
                                           "data"), table_rows, "No matching audit record.")
 
 
+def viewer_line(viewer: Viewer | None) -> str:
+    if viewer is None:
+        return ""
+    scope = "every caller's invocations" if viewer.sees_everything else "your invocations only"
+    return (f'<p id="viewer">Signed in as <code>{escape(viewer.subject)}</code> '
+            f"({scope}). "
+            '<form method="post" action="/session/end" style="display:inline">'
+            '<button type="submit">Sign out</button></form></p>')
+
+
 def render(*, invocations: Sequence[InvocationView], circuits: Sequence[Mapping[str, Any]],
            tools: Sequence[Mapping[str, Any]], filters: AuditFilters,
-           audit_rows: Sequence[Mapping[str, Any]] | None) -> str:
+           audit_rows: Sequence[Mapping[str, Any]] | None,
+           viewer: Viewer | None = None) -> str:
     """The whole page."""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         "<title>toolexec status</title>"
         f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style></head>'
-        "<body><h1>toolexec status</h1>"
+        f"<body><h1>toolexec status</h1>{viewer_line(viewer)}"
         '<p><a href="/docs">API (OpenAPI)</a> · <a href="/asyncapi.json">events (AsyncAPI)</a>'
         ' · <a href="/health">health</a> · <a href="/metrics">metrics</a></p>'
         f'<section id="invocations"><h2>Recent invocations</h2>'

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jwt
 import pytest
@@ -12,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from consumers.claim_store import InMemoryClaims
 from consumers.invocation_facts import InvocationFacts
 from domain.model import PrimitiveOutcome
-from tests.handlers.conftest import Harness, build_harness
+from tests.handlers.conftest import FIXED_NOW, Harness, build_harness
 
 PIPELINE = ["tool.invoke.requested", "tool.chain.resolved", "tool.permission.decided",
             "tool.execution.started", "tool.execution.finished", "tool.invoke.completed"]
@@ -261,7 +260,7 @@ def rsa_key() -> rsa.RSAPrivateKey:
 
 
 def _token(key: rsa.RSAPrivateKey, tool: str = "py_echo") -> str:
-    now = int(time.time())
+    now = int(FIXED_NOW.timestamp())  # the harness's clock: a token is not issued in its future
     return jwt.encode({"sub": "did:example:a", "iat": now, "exp": now + 60, "jti": "j1",
                        "tools": [{"tool_id": tool, "version_range": "^1"}]}, key, algorithm="RS256")
 

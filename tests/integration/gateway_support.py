@@ -43,9 +43,12 @@ class RunningGateway:
                               json={"manifest": manifest, "files": files or []},
                               headers=dict(headers or {}))
 
-    def token(self, *grants: str) -> str:
+    def token(self, *grants: str, scopes: tuple[str, ...] = (),
+              subject: str = "did:example:gateway-test") -> str:
+        """A token invoking `grants` (ID[@RANGE]) with `scopes` as `token issue` flags
+        (e.g. ("--publish", "acme_*", "--audit"))."""
         tools = [arg for grant in grants for arg in ("--tool", grant)]
-        done = toolexec("token", "issue", "--sub", "did:example:gateway-test", *tools,
+        done = toolexec("token", "issue", "--sub", subject, *tools, *scopes,
                         "--ttl", "300", "--json", cwd=self.cwd, env=self.env)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)["token"]

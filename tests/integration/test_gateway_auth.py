@@ -48,20 +48,25 @@ def test_a_token_for_another_tool_is_403(secured) -> None:
 
 
 def test_a_valid_token_runs_the_tool_and_its_subject_is_recorded(secured) -> None:
-    response = secured.invoke("py_echo", ECHO, headers=bearer(secured.token("py_echo@^1")))
+    token = secured.token("py_echo@^1")
+    response = secured.invoke("py_echo", ECHO, headers=bearer(token))
     assert response.status_code == 200, response.text
-    view = secured.http.get(f"/v1/invocations/{response.json()['invocation_id']}").json()
+    view = secured.http.get(f"/v1/invocations/{response.json()['invocation_id']}",
+                            headers=bearer(token)).json()
     assert view["status"] == "completed" and view["subject"] == "did:example:gateway-test"
 
 
-def test_registering_needs_a_valid_token(secured) -> None:
+def test_registering_needs_a_token_with_the_publish_scope(secured) -> None:
     manifest = {"tool_id": "guarded", "version": "1.0.0", "tool_type": "script",
                 "executor": "python_runtime", "config": {"entrypoint": "main.py"},
                 "description": "Registered only with a token."}
     files = [{"path": "main.py", "content": "print('{}')\n"}]
     refused = secured.register(manifest, files)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "E3203"
-    accepted = secured.register(manifest, files, headers=bearer(secured.token("py_echo@^1")))
+    invoker = secured.register(manifest, files, headers=bearer(secured.token("py_echo@^1")))
+    assert invoker.status_code == 403 and invoker.json()["error"]["code"] == "E3206"
+    accepted = secured.register(manifest, files, headers=bearer(
+        secured.token(scopes=("--publish", "guarded"))))
     assert accepted.status_code == 201, accepted.text
     shown = secured.http.get("/v1/tools/guarded").json()["tool"]
     assert shown["versions"][0]["published_by"] == "did:example:gateway-test"
@@ -81,13 +86,16 @@ def test_cancelling_needs_a_token_of_the_invocations_subject(secured) -> None:
     assert owner.status_code == 409  # allowed to ask, but it already ended
 
 
-def test_changing_a_lifecycle_needs_a_valid_token(secured) -> None:
+def test_changing_a_lifecycle_needs_a_token_with_the_lifecycle_scope(secured) -> None:
     url, body = "/v1/tools/sh_upper/lifecycle", {"version": "1.0.0", "state": "deprecated"}
     refused = secured.http.post(url, json=body)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "E3203"
     forged = secured.http.post(url, json=body, headers=bearer("e30.e30.bm9wZQ"))
     assert forged.status_code == 401
-    accepted = secured.http.post(url, json=body, headers=bearer(secured.token("sh_upper@^1")))
+    invoker = secured.http.post(url, json=body, headers=bearer(secured.token("sh_upper@^1")))
+    assert invoker.status_code == 403 and invoker.json()["error"]["code"] == "E3206"
+    accepted = secured.http.post(url, json=body, headers=bearer(
+        secured.token(scopes=("--lifecycle", "sh_*"))))
     assert accepted.status_code == 200, accepted.text
     shown = secured.http.get("/v1/tools/sh_upper").json()["tool"]
     assert [v["lifecycle"] for v in shown["versions"]] == ["deprecated"]

@@ -37,10 +37,10 @@ def _run(cwd: Path, *args: str) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout)
 
 
-def _token(cwd: Path, *grants: str) -> str:
+def _token(cwd: Path, *grants: str, scopes: tuple[str, ...] = ()) -> str:
     tools = [arg for grant in grants for arg in ("--tool", grant)]
-    done = toolexec("token", "issue", "--sub", "did:example:ada", *tools, "--ttl", "300",
-                    "--json", cwd=cwd)
+    done = toolexec("token", "issue", "--sub", "did:example:ada", *tools, *scopes,
+                    "--ttl", "300", "--json", cwd=cwd)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["token"]
 
@@ -71,7 +71,8 @@ def test_a_valid_token_runs_the_tool_then_a_policy_denies_it(secured: Path) -> N
 
     policy = secured / "no_demo.cedar"
     policy.write_text(NO_DEMOS)
-    applied = toolexec("policy", "apply", str(policy), "--json", cwd=secured)
+    applied = toolexec("policy", "apply", str(policy), "--json", "--token",
+                       _token(secured, scopes=("--policy",)), cwd=secured)
     assert applied.returncode == 0, applied.stderr
     # Policies travel through the log to every authorize process: wait until in force.
     deadline = time.monotonic() + 20

@@ -144,3 +144,99 @@ def test_a_rotated_key_set_verifies_cached_tokens_again(keys) -> None:
     forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
     assert _code(lambda: verified.verify(forged, [public], now=NOW)) in ("E3202", "E3203")
     assert verified.misses == 3 and verified.hits == 0
+
+
+# --- lifetime ---------------------------------------------------------------------------
+
+
+def test_a_token_living_far_beyond_the_maximum_is_refused(keys) -> None:
+    private, public = keys
+    assert _code(lambda: verify_token(_token(private, exp=1e30), [public], now=NOW)) == "E3203"
+    day_and_a_bit = _token(private, iat=NOW, exp=NOW + 24 * 3600 + 1)
+    assert _code(lambda: verify_token(day_and_a_bit, [public], now=NOW)) == "E3203"
+    assert verify_token(_token(private, iat=NOW, exp=NOW + 24 * 3600), [public], now=NOW)
+
+
+def test_the_maximum_lifetime_is_a_setting(keys) -> None:
+    from domain.capability import TokenLifetime
+
+    private, public = keys
+    hour = TokenLifetime(max_ttl_seconds=3600)
+    token = _token(private, iat=NOW, exp=NOW + 7200)
+    assert _code(lambda: verify_token(token, [public], now=NOW, lifetime=hour)) == "E3203"
+
+
+def test_a_token_issued_in_the_future_is_refused_beyond_the_clock_skew(keys) -> None:
+    private, public = keys
+    later = _token(private, iat=NOW + 3600, exp=NOW + 7200)
+    assert _code(lambda: verify_token(later, [public], now=NOW)) == "E3203"
+    skewed = _token(private, iat=NOW + 30, exp=NOW + 300)
+    assert verify_token(skewed, [public], now=NOW).issued_at == NOW + 30
+
+
+def test_a_token_not_valid_yet_is_refused(keys) -> None:
+    private, public = keys
+    assert _code(lambda: verify_token(_token(private, nbf=NOW + 600), [public], now=NOW)) \
+        == "E3203"
+
+
+@pytest.mark.parametrize("claim", ["exp", "iat"])
+def test_times_must_be_finite_numbers(keys, claim: str) -> None:
+    private, public = keys
+    for value in ("soon", True):
+        assert _code(lambda v=value: verify_token(_token(private, **{claim: v}), [public],
+                                                  now=NOW)) == "E3203"
+
+
+def test_the_pipelines_cache_applies_its_lifetime(keys) -> None:
+    from domain.capability import TokenLifetime, VerifiedTokens
+
+    private, public = keys
+    verified = VerifiedTokens(lifetime=TokenLifetime(max_ttl_seconds=60))
+    assert _code(lambda: authorise(_token(private), [public], tool_id="hello", version="1.0.0",
+                                   now=NOW, verified=verified)) == "E3203"
+
+
+# --- scopes -----------------------------------------------------------------------------
+
+
+def test_a_token_with_only_tools_may_only_invoke(keys) -> None:
+    from domain.capability import authorise_action
+    from domain.scopes import POLICY_NEED, publish_need
+
+    private, public = keys
+    token = _token(private)
+    assert authorise(token, [public], tool_id="hello", version="1.0.0", now=NOW)
+    for need in (publish_need("hello", "script"), POLICY_NEED):
+        assert _code(lambda n=need: authorise_action(token, [public], n, now=NOW)) == "E3206"
+
+
+def test_scopes_grant_what_they_name_and_nothing_else(keys) -> None:
+    from domain.capability import authorise_action
+    from domain.scopes import AUDIT_NEED, lifecycle_need, publish_need
+
+    private, public = keys
+    token = _token(private, tools=[], scopes={"publish": ["acme_*"], "audit": True})
+    capability = authorise_action(token, [public], publish_need("acme_fetch", "script"), now=NOW)
+    assert capability.reads_everything and capability.grants(AUDIT_NEED)
+    assert _code(lambda: authorise_action(token, [public], lifecycle_need("acme_fetch"),
+                                          now=NOW)) == "E3206"
+    assert _code(lambda: authorise(token, [public], tool_id="acme_fetch", version="1.0.0",
+                                   now=NOW)) == "E3204"
+
+
+def test_malformed_scopes_are_a_malformed_token(keys) -> None:
+    private, public = keys
+    token = _token(private, scopes={"publish": "everything"})
+    assert _code(lambda: verify_token(token, [public], now=NOW)) == "E3203"
+
+
+def test_issued_tokens_carry_their_scopes(keys) -> None:
+    from domain.scopes import Scopes
+    from toolexec.keys import issue_token
+
+    private, public = keys
+    scopes = Scopes(lifecycle=("acme_*",), policy=True)
+    token = issue_token(private, subject="did:ops", tools=[], ttl_seconds=60, now=NOW,
+                        scopes=scopes)
+    assert verify_token(token, [public], now=NOW).scopes == scopes

@@ -25,6 +25,7 @@ from contracts.events import (
     ExecutionCheckpointed,
     ExecutionFinished,
     ExecutionStarted,
+    ExecutorPin,
     InvokeCancelRequested,
     InvokeCompleted,
     InvokeFailed,
@@ -68,7 +69,9 @@ def _published() -> ToolPublished:
     return ToolPublished(tool_id="hello", version="1.2.0", tool_type="script",
                          executor="python", manifest={"tool_id": "hello", "version": "1.2.0"},
                          files=[file], integrity=INTEGRITY, published_by="alice",
-                         source=".ai/tools/hello")
+                         source=".ai/tools/hello",
+                         executor_pin=ExecutorPin(tool_id="python", version="3.11.0",
+                                                  integrity=INTEGRITY))
 
 
 SAMPLES: list[EventData] = [
@@ -315,6 +318,16 @@ def test_data_that_is_not_a_json_object_is_undecodable(value: bytes) -> None:
 def test_bad_attribute_headers_are_undecodable(name: str, value: bytes | None) -> None:
     record = valid_record()
     undecodable(record.key, record.value, replace_header(record, name, value))
+
+
+def test_a_tool_published_record_of_contract_version_1_is_still_read() -> None:
+    unpinned = _published().model_copy(update={"executor_pin": None})
+    record = encode(envelope_of(unpinned))
+    assert header(record, "ce_dataschema") == b"urn:toolexec:schema:tool.published:v2"
+    v1 = replace_header(record, "ce_dataschema", b"urn:toolexec:schema:tool.published:v1")
+    assert decode(record.key, record.value, v1).data == unpinned
+    v3 = replace_header(record, "ce_dataschema", b"urn:toolexec:schema:tool.published:v3")
+    undecodable(record.key, record.value, v3)
 
 
 def test_missing_partition_key_is_undecodable() -> None:
