@@ -28,6 +28,7 @@ from jsonschema import SchemaError, ValidationError
 from domain.errors import RequestError
 from domain.manifest import MANIFEST_SCHEMA, split_frontmatter
 from domain.model import PRIMITIVES, Issue, ToolFile, ToolSource
+from domain.safe_yaml import YamlTooLarge, load_yaml
 from domain.schema_cache import validator_for
 from domain.semver import parse_range
 
@@ -485,7 +486,9 @@ def _frontmatter_issues(file: ToolFile) -> list[Issue]:
         return [Issue(path, "markdown has no YAML frontmatter (a block between '---' lines "
                             "at the top)")]
     try:
-        data = yaml.safe_load(frontmatter)
+        data = load_yaml(frontmatter)
+    except YamlTooLarge as error:
+        return [Issue(path, f"YAML frontmatter refused: {error.message}")]
     except yaml.YAMLError as error:
         return [Issue(path, f"YAML frontmatter does not parse: {error}")]
     if not isinstance(data, Mapping):

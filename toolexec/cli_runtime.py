@@ -36,13 +36,19 @@ def register(app: typer.Typer) -> None:
 
 
 def _tool_events(tool_dirs: list[Path], settings: Settings) -> list[Envelope]:
-    from toolexec.publishing import publish_event
+    """A `tool.published` or `tool.publish.rejected` per tool source found (an
+    unreadable source is a rejection too)."""
+    from toolexec.publishing import publish_event, rejected_source
 
     now = datetime.now(UTC)
-    sources = collect_sources(tool_dirs, settings)
+    unreadable: list[Envelope] = []
+    sources = collect_sources(tool_dirs, settings, on_error=lambda error: unreadable.append(
+        rejected_source(str(error.details.get("path", "")), error, now)))
     known = {str(s.manifest.get("tool_id")): str(s.manifest.get("tool_type")) for s in sources}
-    return [publish_event(s, now=now, bash_syntax=bash_syntax_check, known_tools=known)
-            for s in sources]
+    return [*unreadable, *(publish_event(s, now=now, bash_syntax=bash_syntax_check,
+                                         known_tools=known, limits=settings.publication_limits,
+                                         max_record_bytes=settings.max_message_bytes)
+                           for s in sources)]
 
 
 def _report_rejections(events: list[Envelope]) -> None:

@@ -299,7 +299,9 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
                      for t in await search_tools(conn, "", limit=100_000)}
         event = await asyncio.to_thread(publish_event, source, now=datetime.now(UTC),
                                         published_by=publisher, bash_syntax=bash_syntax_check,
-                                        known_tools=known)
+                                        known_tools=known,
+                                        limits=ctx.settings.publication_limits,
+                                        max_record_bytes=ctx.settings.max_message_bytes)
         await ctx.client.send(event)
         data: Any = event.data
         if event.type == "tool.publish.rejected":

@@ -136,7 +136,8 @@ class Stack:
             await ensure_topics(self.bootstrap, TOPIC_PARTITIONS)
         self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
         await self._offsets.start()
-        self.registry = RegistryView(end_offsets=self._registry_end_offsets)
+        self.registry = RegistryView(end_offsets=self._registry_end_offsets,
+                                     limits=self.settings.publication_limits)
         self.circuits = CircuitView(end_offsets=self._circuits_end_offsets)
         self.decisions = self._decision_store()
         self.policies = PolicyView(validate=compile_policies, to_text=cedar_text_from_json,
