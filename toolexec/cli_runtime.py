@@ -13,6 +13,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from domain.request_limits import (
+    DEFAULT_MAX_PARAMETER_BYTES,
+    PayloadRejected,
+    check_request_payload,
+    strict_json_loads,
+)
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check, collect_sources
@@ -110,10 +116,15 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     err.print("toolexec up: stopped")
 
 
-def _parse_params(pairs: list[str], params_json: str | None) -> dict[str, Any]:
+def _parse_params(pairs: list[str], params_json: str | None,
+                  max_bytes: int = DEFAULT_MAX_PARAMETER_BYTES) -> dict[str, Any]:
+    """`--params` (strict JSON: no NaN, Infinity or lone surrogates) merged with each
+    `-p key=value` (the value read as strict JSON, else taken as text). Raises
+    PayloadRejected (E3004) for `--params` that is not strict JSON, or parameters past
+    `max_bytes`."""
     params: dict[str, Any] = {}
     if params_json:
-        loaded = json.loads(params_json)
+        loaded = strict_json_loads(params_json)
         if not isinstance(loaded, dict):
             raise typer.BadParameter("--params must be a JSON object")
         params.update(loaded)
@@ -122,9 +133,10 @@ def _parse_params(pairs: list[str], params_json: str | None) -> dict[str, Any]:
             raise typer.BadParameter(f"-p expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
         try:
-            params[key] = json.loads(value)
-        except ValueError:
+            params[key] = strict_json_loads(value)
+        except PayloadRejected:
             params[key] = value
+    check_request_payload(params, max_bytes=max_bytes)
     return params
 
 
@@ -139,16 +151,23 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Invoke a tool through the pipeline and print its result."""
+    settings = Settings()
     try:
-        parameters = _parse_params(param, params)
+        parameters = _parse_params(param, params, settings.max_parameter_bytes)
         lockfile = json.loads(lock.read_text()) if lock else None
+    except PayloadRejected as error:  # E3004: not strict JSON, or too large
+        if as_json:
+            out.print_json(data={"error": error.to_dict()})
+        else:
+            err.print(f"[red]bad usage:[/] {error.code} {escape(error.message)}",
+                      highlight=False)
+        raise typer.Exit(2) from None
     except (ValueError, OSError) as exc:
         err.print(f"[red]bad usage:[/] {exc}")
         raise typer.Exit(2) from exc
     tool_id, _, version_range = tool.partition("@")
     from toolexec.client import InvocationNotDelivered, InvocationUnresolved
 
-    settings = Settings()
     try:
         terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
                                     lockfile, token, tools, timeout, quiet=as_json))

@@ -44,8 +44,10 @@ from projections.queries import (
 )
 from toolexec import keys, metrics, status_page
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
+from toolexec.gateway_body import RequestBodyGuard, body_limits
 from toolexec.gateway_errors import (
     ApiError,
+    check_invoke_payload,
     documented,
     error_response,
     install_error_handlers,
@@ -157,6 +159,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
                   description="Invoke tools through the event pipeline and read the projections. "
                   "Errors are `{\"error\": {\"code\", \"message\", \"details\"}}`.")
     install_error_handlers(app)
+    app.add_middleware(RequestBodyGuard, limit_for=body_limits(
+        ctx.settings.gateway_max_body_bytes, ctx.settings.gateway_max_register_bytes))
 
     @app.exception_handler(SQLAlchemyError)
     async def store_down(request: Request, exc: SQLAlchemyError) -> JSONResponse:
@@ -177,12 +181,14 @@ def create_app(ctx: GatewayContext) -> FastAPI:
 def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.post("/v1/tools/invoke", response_model=InvokeResult, tags=["invocations"],
               responses={202: {"model": InvokeAccepted},
-                         **documented(400, 401, 403, 404, 409, 410, 422, 429, 500, 503, 504)})
+                         **documented(400, 401, 403, 404, 409, 410, 413, 422, 429, 500, 503,
+                                      504)})
     async def invoke(body: InvokeRequest,
                      authorization: Annotated[str | None, Header()] = None) -> Any:
         """Run a tool through the pipeline. The bearer token travels as the request's
         `captoken`. sync: answers with the result (or the failure's status and code);
         async: answers 202 with the invocation id at once."""
+        check_invoke_payload(body.parameters, body.lockfile, ctx.settings.max_parameter_bytes)
         token = _bearer(authorization)
         if body.execution_mode == "async":
             try:
@@ -286,7 +292,7 @@ def _terminal_answer(terminal: Envelope, started: float) -> InvokeResult:
 
 def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.post("/v1/tools/register", response_model=RegisterResult, status_code=201,
-              tags=["registry"], responses=documented(401, 422, 503))
+              tags=["registry"], responses=documented(401, 413, 422, 503))
     async def register(body: RegisterRequest,
                        authorization: Annotated[str | None, Header()] = None) -> RegisterResult:
         """Validate (layers 1-2) and publish a tool, as `toolexec publish` does: the
