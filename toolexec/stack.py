@@ -52,6 +52,7 @@ from projections.registry_view import RegistryView
 from toolexec import keys
 from toolexec.embedded_broker import EmbeddedBroker, ensure_topics
 from toolexec.settings import Settings, consumer_kwargs
+from toolexec.state_files import ensure_state_dir
 
 log = structlog.get_logger(__name__)
 
@@ -128,7 +129,7 @@ class Stack:
 
     async def start(self) -> None:
         state = Path(self.settings.state_dir).resolve()  # bwrap binds absolute paths
-        state.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir(state)
         if not self.settings.kafka_bootstrap:
             self.embedded = EmbeddedBroker(topics=TOPIC_PARTITIONS, log_dir=state / "logs")
             await self.embedded.start()
