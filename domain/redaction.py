@@ -131,37 +131,51 @@ _SECRET_KEY = (r"[A-Za-z0-9_-]{0,40}(?i:password|passwd|secret|token|api[_-]?key
 _PAIR_VALUE = r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[^\s\"',;&}\]]+"
 
 
+_KEY_WORDS: Final = ("password", "passwd", "secret", "token", "apikey", "api_key", "api-key",
+                     "authorization", "cookie", "private", "credential", "jwt", "ssn")
+_THREE_DIGITS: Final = re.compile(r"\d{3}")
+_DOTTED_DIGITS: Final = re.compile(r"\d\.\d")
+
+
+def _digits(text: str, lowered: str) -> bool:
+    return _THREE_DIGITS.search(text) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class _Rule:
     label: str
     pattern: re.Pattern[str]
     valid: Callable[[re.Match[str]], bool]
+    hint: Callable[[str, str], bool]
+    """Cheap test of (text, text.lower()): False means the pattern cannot match."""
 
 
 _RULES: Final[tuple[_Rule, ...]] = (
-    _Rule("EMAIL", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"), _always),
+    _Rule("EMAIL", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"), _always,
+          lambda text, lowered: "@" in text),
     _Rule("JWT", re.compile(r"\beyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*"),
-          _always),
-    _Rule("BEARER", re.compile(r"\b(?i:bearer|basic)\s+[A-Za-z0-9._~+/-]{8,}=*"), _always),
+          _always, lambda text, lowered: "eyJ" in text),
+    _Rule("BEARER", re.compile(r"\b(?i:bearer|basic)\s+[A-Za-z0-9._~+/-]{8,}=*"), _always,
+          lambda text, lowered: "bearer" in lowered or "basic" in lowered),
     _Rule("PAIR", re.compile(rf"([\"']?)\b({_SECRET_KEY})\1(\s*[:=]\s*)({_PAIR_VALUE})"),
           lambda m: (is_sensitive_field(m.group(2)) and REDACTED not in m.group(4)
-                     and not m.string.startswith(f" {REDACTED}", m.end()))),
-    _Rule("CREDIT_CARD", re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-]|\.\d)"), _card),
-    _Rule("SSN", re.compile(r"(?<![\w-])(\d{3})-(\d{2})-(\d{4})(?![\w-])"), _ssn),
+                     and not m.string.startswith(f" {REDACTED}", m.end())),
+          lambda text, lowered: any(word in lowered for word in _KEY_WORDS)),
+    _Rule("CREDIT_CARD", re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-]|\.\d)"), _card,
+          _digits),
+    _Rule("SSN", re.compile(r"(?<![\w-])(\d{3})-(\d{2})-(\d{4})(?![\w-])"), _ssn, _digits),
     _Rule("IP_ADDRESS", re.compile(
         r"(?<![\w:.])(?=[0-9A-Fa-f:.]*[0-9A-Fa-f])(?:[0-9A-Fa-f]{0,4}:){2,7}"
-        r"(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\w)"), _ipv6),
-    _Rule("IP_ADDRESS", re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\w)"), _ipv4),
+        r"(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\w)"), _ipv6,
+        lambda text, lowered: text.count(":") >= 2),
+    _Rule("IP_ADDRESS", re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\w)"), _ipv4,
+          lambda text, lowered: _DOTTED_DIGITS.search(text) is not None),
     _Rule("PHONE", re.compile(r"(?<![\w+])\+\d(?:[ .-]?\(?\d\)?){6,14}(?![\w-]|\.\d)"),
-          _international),
+          _international, lambda text, lowered: "+" in text),
     _Rule("PHONE", re.compile(
         r"(?<![\w+.-])(?:1[ .-]?)?(?:\(\d{3}\)[ ]?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-]|\.\d)"),
-        _nanp),
+        _nanp, _digits),
 )
-
-# Matches wherever a rule's pattern matches (and maybe elsewhere): text it does not
-# match has nothing to redact, which is most text, so one search replaces ten passes.
-_ANY_PATTERN = re.compile("|".join(f"(?:{rule.pattern.pattern})" for rule in _RULES))
 
 
 def _replace(rule: _Rule, counter: list[int]) -> Callable[[re.Match[str]], str]:
@@ -195,11 +209,12 @@ def _redact_short_text(text: str) -> tuple[str, int]:
 
 
 def _redact_text(text: str) -> tuple[str, int]:
-    if _ANY_PATTERN.search(text) is None:
-        return text, 0
+    # Most text holds nothing to redact: each rule's cheap hint skips its pattern.
+    lowered = text.lower()
     counter = [0]
     for rule in _RULES:
-        text = rule.pattern.sub(_replace(rule, counter), text)
+        if rule.hint(text, lowered):
+            text = rule.pattern.sub(_replace(rule, counter), text)
     return text, counter[0]
 
 
