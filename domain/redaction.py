@@ -21,6 +21,7 @@ the audit hash chain is the same on every replay.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -300,7 +301,8 @@ def is_secret_schema(schema: Any) -> bool:
 def secret_parameter_values(schema: Any, parameters: Any) -> tuple[str, ...]:
     """The string values of secret parameters, at any depth: under a sensitive field
     name (as `redact` decides) or where the tool's parameter schema marks them secret
-    (`is_secret_schema`). Outputs of a run are scrubbed of them before any event."""
+    (`is_secret_schema`), each also as JSON writes it inside a string. Outputs of a
+    run are scrubbed of them before any event."""
     found: list[str] = []
 
     def leaves(node: Any) -> None:
@@ -330,4 +332,9 @@ def secret_parameter_values(schema: Any, parameters: Any) -> tuple[str, ...]:
                 walk(item, items)
 
     walk(parameters, schema)
-    return tuple(dict.fromkeys(v for v in found if len(v) >= MIN_SECRET_CHARS))
+    # A tool printing JSON escapes quotes, backslashes, control and (often) non-ASCII
+    # characters: those written forms are the same secret.
+    forms = (form for value in found
+             for form in (value, json.dumps(value)[1:-1],
+                          json.dumps(value, ensure_ascii=False)[1:-1]))
+    return tuple(dict.fromkeys(v for v in forms if len(v) >= MIN_SECRET_CHARS))

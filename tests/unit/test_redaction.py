@@ -109,3 +109,8 @@ def test_secret_parameters_by_name_and_by_schema() -> None:
               "short": {"secret": "ab"}}
     assert set(secret_parameter_values(schema, params)) == {
         "postgres://u:p@h/db", "8731", "hunter2", "tok-abcdef"}
+
+
+def test_secret_parameters_also_in_the_form_json_writes_them() -> None:
+    values = secret_parameter_values(None, {"password": 'pa"ss\\wörd'})
+    assert {'pa"ss\\wörd', 'pa\\"ss\\\\w\\u00f6rd', 'pa\\"ss\\\\wörd'} <= set(values)
