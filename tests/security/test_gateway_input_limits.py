@@ -149,3 +149,20 @@ def test_run_params_refuses_oversize_parameters(tmp_path: Path) -> None:
     assert done.returncode == 2
     error = json.loads(done.stdout)["error"]
     assert error["code"] == "E3004" and error["details"]["reason"] == "too_large"
+
+
+def test_publishing_thirty_thousand_empty_files_is_e3105(gateway: RunningGateway,
+                                                        tmp_path: Path) -> None:
+    tool = tmp_path / "many_files"
+    (tool / "data").mkdir(parents=True)
+    (tool / "tool.yaml").write_text('tool_id: many_files\nversion: "1.0.0"\ntool_type: script\n'
+                                    "executor: python_runtime\nconfig: {entrypoint: main.py}\n")
+    (tool / "main.py").write_text("print('{}')\n")
+    for index in range(30_000):
+        (tool / "data" / f"{index}.txt").touch()
+    done = toolexec("publish", str(tool), "--json", cwd=gateway.cwd, env=gateway.env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "MessageSizeTooLarge" not in done.stderr
+    [event] = json.loads(done.stdout)
+    assert event["type"] == "tool.publish.rejected"
+    assert event["error"]["code"] == "E3105" and "file limit" in event["error"]["message"]
