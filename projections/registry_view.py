@@ -66,6 +66,7 @@ class RegistryView:
                  limits: PublicationLimits = DEFAULT_LIMITS) -> None:
         self._registry = InMemoryRegistry()
         self._limits = limits
+        self._refused: dict[tuple[str, str], RegistryError] = {}
         self.position = LogPosition(end_offsets)
         self.revision = 0
 
@@ -97,6 +98,7 @@ class RegistryView:
         except RegistryError as error:
             log.warning("registry.publication_refused", tool_id=data.tool_id,
                         version=data.version, code=error.code, reason=error.message)
+            self._refused.setdefault((data.tool_id, data.version), error)
             return
         self._registry.add(version)
         self.revision += 1
@@ -111,6 +113,12 @@ class RegistryView:
                                              reason=data.reason,
                                              replacement_tool_id=data.replacement_tool_id)
                 self.revision += 1
+
+    def refusal(self, tool_id: str, version: str) -> RegistryError | None:
+        """Why a `tool.published` of this version on the log was refused (past the
+        limits, or files that are not what they declare), if it was: such a version
+        is not in the view, so resolving it answers "not found"."""
+        return self._refused.get((tool_id, version))
 
     # -- RegistryReader -----------------------------------------------------------
     def get(self, tool_id: str, version: str) -> ToolVersion | None:
