@@ -190,8 +190,11 @@ def _directory_files(root: Path, limits: PublicationLimits) -> tuple[ToolFile, .
                 continue
             if stat.S_ISREG(info.st_mode):
                 found.append((full, relative, info.st_size))
-            if len(found) > limits.max_files:
-                break  # enough to refuse: no need to walk a huge tree to the end
+            if len(found) > limits.max_files:  # no need to walk a huge tree to its end
+                raise SourceError(f"{root}: more than {limits.max_files} files, the file "
+                                  "limit of a tool", details={"path": str(root),
+                                                              "limit": "files",
+                                                              "max": limits.max_files})
     try:
         limits.check_declared((relative, size) for _, relative, size in found)
     except PublicationTooLarge as error:
