@@ -41,7 +41,8 @@ from domain.credentials import REFERENCE, declared_credentials, references, scop
 from domain.errors import ToolexecError, ValidationFailed
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, ResolvedChain, SubprocessPlan
 from domain.plan import build_plan
-from domain.redaction import REDACTED
+from domain.redaction import REDACTED, secret_parameter_values
+from domain.result import output_format
 from domain.retry import RetryPolicy, backoff_delay, is_retriable
 from domain.validation import validate_parameters
 
@@ -123,6 +124,7 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
     manifest = chain.leaf.manifest
     policy = RetryPolicy.from_manifest(manifest)
     resolved_plan, secret_values = _resolve_env_secrets(plan, deps.secrets)
+    secret_values += secret_parameter_values(manifest.get("parameters"), decision.parameters)
     attempt = 1
     while True:
         on_record = on_log.finished.get(attempt)
@@ -345,7 +347,8 @@ def _finished(decision: PermissionDecided, attempt: int, outcome: PrimitiveOutco
         stdout_truncated=stdout_truncated, stderr_tail=stderr[-STDERR_TAIL:],
         stderr_truncated=outcome.stderr_truncated or len(stderr) > STDERR_TAIL,
         result=None, error=error, external_service=manifest.get("external_service"),
-        result_schema=manifest.get("result_schema"), final=final,
+        result_schema=manifest.get("result_schema"), output_format=output_format(manifest),
+        final=final,
     )
 
 

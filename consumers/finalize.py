@@ -1,9 +1,10 @@
 """Step 4 — finalize: tool.execution.finished -> tool.invoke.completed | tool.invoke.failed.
 
 Only the final attempt's outcome is finalised; the result is validated against the
-manifest's result_schema with coercion (E3303) and redacted of secrets and PII.
-The step returns the terminal fact; the pipeline appends it to the log together with
-the execution.finished it follows from (consumers.invocation).
+manifest's result_schema with coercion (E3303) and cleared of secrets (not of PII: the
+caller gets the tool's result; the audit trail redacts PII). The step returns the
+terminal fact; the pipeline appends it to the log together with the execution.finished
+it follows from (consumers.invocation).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def finalize_execution(event: Envelope, deps: FinalizeDeps) -> Envelope:
         if finished.stdout_truncated:
             raise ValidationFailed("tool output exceeded the output cap", code="E3303",
                                    details={"truncated": True})
-        result = finalise(finished.stdout, finished.result_schema)
+        result = finalise(finished.stdout, finished.result_schema,
+                          output_format=finished.output_format)
     except ValidationFailed as error:
         return failed(event, error, stage="finalize", **common)
     completed = InvokeCompleted(

@@ -19,6 +19,11 @@ from domain.errors import IntegrityMismatch, RegistryError, ToolexecError, Versi
 from domain.integrity import verify_chain
 from domain.lockfile import parse_lockfile, verify_lockfile
 from domain.model import ResolvedChain
+from domain.request_limits import (
+    DEFAULT_MAX_PARAMETER_BYTES,
+    PayloadRejected,
+    check_request_payload,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class ResolveDeps:
     strict_chain: bool = True
     registry_wait_seconds: float = 5.0
     chains: ChainCache = field(default_factory=ChainCache)
+    max_parameter_bytes: int = DEFAULT_MAX_PARAMETER_BYTES
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,16 @@ class Resolved:
 
 
 async def resolve_request(event: Envelope, deps: ResolveDeps) -> Resolved | Envelope:
-    """The request's chain, or its terminal `tool.invoke.failed` (E31xx, integrity)."""
+    """The request's chain, or its terminal `tool.invoke.failed`: E3004 for a request
+    that is not strict JSON within the size bound (any Kafka producer may write one),
+    E31xx for the registry, integrity."""
     request: InvokeRequested = event.data
+    try:
+        check_request_payload(request.parameters, lockfile=request.lockfile,
+                              max_bytes=deps.max_parameter_bytes)
+    except PayloadRejected as error:
+        return failed(event, error, stage="request", invocation_id=request.invocation_id,
+                      tool_id=request.tool_id, version=None, now=deps.clock())
     try:
         chain = await _resolve_with_catch_up(request, deps)
         verify_chain(chain)

@@ -256,22 +256,27 @@ class ExecutionFinished(EventData):
     error: ErrorInfo | None = Field(default=None, description="E34xx/E35xx on failure.")
     external_service: str | None = Field(default=None, description="Circuit-breaker service id.")
     result_schema: JsonObject | None = Field(default=None, description="Carried from the manifest.")
+    output_format: Literal["json", "text"] = Field(
+        default="json", description="Carried from the manifest's output.format: what stdout "
+        "holds (one JSON value, or text that is the result).")
     final: bool = Field(default=True, description="False when a retry follows this attempt.")
 
 
 class InvokeCompleted(EventData):
-    """Terminal success: the validated, redacted result."""
+    """Terminal success: the validated result, secrets removed."""
 
     EVENT_TYPE: ClassVar[str] = "tool.invoke.completed"
 
     invocation_id: NonEmpty = Field(description="Id of the invocation.")
     tool_id: NonEmpty = Field(description="The leaf tool.")
     version: NonEmpty = Field(description="The leaf's version.")
-    result: JsonValue = Field(description="The result, validated against result_schema.")
+    result: JsonValue = Field(description="The result, validated against result_schema; "
+                              "secrets removed, nothing else changed.")
     duration_ms: float = Field(ge=0, description="Wall time of the final attempt.")
     attempts: int = Field(ge=1, description="Attempts made.")
     coerced: bool = Field(default=False, description="The result needed type coercion.")
-    redactions: int = Field(default=0, ge=0, description="Secret/PII values redacted.")
+    redactions: int = Field(default=0, ge=0, description="Secret values removed from the "
+                            "result.")
 
 
 InvocationStage = Literal["resolve", "authorize", "execute", "finalize", "request"]

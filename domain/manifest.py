@@ -4,7 +4,8 @@
 fields of the specification's Appendix C (with name, description, provider and protocol
 optional, since tools here are data) plus the fields of the tool model: `tool_type`,
 `executor`, `config`, `manifest` (script details), `validation.child_schemas`,
-`idempotent` and `lifecycle_state`. Unknown top-level fields are tolerated.
+`idempotent`, `lifecycle_state` and `output` (`{format: json|text}`: what the tool
+prints on stdout). Unknown top-level fields are tolerated.
 
 `normalise_manifest` turns what authors write (legacy `executor_id`, the list form of
 `parameters`, numeric versions, YAML dates) into that shape.
@@ -95,6 +96,14 @@ _SCRIPT_DETAILS: dict[str, Any] = {
     },
 }
 
+_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "description": "What the tool prints on stdout: one JSON value (format json, the "
+    "default), or text that is the result as it is (format text).",
+    "properties": {"format": {"type": "string", "enum": ["json", "text"], "default": "json"}},
+    "additionalProperties": False,
+}
+
 _VALIDATION: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -137,6 +146,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "idempotent": {"type": "boolean"},
         "parameters": _JSON_SCHEMA_OBJECT,
         "result_schema": _JSON_SCHEMA_OBJECT,
+        "output": _OUTPUT,
         "required_permissions": {
             "type": "array",
             "items": {"type": "string", "pattern": "^[a-z_]+:[^ ]+$"},

@@ -28,12 +28,17 @@ MAX_CHAIN_DEPTH = 16
 class ToolFile:
     """One file of a tool version. `path` is POSIX and relative to the tool root;
     `sha256` is the lowercase hex digest of `content`. `content` is present when the
-    bytes are at hand (sources, published events) and None in hash-only views."""
+    bytes are at hand (sources) and None in hash-only views. The registry view keeps
+    published files compressed instead: `packed` (gzip) and `size` (uncompressed
+    bytes, checked when the publication was folded), inflated only when a run needs
+    the file (`domain.publication_limits.packed_content`)."""
 
     path: str
     sha256: str
     is_executable: bool = False
     content: bytes | None = None
+    packed: bytes | None = None
+    size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

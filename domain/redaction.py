@@ -1,18 +1,36 @@
-"""Redaction of secrets and PII from any JSON value (spec 11.3.5).
+"""Redaction of secrets and PII from JSON values (spec 11.3.5), at two levels.
 
-Field names that denote secrets are replaced whole; strings are scanned for e-mail
-addresses, SSNs, card numbers, phone numbers and IPv4 addresses. Pure and
-deterministic: the same input always yields the same output and count.
+- `redact_secrets` (what an authorized caller receives): values under field names
+  that denote secrets (password, token, api_key...) are replaced whole, and every
+  literal secret value passed in (credentials a run received, secret parameters) is
+  scrubbed from every string. Nothing else changes: a result is the tool's result.
+- `redact` (the audit trail, read models for others, logs): the same, plus text
+  patterns, each validated before it is replaced so that ordinary values survive —
+  e-mail addresses; JSON Web Tokens and bearer credentials; `key: value` or
+  `key=value` pairs whose key denotes a secret; card numbers (13-19 digits, a
+  2-6 first digit, Luhn check, not one repeated digit); SSNs (no 000/666/9xx area,
+  00 group or 0000 serial); IPv4 and IPv6 literals (as `ipaddress` parses them);
+  phone numbers written as phone numbers (an international `+` number of 8-15
+  digits, or a North American number with separators, its area and exchange codes
+  starting 2-9). Bare digit runs (counts, ids, timestamps) are never phone numbers.
+
+Pure and deterministic: the same input always yields the same output and count, so
+the audit hash chain is the same on every replay.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final
 
-REDACTED = "[REDACTED]"
+REDACTED: Final = "[REDACTED]"
+MIN_SECRET_CHARS: Final = 4
+"""Shorter literal secrets are not scrubbed (they would mangle ordinary text)."""
 
 _SENSITIVE_FIELDS = frozenset(
     {
@@ -34,22 +52,10 @@ _SENSITIVE_FIELDS = frozenset(
         "ssn",
         "socialsecurity",
         "socialsecuritynumber",
+        "credential",
+        "jwt",
     }
 )
-
-# Order matters: the more specific patterns run first so a card number is not
-# half-eaten by the phone pattern.
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("EMAIL", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")),
-    ("CREDIT_CARD", re.compile(r"\b\d{4}[\s-]?\d{4}[\s-]?\d{4}[\s-]?\d{4}\b")),
-    ("SSN", re.compile(r"\b\d{3}-\d{2}-\d{4}\b")),
-    ("IP_ADDRESS", re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")),
-    ("PHONE", re.compile(r"(?<![\w.])(?:\+?\d{1,2}[\s.-]?)?\(?\d{3}\)?[\s.-]?\d{3}[\s.-]?\d{4}\b")),
-)
-
-# Matches wherever any of `_PATTERNS` matches (and maybe elsewhere): text it does not
-# match has nothing to redact, which is most text, so one search replaces five passes.
-_ANY_PATTERN = re.compile("|".join(f"(?:{pattern.pattern})" for _, pattern in _PATTERNS))
 
 
 def _normalise_field(name: str) -> str:
@@ -58,19 +64,139 @@ def _normalise_field(name: str) -> str:
 
 @lru_cache(maxsize=4096)
 def is_sensitive_field(name: str) -> bool:
-    """True when a field name denotes a secret (password, token, api_key, ...)."""
+    """True when a field name denotes a secret (password, tokens, api_key, ...)."""
     normalised = _normalise_field(name)
-    return normalised in _SENSITIVE_FIELDS or normalised.endswith(("password", "secret", "apikey"))
+    singular = normalised[:-1] if normalised.endswith("s") else normalised
+    return (normalised in _SENSITIVE_FIELDS or singular in _SENSITIVE_FIELDS
+            or normalised.endswith(("password", "secret", "apikey")))
+
+
+# ----------------------------------------------------------------- text patterns
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        value = int(char)
+        if index % 2:
+            value = value * 2 - 9 if value > 4 else value * 2
+        total += value
+    return total % 10 == 0
+
+
+def _card(match: re.Match[str]) -> bool:
+    digits = re.sub(r"[ -]", "", match.group(0))
+    return (13 <= len(digits) <= 19 and digits[0] in "23456" and len(set(digits)) > 1
+            and _luhn(digits))
+
+
+def _ssn(match: re.Match[str]) -> bool:
+    area, group, serial = match.group(1), match.group(2), match.group(3)
+    return (area not in ("000", "666") and area[0] != "9" and group != "00"
+            and serial != "0000")
+
+
+def _ipv4(match: re.Match[str]) -> bool:
+    try:
+        ipaddress.IPv4Address(match.group(0))
+    except ValueError:
+        return False
+    return True
+
+
+def _ipv6(match: re.Match[str]) -> bool:
+    try:
+        ipaddress.IPv6Address(match.group(0))
+    except ValueError:
+        return False
+    return True
+
+
+def _nanp(match: re.Match[str]) -> bool:
+    digits = re.sub(r"\D", "", match.group(0))
+    national = digits[1:] if len(digits) == 11 else digits
+    return len(national) == 10 and national[0] in "23456789" and national[3] in "23456789"
+
+
+def _international(match: re.Match[str]) -> bool:
+    digits = re.sub(r"\D", "", match.group(0))
+    return 8 <= len(digits) <= 15 and digits[0] != "0"
+
+
+def _always(match: re.Match[str]) -> bool:
+    return True
+
+
+_SECRET_KEY = (r"[A-Za-z0-9_-]{0,40}(?i:password|passwd|secret|token|api[_-]?key|"
+               r"authorization|cookie|private[_-]?key|credential|jwt|ssn)[A-Za-z0-9_-]{0,40}")
+_PAIR_VALUE = r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[^\s\"',;&}\]]+"
+
+
+_KEY_WORDS: Final = ("password", "passwd", "secret", "token", "apikey", "api_key", "api-key",
+                     "authorization", "cookie", "private", "credential", "jwt", "ssn")
+_THREE_DIGITS: Final = re.compile(r"\d{3}")
+_DOTTED_DIGITS: Final = re.compile(r"\d\.\d")
+
+
+def _digits(text: str, lowered: str) -> bool:
+    return _THREE_DIGITS.search(text) is not None
 
 
 @dataclass(frozen=True, slots=True)
-class Redacted:
-    value: Any
-    count: int
+class _Rule:
+    label: str
+    pattern: re.Pattern[str]
+    valid: Callable[[re.Match[str]], bool]
+    hint: Callable[[str, str], bool]
+    """Cheap test of (text, text.lower()): False means the pattern cannot match."""
+
+
+_RULES: Final[tuple[_Rule, ...]] = (
+    _Rule("EMAIL", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"), _always,
+          lambda text, lowered: "@" in text),
+    _Rule("JWT", re.compile(r"\beyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*"),
+          _always, lambda text, lowered: "eyJ" in text),
+    _Rule("BEARER", re.compile(r"\b(?i:bearer|basic)\s+[A-Za-z0-9._~+/-]{8,}=*"), _always,
+          lambda text, lowered: "bearer" in lowered or "basic" in lowered),
+    _Rule("PAIR", re.compile(rf"([\"']?)\b({_SECRET_KEY})\1(\s*[:=]\s*)({_PAIR_VALUE})"),
+          lambda m: (is_sensitive_field(m.group(2)) and REDACTED not in m.group(4)
+                     and not m.string.startswith(f" {REDACTED}", m.end())),
+          lambda text, lowered: any(word in lowered for word in _KEY_WORDS)),
+    _Rule("CREDIT_CARD", re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-]|\.\d)"), _card,
+          _digits),
+    _Rule("SSN", re.compile(r"(?<![\w-])(\d{3})-(\d{2})-(\d{4})(?![\w-])"), _ssn, _digits),
+    _Rule("IP_ADDRESS", re.compile(
+        r"(?<![\w:.])(?=[0-9A-Fa-f:.]*[0-9A-Fa-f])(?:[0-9A-Fa-f]{0,4}:){2,7}"
+        r"(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\w)"), _ipv6,
+        lambda text, lowered: text.count(":") >= 2),
+    _Rule("IP_ADDRESS", re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\w)"), _ipv4,
+          lambda text, lowered: _DOTTED_DIGITS.search(text) is not None),
+    _Rule("PHONE", re.compile(r"(?<![\w+])\+\d(?:[ .-]?\(?\d\)?){6,14}(?![\w-]|\.\d)"),
+          _international, lambda text, lowered: "+" in text),
+    _Rule("PHONE", re.compile(
+        r"(?<![\w+.-])(?:1[ .-]?)?(?:\(\d{3}\)[ ]?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-]|\.\d)"),
+        _nanp, _digits),
+)
+
+
+def _replace(rule: _Rule, counter: list[int]) -> Callable[[re.Match[str]], str]:
+    def replace(match: re.Match[str]) -> str:
+        if not rule.valid(match):
+            return match.group(0)
+        counter[0] += 1
+        if rule.label == "PAIR":
+            quote = match.group(4)[:1] if match.group(4)[:1] in "\"'" else ""
+            return f"{match.group(1)}{match.group(2)}{match.group(1)}{match.group(3)}" \
+                   f"{quote}{REDACTED}{quote}"
+        if rule.label == "BEARER":
+            return f"{match.group(0).split()[0]} {REDACTED}"
+        return f"[{rule.label}_REDACTED]"
+    return replace
 
 
 def redact_text(text: str) -> tuple[str, int]:
-    """Replace PII found in `text`; returns the new text and how many matches."""
+    """Replace PII, tokens and secret pairs found in `text` (validated, see the module
+    docstring); returns the new text and how many values were replaced."""
     # Ids, versions and integrity hashes recur in every event of a tool or invocation.
     return _redact_short_text(text) if len(text) <= _CACHED_TEXT else _redact_text(text)
 
@@ -84,23 +210,56 @@ def _redact_short_text(text: str) -> tuple[str, int]:
 
 
 def _redact_text(text: str) -> tuple[str, int]:
-    if _ANY_PATTERN.search(text) is None:
-        return text, 0
-    total = 0
-    for label, pattern in _PATTERNS:
-        text, n = pattern.subn(f"[{label}_REDACTED]", text)
-        total += n
-    return text, total
+    # Most text holds nothing to redact: each rule's cheap hint skips its pattern.
+    lowered = text.lower()
+    counter = [0]
+    for rule in _RULES:
+        if rule.hint(text, lowered):
+            text = rule.pattern.sub(_replace(rule, counter), text)
+    return text, counter[0]
+
+
+# ------------------------------------------------------------------- JSON values
+
+
+@dataclass(frozen=True, slots=True)
+class Redacted:
+    value: Any
+    count: int
 
 
 _PLAIN = frozenset({bool, int, float})
 
 
 def redact(value: Any, *, secrets: tuple[str, ...] = ()) -> Redacted:
-    """Redact a JSON value: sensitive fields, PII in strings, and any literal secret
-    value in `secrets` (e.g. credentials injected into the tool's environment)."""
-    literals = tuple(s for s in secrets if len(s) >= 4)
+    """Audit-level redaction of a JSON value: sensitive fields, literal `secrets`
+    (e.g. credentials injected into the tool's environment), and PII, tokens and
+    secret pairs in strings."""
+    return _walk(value, secrets, redact_text)
+
+
+def redact_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Redacted:
+    """Caller-level redaction: sensitive fields and literal `secrets` only; PII and
+    every other value reach the caller unchanged."""
+    return _walk(value, secrets, None)
+
+
+def _walk(value: Any, secrets: tuple[str, ...],
+          text_rules: Callable[[str], tuple[str, int]] | None) -> Redacted:
+    literals = tuple(sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS},
+                            key=len, reverse=True))
     count = 0
+
+    def text(node: str) -> str:
+        nonlocal count
+        for literal in literals:
+            if literal in node:
+                count += node.count(literal)
+                node = node.replace(literal, REDACTED)
+        if text_rules is not None:
+            node, n = text_rules(node)
+            count += n
+        return node
 
     def walk(node: Any) -> Any:
         nonlocal count
@@ -112,22 +271,70 @@ def redact(value: Any, *, secrets: tuple[str, ...] = ()) -> Redacted:
                     count += 1
                 elif item is None or type(item) in _PLAIN:  # inline: most values are leaves
                     out[key] = item
-                elif type(item) is str and not literals:
-                    out[key], n = redact_text(item)
-                    count += n
+                elif type(item) is str:
+                    out[key] = text(item)
                 else:
                     out[key] = walk(item)
             return out
         if isinstance(node, list):
             return [walk(item) for item in node]
         if isinstance(node, str):
-            for literal in literals:
-                if literal in node:
-                    count += node.count(literal)
-                    node = node.replace(literal, REDACTED)
-            node, n = redact_text(node)
-            count += n
-            return node
+            return text(node)
         return node
 
     return Redacted(walk(value), count)
+
+
+# ------------------------------------------------------------ secret parameters
+
+SECRET_FORMATS: Final = frozenset({"password"})
+
+
+def is_secret_schema(schema: Any) -> bool:
+    """A parameter schema that marks its value secret: `writeOnly: true`, `format:
+    password` or `x-secret: true`."""
+    return isinstance(schema, Mapping) and (
+        schema.get("writeOnly") is True or schema.get("x-secret") is True
+        or schema.get("format") in SECRET_FORMATS)
+
+
+def secret_parameter_values(schema: Any, parameters: Any) -> tuple[str, ...]:
+    """The string values of secret parameters, at any depth: under a sensitive field
+    name (as `redact` decides) or where the tool's parameter schema marks them secret
+    (`is_secret_schema`), each also as JSON writes it inside a string. Outputs of a
+    run are scrubbed of them before any event."""
+    found: list[str] = []
+
+    def leaves(node: Any) -> None:
+        if isinstance(node, str):
+            found.append(node)
+        elif isinstance(node, Mapping):
+            for item in node.values():
+                leaves(item)
+        elif isinstance(node, list):
+            for item in node:
+                leaves(item)
+
+    def walk(node: Any, node_schema: Any) -> None:
+        if is_secret_schema(node_schema):
+            leaves(node)
+            return
+        properties = node_schema.get("properties") if isinstance(node_schema, Mapping) else None
+        items = node_schema.get("items") if isinstance(node_schema, Mapping) else None
+        if isinstance(node, Mapping):
+            for key, item in node.items():
+                if isinstance(key, str) and is_sensitive_field(key):
+                    leaves(item)
+                else:
+                    walk(item, properties.get(key) if isinstance(properties, Mapping) else None)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, items)
+
+    walk(parameters, schema)
+    # A tool printing JSON escapes quotes, backslashes, control and (often) non-ASCII
+    # characters: those written forms are the same secret.
+    forms = (form for value in found
+             for form in (value, json.dumps(value)[1:-1],
+                          json.dumps(value, ensure_ascii=False)[1:-1]))
+    return tuple(dict.fromkeys(v for v in forms if len(v) >= MIN_SECRET_CHARS))

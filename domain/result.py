@@ -1,12 +1,17 @@
 """Finalising a tool's output: parse, coerce to the result schema, validate, redact.
 
-Tool process protocol: one JSON value on stdout. Plain text is accepted when the
-manifest declares no `result_schema`.
+Tool process protocol: one JSON value on stdout (strict JSON: no NaN, Infinity or
+lone surrogates), or any text when the manifest declares `output: {format: text}`
+(the result is then that text, as a JSON string). Anything else fails with E3303.
+
+What the caller receives is the tool's result, validated and coerced, with secrets
+removed (values under secret field names, and the run's secret values) — and
+nothing else changed: PII is redacted where others read (audit trail, logs), never
+in the caller's own result.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,8 +20,12 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from domain.errors import ValidationFailed
-from domain.redaction import redact
+from domain.redaction import redact_secrets
+from domain.request_limits import PayloadRejected, strict_json_loads
 from domain.schema_cache import validator_for
+
+OUTPUT_FORMATS: tuple[str, ...] = ("json", "text")
+"""`output.format` of a manifest: what the tool prints on stdout."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,24 +35,32 @@ class FinalResult:
     redactions: int
 
 
-def parse_output(stdout: str, *, has_schema: bool) -> Any:
-    """Decode stdout as JSON; plain text is returned as a string when no schema is
-    declared. Raises E3303 when a schema is declared and stdout is not JSON."""
+def output_format(manifest: Mapping[str, Any]) -> str:
+    """The manifest's `output.format` ("json" unless it declares "text")."""
+    output = manifest.get("output")
+    declared = output.get("format") if isinstance(output, Mapping) else None
+    return declared if declared in OUTPUT_FORMATS else "json"
+
+
+def parse_output(stdout: str, *, output_format: str = "json") -> Any:
+    """The result a tool printed. "json": stdout must hold one strict JSON value
+    (E3303 otherwise, empty output included); "text": stdout is the result, as a
+    string, without its trailing line breaks."""
+    if output_format == "text":
+        return stdout.rstrip("\r\n")
     text = stdout.strip()
     if not text:
-        if has_schema:
-            raise ValidationFailed("tool printed no result on stdout", code="E3303")
-        return None
+        raise ValidationFailed("tool printed no result on stdout (print one JSON value, "
+                               "e.g. null, or declare output: {format: text})", code="E3303")
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        if has_schema:
-            raise ValidationFailed(
-                "tool output is not JSON but the manifest declares a result_schema",
-                code="E3303",
-                details={"position": exc.pos if hasattr(exc, "pos") else None},
-            ) from exc
-        return text
+        return strict_json_loads(text)
+    except PayloadRejected as exc:
+        raise ValidationFailed(
+            "tool output is not one JSON value (declare output: {format: text} in the "
+            f"manifest for a text result): {exc.message}",
+            code="E3303",
+            details={"reason": exc.details.get("reason"), "output_format": "json"},
+        ) from exc
 
 
 def coerce(value: Any, schema: Mapping[str, Any]) -> Any:
@@ -98,9 +115,11 @@ def finalise(
     result_schema: Mapping[str, Any] | None,
     *,
     secrets: tuple[str, ...] = (),
+    output_format: str = "json",
 ) -> FinalResult:
-    """Parse, coerce, validate (E3303 listing every violation) and redact a result."""
-    value = parse_output(stdout, has_schema=bool(result_schema))
+    """Parse (per `output_format`), coerce, validate (E3303 listing every violation)
+    and remove secrets from a result (`redact_secrets`: no PII redaction)."""
+    value = parse_output(stdout, output_format=output_format)
     coerced = False
     if result_schema:
         new_value = coerce(value, result_schema)
@@ -113,5 +132,5 @@ def finalise(
                 code="E3303",
                 details={"issues": issues},
             )
-    redacted = redact(value, secrets=secrets)
+    redacted = redact_secrets(value, secrets=secrets)
     return FinalResult(redacted.value, coerced, redacted.count)

@@ -28,6 +28,7 @@ from jsonschema import SchemaError, ValidationError
 from domain.errors import RequestError
 from domain.manifest import MANIFEST_SCHEMA, split_frontmatter
 from domain.model import PRIMITIVES, Issue, ToolFile, ToolSource
+from domain.safe_yaml import YamlTooLarge, load_yaml
 from domain.schema_cache import validator_for
 from domain.semver import parse_range
 
@@ -123,6 +124,7 @@ def validate_source(
     """
     manifest = source.manifest
     issues = _layer_one(manifest)
+    issues.extend(_output_issues(manifest))
     config = manifest.get("config", {})
     tool_type = manifest.get("tool_type")
     check = _TYPE_CHECKS.get(tool_type) if isinstance(tool_type, str) else None
@@ -267,6 +269,37 @@ def _required_text(config: Mapping[str, Any], key: str, message: str) -> list[Is
         return []
     return [Issue(f"$.config.{key}", message if value is None
                   else f"config.{key} must be a non-empty string")]
+
+
+# --- output (every type)
+
+TEXT_OUTPUT_TYPES: frozenset[str] = frozenset({"script", "api"})
+
+
+def _output_issues(manifest: Mapping[str, Any]) -> list[Issue]:
+    """`output: {format: text}` suits tools whose stdout (or HTTP body) is the result:
+    script and API tools. Their result is then a string, so a result_schema must
+    accept one."""
+    output = manifest.get("output")
+    if not isinstance(output, Mapping) or output.get("format") != "text":
+        return []
+    tool_type = manifest.get("tool_type")
+    if tool_type not in TEXT_OUTPUT_TYPES:
+        return [Issue("$.output.format", f"text output applies to script and api tools, "
+                                         f"not to {tool_type!r} tools")]
+    schema = manifest.get("result_schema")
+    if isinstance(schema, Mapping) and not _accepts_a_string(schema):
+        return [Issue("$.result_schema", "with output format text the result is a string; "
+                                         "the result_schema must accept one "
+                                         "(type: string)")]
+    return []
+
+
+def _accepts_a_string(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type")
+    if kind is None:
+        return True
+    return kind == "string" or (isinstance(kind, list) and "string" in kind)
 
 
 # --- script
@@ -485,7 +518,9 @@ def _frontmatter_issues(file: ToolFile) -> list[Issue]:
         return [Issue(path, "markdown has no YAML frontmatter (a block between '---' lines "
                             "at the top)")]
     try:
-        data = yaml.safe_load(frontmatter)
+        data = load_yaml(frontmatter)
+    except YamlTooLarge as error:
+        return [Issue(path, f"YAML frontmatter refused: {error.message}")]
     except yaml.YAMLError as error:
         return [Issue(path, f"YAML frontmatter does not parse: {error}")]
     if not isinstance(data, Mapping):

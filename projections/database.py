@@ -6,12 +6,15 @@ URLs are taken as users write them and mapped to the async drivers: ``sqlite:`` 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 
@@ -42,11 +45,26 @@ def make_engine(url: str, **options: Any) -> AsyncEngine:
     """An async engine for `url`; SQLite gets WAL and a busy timeout (one writer)."""
     url = async_url(url)
     if url.startswith("sqlite"):
+        _private_sqlite_file(url)
         engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
                                      **options)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
     return create_async_engine(url, pool_pre_ping=True, **options)
+
+
+def _private_sqlite_file(url: str) -> None:
+    """Create the SQLite file 0600 (or make an existing one so) before SQLite opens
+    it: it holds every caller's parameters and results, and SQLite gives its -wal
+    and -shm files the same mode."""
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    with contextlib.suppress(PermissionError):  # another user's file: SQLite decides
+        os.chmod(path, 0o600)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

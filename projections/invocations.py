@@ -27,7 +27,7 @@ from contracts.events import (
     InvokeRequested,
     PermissionDecided,
 )
-from domain.redaction import redact
+from domain.redaction import redact, redact_secrets
 from projections.audit_document import captoken_identity
 from projections.store import AggregateModel, Row, field_of, single_row
 from projections.tables import invocations, iso
@@ -132,7 +132,9 @@ def _timeline_entry(envelope: Envelope, at: str) -> dict[str, Any]:
 
 
 def _summary(result: Any) -> str:
-    text = json.dumps(redact(result).value, sort_keys=True, ensure_ascii=False)
+    # The caller's own result (GET /v1/invocations/{id} answers it to async callers):
+    # secrets removed as in the terminal event, PII left as the tool returned it.
+    text = json.dumps(redact_secrets(result).value, sort_keys=True, ensure_ascii=False)
     return text if len(text) <= RESULT_SUMMARY_CHARS else text[:RESULT_SUMMARY_CHARS - 1] + "…"
 
 

@@ -6,35 +6,59 @@ immutable: a second `tool.published` for an existing version with another integr
 is ignored, and the first stays (the log shows both). Each version keeps the executor
 pin its event carries, so a rebuild from the log resolves every chain as before. Integrity is NOT checked here:
 the log is recorded as it is, and the resolver verifies every link before use.
+
+Anyone who can write to the registry topic can put a `tool.published` on it, so each
+publication is held to the operator's `PublicationLimits` before it is kept: file
+count and declared sizes first, then every file is inflated in bounded chunks,
+measured, hashed and dropped (a file that inflates past its declared size, or to
+other bytes than its sha256, refuses the whole publication). Files stay compressed in
+memory; the executor inflates one when a run needs it.
 """
 
 from __future__ import annotations
 
 import base64
-import gzip
+import binascii
 from collections.abc import Sequence
 
 import structlog
 
 from contracts.envelope import Envelope
 from contracts.events import ToolLifecycleChanged, ToolPublished
+from domain.errors import RegistryError
 from domain.model import ExecutorPin, ToolFile, ToolVersion
+from domain.publication_limits import (
+    DEFAULT_LIMITS,
+    PublicationLimits,
+    check_inflated,
+    inflate,
+)
 from domain.registry import InMemoryRegistry
 from projections.log_position import EndOffsets, LogPosition
 
 log = structlog.get_logger(__name__)
 
 
-def tool_version_from_event(event: ToolPublished) -> ToolVersion:
-    """Translate a `tool.published` contract into the domain's ToolVersion."""
-    files = tuple(
-        ToolFile(path=f.path, sha256=f.sha256, is_executable=f.is_executable,
-                 content=gzip.decompress(base64.b64decode(f.content_b64gz)))
-        for f in event.files
-    )
+def tool_version_from_event(event: ToolPublished,
+                            limits: PublicationLimits = DEFAULT_LIMITS) -> ToolVersion:
+    """Translate a `tool.published` contract into the domain's ToolVersion, its files
+    kept compressed. Raises RegistryError (E3105) for a publication past `limits` or
+    whose files are not what they declare; nothing past the limits is inflated."""
+    limits.check_declared((f.path, f.size) for f in event.files)
+    files = []
+    for f in event.files:
+        try:
+            packed = base64.b64decode(f.content_b64gz, validate=True)
+        except (binascii.Error, ValueError):
+            raise RegistryError(f"file {f.path!r} is not base64",
+                                details={"path": f.path}) from None
+        check_inflated(inflate(packed, limit=f.size, keep=False, path=f.path),
+                       sha256=f.sha256, size=f.size, path=f.path)
+        files.append(ToolFile(path=f.path, sha256=f.sha256, is_executable=f.is_executable,
+                              packed=packed, size=f.size))
     pin = event.executor_pin
     return ToolVersion(tool_id=event.tool_id, version=event.version, manifest=event.manifest,
-                       files=files, integrity=event.integrity,
+                       files=tuple(files), integrity=event.integrity,
                        executor_pin=None if pin is None else ExecutorPin(
                            pin.tool_id, pin.version, pin.integrity))
 
@@ -42,8 +66,11 @@ def tool_version_from_event(event: ToolPublished) -> ToolVersion:
 class RegistryView:
     """RegistryReader port implementation: fold + positions + bounded catch-up."""
 
-    def __init__(self, end_offsets: EndOffsets | None = None) -> None:
+    def __init__(self, end_offsets: EndOffsets | None = None,
+                 limits: PublicationLimits = DEFAULT_LIMITS) -> None:
         self._registry = InMemoryRegistry()
+        self._limits = limits
+        self._refused: dict[tuple[str, str], RegistryError] = {}
         self.position = LogPosition(end_offsets)
         self.revision = 0
 
@@ -70,7 +97,14 @@ class RegistryView:
                 log.warning("registry.conflicting_republish", tool_id=data.tool_id,
                             version=data.version, kept=existing.integrity, ignored=data.integrity)
             return
-        self._registry.add(tool_version_from_event(data))
+        try:
+            version = tool_version_from_event(data, self._limits)
+        except RegistryError as error:
+            log.warning("registry.publication_refused", tool_id=data.tool_id,
+                        version=data.version, code=error.code, reason=error.message)
+            self._refused.setdefault((data.tool_id, data.version), error)
+            return
+        self._registry.add(version)
         self.revision += 1
 
     def _apply_lifecycle(self, data: ToolLifecycleChanged) -> None:
@@ -83,6 +117,12 @@ class RegistryView:
                                              reason=data.reason,
                                              replacement_tool_id=data.replacement_tool_id)
                 self.revision += 1
+
+    def refusal(self, tool_id: str, version: str) -> RegistryError | None:
+        """Why a `tool.published` of this version on the log was refused (past the
+        limits, or files that are not what they declare), if it was: such a version
+        is not in the view, so resolving it answers "not found"."""
+        return self._refused.get((tool_id, version))
 
     # -- RegistryReader -----------------------------------------------------------
     def get(self, tool_id: str, version: str) -> ToolVersion | None:

@@ -22,6 +22,7 @@ from rich.table import Table
 from toolexec.cli_output import echo_json, fail
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs
+from toolexec.state_files import ensure_state_dir
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -65,7 +66,7 @@ def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]]
             await engine.dispose()
 
     if not settings.database_url:
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir(settings.state_dir)
     try:
         return asyncio.run(run())
     except (SQLAlchemyError, OSError) as error:  # boundary: the store is down or unreadable

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -13,6 +14,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from domain.request_limits import (
+    DEFAULT_MAX_PARAMETER_BYTES,
+    PayloadRejected,
+    check_request_payload,
+    strict_json_loads,
+)
 from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
 from toolexec.settings import Settings, fetch_waits
 from toolexec.sources import bash_syntax_check, collect_sources
@@ -42,20 +49,35 @@ def register(app: typer.Typer) -> None:
 
 
 def _publications(sources: list[ToolSource], known: dict[str, str], registry: RegistryView,
-                  published_by: str | None = None) -> list[Publication]:
+                  settings: Settings, published_by: str | None = None) -> list[Publication]:
     """What publishing `sources` to `registry` does (pins, no-ops, rejections)."""
     from toolexec.publishing import plan_publications
 
     return plan_publications(sources, registry, now=datetime.now(UTC),
                              published_by=published_by, bash_syntax=bash_syntax_check,
-                             known_tools=known)
+                             known_tools=known, limits=settings.publication_limits,
+                             max_record_bytes=settings.max_message_bytes)
 
 
-def _sources(tool_dirs: list[Path], settings: Settings) -> tuple[list[ToolSource], dict[str, str]]:
-    """The sources a running system publishes (built-ins first) and their tool types."""
-    sources = collect_sources(tool_dirs, settings)
-    return sources, {str(s.manifest.get("tool_id")): str(s.manifest.get("tool_type"))
-                     for s in sources}
+@dataclass
+class _Found:
+    """The sources a running system publishes (built-ins first), their tool types, and
+    the rejections of sources that could not be read."""
+
+    sources: list[ToolSource]
+    known: dict[str, str]
+    unreadable: list[Publication]
+
+
+def _sources(tool_dirs: list[Path], settings: Settings) -> _Found:
+    from toolexec.publishing import unreadable
+
+    now = datetime.now(UTC)
+    refused: list[Publication] = []
+    sources = collect_sources(tool_dirs, settings, on_error=lambda error: refused.append(
+        unreadable(str(error.details.get("path", "")), error, now)))
+    known = {str(s.manifest.get("tool_id")): str(s.manifest.get("tool_type")) for s in sources}
+    return _Found(sources, known, refused)
 
 
 async def _publish_to_stack(stack: Any, tool_dirs: list[Path], settings: Settings,
@@ -66,18 +88,19 @@ async def _publish_to_stack(stack: Any, tool_dirs: list[Path], settings: Setting
     from toolexec import rights
 
     capability = rights.caller(settings, token) if check_rights else None
-    sources, known = _sources(tool_dirs, settings)
+    found = _sources(tool_dirs, settings)
     await stack.registry.catch_up(REGISTRY_CATCH_UP_SECONDS)
-    publications = _publications(sources, known, stack.registry,
-                                 published_by=capability.subject if capability else None)
+    publications = found.unreadable + _publications(
+        found.sources, found.known, stack.registry, settings,
+        published_by=capability.subject if capability else None)
     rights.demand(capability, _needs(publications))
     await stack.publish_all(p.event for p in publications if p.event is not None)
     return publications
 
 
 async def _publish_to_running(client: InvocationClient, runtime: dict[str, Any],
-                              sources: list[ToolSource], known: dict[str, str],
-                              settings: Settings, token: str | None) -> list[Publication]:
+                              found: _Found, settings: Settings,
+                              token: str | None) -> list[Publication]:
     """Plan `sources` against the running system's registry read model, check the
     caller's publish rights when authorization is on, then send what is new."""
     from toolexec import rights
@@ -87,9 +110,10 @@ async def _publish_to_running(client: InvocationClient, runtime: dict[str, Any],
     capability = rights.caller(settings, token, runtime)
     database_url = runtime.get("database_url") or settings.effective_database_url
     registry = await published_versions(str(database_url), str(runtime["kafka_bootstrap"]),
-                                        planned_tool_ids(sources))
-    publications = _publications(sources, known, registry,
-                                 published_by=capability.subject if capability else None)
+                                        planned_tool_ids(found.sources))
+    publications = found.unreadable + _publications(
+        found.sources, found.known, registry, settings,
+        published_by=capability.subject if capability else None)
     rights.demand(capability, _needs(publications))
     for publication in publications:
         if publication.event is not None:
@@ -162,10 +186,15 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     err.print("toolexec up: stopped")
 
 
-def _parse_params(pairs: list[str], params_json: str | None) -> dict[str, Any]:
+def _parse_params(pairs: list[str], params_json: str | None,
+                  max_bytes: int = DEFAULT_MAX_PARAMETER_BYTES) -> dict[str, Any]:
+    """`--params` (strict JSON: no NaN, Infinity or lone surrogates) merged with each
+    `-p key=value` (the value read as strict JSON, else taken as text). Raises
+    PayloadRejected (E3004) for `--params` that is not strict JSON, or parameters past
+    `max_bytes`."""
     params: dict[str, Any] = {}
     if params_json:
-        loaded = json.loads(params_json)
+        loaded = strict_json_loads(params_json)
         if not isinstance(loaded, dict):
             raise typer.BadParameter("--params must be a JSON object")
         params.update(loaded)
@@ -174,9 +203,10 @@ def _parse_params(pairs: list[str], params_json: str | None) -> dict[str, Any]:
             raise typer.BadParameter(f"-p expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
         try:
-            params[key] = json.loads(value)
-        except ValueError:
+            params[key] = strict_json_loads(value)
+        except PayloadRejected:
             params[key] = value
+    check_request_payload(params, max_bytes=max_bytes)
     return params
 
 
@@ -194,16 +224,23 @@ def run(
     the token must also hold the publish scope for tools of `--tools` not yet published."""
     from domain.errors import ToolexecError
 
+    settings = Settings()
     try:
-        parameters = _parse_params(param, params)
+        parameters = _parse_params(param, params, settings.max_parameter_bytes)
         lockfile = json.loads(lock.read_text()) if lock else None
+    except PayloadRejected as error:  # E3004: not strict JSON, or too large
+        if as_json:
+            out.print_json(data={"error": error.to_dict()})
+        else:
+            err.print(f"[red]bad usage:[/] {error.code} {escape(error.message)}",
+                      highlight=False)
+        raise typer.Exit(2) from None
     except (ValueError, OSError) as exc:
         err.print(f"[red]bad usage:[/] {exc}")
         raise typer.Exit(2) from exc
     tool_id, _, version_range = tool.partition("@")
     from toolexec.client import InvocationNotDelivered, InvocationUnresolved
 
-    settings = Settings()
     try:
         terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
                                     lockfile, token or settings.token, tools, timeout,
@@ -249,8 +286,8 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
         async with InvocationClient(runtime["kafka_bootstrap"],
                                     fetch_waits=fetch_waits(settings)) as client:
             if tools:
-                sources, known = _sources(tools, settings)
-                await _publish_to_running(client, runtime, sources, known, settings, token)
+                await _publish_to_running(client, runtime, _sources(tools, settings),
+                                          settings, token)
             return await client.invoke(tool_id, parameters, version_range=version_range,
                                        lockfile=lockfile, token=token, timeout=timeout,
                                        progress=progress)
@@ -323,11 +360,12 @@ def publish(
     if not bootstrap:
         fail("E3001", "no running toolexec found: start `toolexec up` first "
              "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
-    every, known = _sources(paths, settings)
-    sources = [s for s in every if _from_paths(s.origin, paths)]
+    every = _sources(paths, settings)
+    found = _Found([s for s in every.sources if _from_paths(s.origin, paths)], every.known,
+                   [p for p in every.unreadable if _from_paths(p.source.origin, paths)])
     try:
         publications = asyncio.run(_publish_sources(
-            {**(runtime or {}), "kafka_bootstrap": bootstrap}, sources, known, settings,
+            {**(runtime or {}), "kafka_bootstrap": bootstrap}, found, settings,
             token or settings.token))
     except ToolexecError as error:
         fail(error.code, error.message, as_json, error.details)
@@ -335,13 +373,12 @@ def publish(
     raise typer.Exit(1 if any(p.status == "rejected" for p in publications) else 0)
 
 
-async def _publish_sources(runtime: dict[str, Any], sources: list[ToolSource],
-                           known: dict[str, str], settings: Settings,
+async def _publish_sources(runtime: dict[str, Any], found: _Found, settings: Settings,
                            token: str | None) -> list[Publication]:
     from toolexec.client import InvocationClient
 
     async with InvocationClient(str(runtime["kafka_bootstrap"])) as client:
-        return await _publish_to_running(client, runtime, sources, known, settings, token)
+        return await _publish_to_running(client, runtime, found, settings, token)
 
 
 def _report_publications(publications: list[Publication], as_json: bool) -> None:

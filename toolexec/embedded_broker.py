@@ -303,13 +303,14 @@ class EmbeddedBroker:
         listener = f"tcp://{HOST}:{self._port}"
         binary = self._binary or _resolve_binary()
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="toolexec-tansu-"))
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # One file per spawn: a retry or a second broker must not read this one's markers.
         self.log_path = log_dir / f"tansu-{self._port}-{secrets.token_hex(3)}.log"
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         env.update(self.env)
         env["NO_COLOR"] = "1"  # plain log files
-        with self.log_path.open("wb") as log_file:
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as log_file:
             self.started_at = time.time()
             began = time.monotonic()
             self._process = subprocess.Popen(

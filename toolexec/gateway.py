@@ -54,8 +54,10 @@ from toolexec.gateway_access import (
     sign_in_page,
     subject_filter,
 )
+from toolexec.gateway_body import RequestBodyGuard, body_limits
 from toolexec.gateway_errors import (
     ApiError,
+    check_invoke_payload,
     documented,
     error_response,
     install_error_handlers,
@@ -174,6 +176,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
                   description="Invoke tools through the event pipeline and read the projections. "
                   "Errors are `{\"error\": {\"code\", \"message\", \"details\"}}`.")
     install_error_handlers(app)
+    app.add_middleware(RequestBodyGuard, limit_for=body_limits(
+        ctx.settings.gateway_max_body_bytes, ctx.settings.gateway_max_register_bytes))
 
     @app.exception_handler(SQLAlchemyError)
     async def store_down(request: Request, exc: SQLAlchemyError) -> JSONResponse:
@@ -194,12 +198,14 @@ def create_app(ctx: GatewayContext) -> FastAPI:
 def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.post("/v1/tools/invoke", response_model=InvokeResult, tags=["invocations"],
               responses={202: {"model": InvokeAccepted},
-                         **documented(400, 401, 403, 404, 409, 410, 422, 429, 500, 503, 504)})
+                         **documented(400, 401, 403, 404, 409, 410, 413, 422, 429, 500, 503,
+                                      504)})
     async def invoke(body: InvokeRequest,
                      authorization: Annotated[str | None, Header()] = None) -> Any:
         """Run a tool through the pipeline. The bearer token travels as the request's
         `captoken`. sync: answers with the result (or the failure's status and code);
         async: answers 202 with the invocation id at once."""
+        check_invoke_payload(body.parameters, body.lockfile, ctx.settings.max_parameter_bytes)
         token = _bearer(authorization)
         if body.execution_mode == "async":
             try:
@@ -325,7 +331,7 @@ def _terminal_answer(terminal: Envelope, started: float) -> InvokeResult:
 def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.post("/v1/tools/register", response_model=RegisterResult, status_code=201,
               tags=["registry"], responses={200: {"model": RegisterResult},
-                                            **documented(401, 403, 409, 422, 503)})
+                                            **documented(401, 403, 409, 413, 422, 503)})
     async def register(body: RegisterRequest,
                        authorization: Annotated[str | None, Header()] = None) -> Any:
         """Validate (layers 1-2) and publish a tool, as `toolexec publish` does: the
@@ -410,7 +416,8 @@ async def _planned(ctx: GatewayContext, source: ToolSource,
     publications = await asyncio.to_thread(
         plan_publications, [source], registry, now=datetime.now(UTC),
         published_by=capability.subject if capability else None,
-        bash_syntax=bash_syntax_check, known_tools=known)
+        bash_syntax=bash_syntax_check, known_tools=known,
+        limits=ctx.settings.publication_limits, max_record_bytes=ctx.settings.max_message_bytes)
     return publications[0]
 
 

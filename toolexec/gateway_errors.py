@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.errors import ErrorInfo, http_status_for
+from domain.request_limits import PayloadRejected, check_request_payload
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +46,16 @@ class ApiError(Exception):
     @classmethod
     def from_info(cls, info: ErrorInfo, **extra: Any) -> ApiError:
         return cls(info.code, info.message, {**info.details, **extra})
+
+
+def check_invoke_payload(parameters: Any, lockfile: Any, max_bytes: int) -> None:
+    """Parameters (and lockfile) must be strict JSON within `max_bytes`: ApiError
+    E3004, 413 when too large, else 422."""
+    try:
+        check_request_payload(parameters, lockfile=lockfile, max_bytes=max_bytes)
+    except PayloadRejected as error:
+        raise ApiError(error.code, error.message, error.details,
+                       status=413 if error.too_large else 422) from None
 
 
 def error_response(status: int, code: str, message: str,

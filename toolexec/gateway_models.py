@@ -116,7 +116,8 @@ class RegisterRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     manifest: dict[str, JsonValue] = Field(description="The manifest (tool.yaml as JSON).")
-    files: list[RegisterFile] = Field(default_factory=list, max_length=1000)
+    files: list[RegisterFile] = Field(default_factory=list, description="The tool's files "
+                                      "(at most TOOLEXEC_MAX_TOOL_FILES, E3105 past it).")
 
 
 class RegisterResult(BaseModel):

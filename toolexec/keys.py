@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from domain.capability import ALGORITHM, TokenLifetime
 from domain.scopes import NO_SCOPES, Scopes
 from toolexec.settings import Settings
+from toolexec.state_files import ensure_state_dir
 
 KEY_BITS = 2048
 
@@ -46,6 +47,7 @@ def ensure_dev_keys(state_dir: Path) -> KeyPair:
     pair = dev_key_pair(state_dir)
     if pair.private.exists() and pair.public.exists():
         return pair
+    ensure_state_dir(state_dir)
     pair.private.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
     private_pem = key.private_bytes(serialization.Encoding.PEM,

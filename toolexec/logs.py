@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
+from domain.redaction import redact
 from toolexec.settings import Settings
+
+_LOG_FIELDS_KEPT = frozenset({"event", "level", "timestamp", "logger"})
+
+
+def redact_pii(logger: object, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """structlog processor: every logged value redacted as the audit trail is (secret
+    fields, tokens, e-mail, card, SSN, phone and IP values)."""
+    return {key: value if key in _LOG_FIELDS_KEPT or value is None
+            or isinstance(value, bool | int | float) else redact(value).value
+            for key, value in event_dict.items()} if event_dict else event_dict
 
 
 def configure_logging(settings: Settings, *, default_level: str | None = None) -> None:
@@ -29,6 +41,7 @@ def configure_logging(settings: Settings, *, default_level: str | None = None) -
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redact_pii,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

@@ -38,6 +38,7 @@ from toolexec.cli_authoring import lock_chain, source_integrity
 from toolexec.cli_runtime import invoke_tool
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
+from toolexec.state_files import ensure_state_dir
 
 err = Console(stderr=True)
 log = structlog.get_logger(__name__)
@@ -83,7 +84,7 @@ class Gateway:
             runtime = read_runtime(self.settings) or {}
             url = runtime.get("database_url") or self.settings.effective_database_url
             if not self.settings.database_url:
-                self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+                ensure_state_dir(self.settings.state_dir)
             engine = make_engine(url)
             await migrate(engine)
             self._engine = engine

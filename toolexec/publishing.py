@@ -7,6 +7,12 @@ published pinned to its executor, a version already published with the same byte
 left alone (no event), one with other bytes is rejected with E3103, one whose
 executor is not in the registry with E3105. Each publication says which right it needs
 (`domain.scopes.publish_need`); callers with authorization on check it first.
+
+A publication is checked against the operator's limits before it is compressed
+(file count, uncompressed bytes) and once encoded (the whole Kafka record must fit
+in `max_record_bytes`), so an oversized tool is a `tool.publish.rejected` (E3105),
+never a producer error. A rejection lists at most `MAX_LISTED_ISSUES` issues, so it
+fits in a record too.
 """
 
 from __future__ import annotations
@@ -23,17 +29,21 @@ from contracts.envelope import Envelope, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import ExecutorPin as PinContract
 from contracts.events import PublishedFile, ToolPublished, ToolPublishRejected
+from contracts.kafka_binding import encode
 from domain.errors import ToolexecError
 from domain.integrity import seal
 from domain.model import ExecutorPin, Issue, ToolSource, ToolVersion
 from domain.publication import plan_publication
+from domain.publication_limits import DEFAULT_LIMITS, MIB, PublicationLimits, PublicationTooLarge
 from domain.registry import RegistryView
 from domain.scopes import Need, publish_need
 from domain.validation import executor_name, validate_source
 
 SOURCE = "urn:toolexec:publisher"
-# Leaves room for CloudEvent headers and the manifest under the broker's 1 MiB default.
-MAX_PUBLISHED_BYTES = 900 * 1024
+DEFAULT_MAX_RECORD_BYTES = MIB
+# Record batch and per-record framing around key, value and headers.
+RECORD_OVERHEAD_BYTES = 1024
+MAX_LISTED_ISSUES = 50
 
 BashSyntax = Callable[[str], str | None]
 
@@ -70,11 +80,13 @@ def planned_tool_ids(sources: Iterable[ToolSource]) -> set[str]:
 def plan_publications(sources: Sequence[ToolSource], registry: RegistryView, *,
                       now: datetime, published_by: str | None = None,
                       bash_syntax: BashSyntax | None = None,
-                      known_tools: dict[str, str] | None = None) -> list[Publication]:
+                      known_tools: dict[str, str] | None = None,
+                      limits: PublicationLimits = DEFAULT_LIMITS,
+                      max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[Publication]:
     """What publishing `sources` together does, one Publication per source in order.
     `registry` must hold every version of `planned_tool_ids(sources)`."""
     checked: list[ToolVersion | Envelope] = [
-        _checked(source, now, bash_syntax, known_tools) for source in sources]
+        _checked(source, now, bash_syntax, known_tools, limits) for source in sources]
     sealed = [item for item in checked if isinstance(item, ToolVersion)]
     plans = iter(plan_publication(sealed, registry))
     publications = []
@@ -86,8 +98,11 @@ def plan_publications(sources: Sequence[ToolSource], registry: RegistryView, *,
         need = publish_need(item.tool_id, item.tool_type, _types(registry, item.tool_id))
         if plan.outcome == "new":
             event = publish_event(source, now=now, published_by=published_by,
-                                  sealed=plan.version, executor_pin=plan.version.executor_pin)
-            publications.append(_from_event(source, event, need))
+                                  sealed=plan.version, executor_pin=plan.version.executor_pin,
+                                  max_record_bytes=max_record_bytes)
+            publications.append(_from_event(source, event, need)
+                                if event.type == "tool.published"
+                                else _rejection(source, event, registry))
         elif plan.outcome == "unchanged":
             publications.append(Publication(
                 source, "unchanged", None, need, item.tool_id, item.version,
@@ -128,12 +143,20 @@ def _rejection(source: ToolSource, event: Envelope, registry: RegistryView) -> P
 
 
 def _checked(source: ToolSource, now: datetime, bash_syntax: BashSyntax | None,
-             known_tools: dict[str, str] | None) -> ToolVersion | Envelope:
-    """The sealed version, or the rejection of a source that fails validation (E3105)."""
-    issues = [i for i in validate_source(source, bash_syntax=bash_syntax, known_tools=known_tools)
-              if i.severity == "error"]
+             known_tools: dict[str, str] | None,
+             limits: PublicationLimits = DEFAULT_LIMITS) -> ToolVersion | Envelope:
+    """The sealed version, or the rejection of a source past `limits` or failing
+    validation (E3105)."""
     tool_id = _str_or_none(source.manifest.get("tool_id"))
     version = _str_or_none(source.manifest.get("version"))
+    try:
+        limits.check_declared((f.path, len(f.content or b"")) for f in source.files)
+    except PublicationTooLarge as error:
+        return _rejected(tool_id, version, source.origin,
+                         [Issue(path="$.files", message=error.message)], now,
+                         "tool is too large to publish", details=error.details)
+    issues = [i for i in validate_source(source, bash_syntax=bash_syntax, known_tools=known_tools)
+              if i.severity == "error"]
     if issues:
         return _rejected(tool_id, version, source.origin, issues, now,
                          "tool source failed validation")
@@ -142,12 +165,6 @@ def _checked(source: ToolSource, now: datetime, bash_syntax: BashSyntax | None,
     except ToolexecError as error:
         return _rejected(tool_id, version, source.origin,
                          [Issue(path="$", message=error.message)], now, error.message)
-    size = sum(len(_packed(f.content)) for f in sealed.files)
-    if size > MAX_PUBLISHED_BYTES:
-        return _rejected(sealed.tool_id, sealed.version, source.origin,
-                         [Issue(path="$.files", message=f"{size} bytes compressed exceeds "
-                                f"the {MAX_PUBLISHED_BYTES}-byte limit of one event")],
-                         now, "tool is too large to publish")
     return sealed
 
 
@@ -155,12 +172,17 @@ def publish_event(source: ToolSource, *, now: datetime, published_by: str | None
                   bash_syntax: BashSyntax | None = None,
                   known_tools: dict[str, str] | None = None,
                   sealed: ToolVersion | None = None,
-                  executor_pin: ExecutorPin | None = None) -> Envelope:
+                  executor_pin: ExecutorPin | None = None,
+                  limits: PublicationLimits = DEFAULT_LIMITS,
+                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Envelope:
     """Validate (layers 1-2) and seal one tool source into the event that records it:
     `tool.published` (pinned to `executor_pin` when given), or
-    `tool.publish.rejected` listing every issue (E3105). Publishers plan a batch with
-    `plan_publications`, which pins every version; this is its single-source step."""
-    checked = sealed if sealed is not None else _checked(source, now, bash_syntax, known_tools)
+    `tool.publish.rejected` listing every issue (E3105) — also when the tool is past
+    `limits` or its record would be larger than `max_record_bytes`. Publishers plan a
+    batch with `plan_publications`, which pins every version; this is its
+    single-source step."""
+    checked = (sealed if sealed is not None
+               else _checked(source, now, bash_syntax, known_tools, limits))
     if isinstance(checked, Envelope):
         return checked
     files = [PublishedFile(path=f.path, sha256=f.sha256, is_executable=f.is_executable,
@@ -174,8 +196,39 @@ def publish_event(source: ToolSource, *, now: datetime, published_by: str | None
             tool_id=executor_pin.tool_id, version=executor_pin.version,
             integrity=executor_pin.integrity),
     )
-    return _envelope(data, checked.tool_id, now,
-                     f"{checked.tool_id}@{checked.version}:{checked.integrity}")
+    event = _envelope(data, checked.tool_id, now,
+                      f"{checked.tool_id}@{checked.version}:{checked.integrity}")
+    size = record_size(event)
+    if size > max_record_bytes:
+        return _rejected(checked.tool_id, checked.version, source.origin,
+                         [Issue(path="$", message=f"the publication record would be {size} "
+                                f"bytes, more than the {max_record_bytes}-byte limit of one "
+                                "record (files are sent gzip-compressed)")],
+                         now, "tool is too large to publish",
+                         details={"limit": "record_bytes", "max": max_record_bytes,
+                                  "actual": size})
+    return event
+
+
+def record_size(event: Envelope) -> int:
+    """Bytes the event takes as one Kafka record (key, value, headers, framing)."""
+    record = encode(event)
+    return (len(record.key) + len(record.value) + RECORD_OVERHEAD_BYTES
+            + sum(len(name) + len(value) for name, value in record.headers))
+
+
+def rejected_source(origin: str, error: ToolexecError, now: datetime) -> Envelope:
+    """The `tool.publish.rejected` of a source that could not even be read (an
+    unreadable or oversized directory, a symlinked manifest, a YAML bomb)."""
+    return _rejected(None, None, origin, [Issue(path="$", message=error.message)], now,
+                     error.message)
+
+
+def unreadable(origin: str, error: ToolexecError, now: datetime) -> Publication:
+    """The rejection of a source that could not even be read (E3105)."""
+    event = rejected_source(origin, error, now)
+    return Publication(ToolSource({}, (), origin), "rejected", event,
+                       publish_need(None, None), None, None, error=event.data.error)
 
 
 def _packed(content: bytes | None) -> str:
@@ -185,12 +238,14 @@ def _packed(content: bytes | None) -> str:
 def _rejected(tool_id: str | None, version: str | None, origin: str, issues: list[Issue],
               now: datetime, message: str, *, code: str = "E3105",
               details: dict[str, object] | None = None) -> Envelope:
+    listed = [issue.to_dict() for issue in issues[:MAX_LISTED_ISSUES]]
+    if len(issues) > MAX_LISTED_ISSUES:
+        listed.append(Issue(path="$", message=f"... and {len(issues) - MAX_LISTED_ISSUES} "
+                            "more issue(s) not listed").to_dict())
     data = ToolPublishRejected(
-        tool_id=tool_id, version=version, origin=origin,
-        issues=[issue.to_dict() for issue in issues],
+        tool_id=tool_id, version=version, origin=origin, issues=listed,
         error=ErrorInfo(code=code, message=message,
-                        details={**(details or {}),
-                                 "issues": [issue.to_dict() for issue in issues]}),
+                        details={**(details or {}), "issues": listed}),
     )
     key = tool_id or origin or "unknown"
     return _envelope(data, key, now, f"rejected:{key}:{version}:{now.isoformat()}")

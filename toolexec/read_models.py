@@ -14,6 +14,7 @@ from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.runner import ProjectionRunner
 from toolexec.settings import Settings, consumer_kwargs
+from toolexec.state_files import ensure_state_dir
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +47,7 @@ class ReadModels:
 
 async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
     """Migrate the store to head, then start one projection runner per read model."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    ensure_state_dir(settings.state_dir)
     engine = make_engine(settings.effective_database_url)
     handle = ReadModels(engine)
     try:

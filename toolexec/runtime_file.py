@@ -12,9 +12,12 @@ from toolexec.settings import Settings
 
 def write_runtime(settings: Settings, info: dict[str, Any]) -> None:
     path = settings.runtime_file
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**info, "pid": os.getpid()}, indent=2))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(json.dumps({**info, "pid": os.getpid()}, indent=2))
     tmp.replace(path)
 
 

@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from domain.publication_limits import PublicationLimits
+
 MIB = 1024 * 1024
 
 # Consumer-group tuning per profile. Tansu with aiokafka defaults takes 5-18 s per group
@@ -113,6 +115,18 @@ class Settings(BaseSettings):
     """Read-your-writes bound: how long the resolver waits for the registry view."""
     max_message_bytes: int = MIB
     """Largest record toolexec produces; bigger tool publications are rejected (E3105)."""
+    max_tool_files: int = Field(default=1000, ge=1)
+    """Most files one tool version may hold (publish, and every registry view)."""
+    max_tool_bytes: int = Field(default=20 * MIB, ge=1)
+    """Most uncompressed bytes one tool version's files may add up to; checked before
+    anything is inflated, at publish and in every registry view."""
+    max_parameter_bytes: int = Field(default=256 * 1024, ge=1)
+    """Largest invocation parameters (compact JSON, UTF-8), from the gateway, the CLI
+    or any Kafka producer (E3004; HTTP 413)."""
+    gateway_max_body_bytes: int = Field(default=MIB, ge=1)
+    """Largest HTTP request body the gateway reads (413 E3004 past it)..."""
+    gateway_max_register_bytes: int = Field(default=32 * MIB, ge=1)
+    """... except on `POST /v1/tools/register`, whose body carries a tool's files."""
 
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
                      "require_auth", "sandbox", "abac_url", "token", mode="before")
@@ -147,6 +161,11 @@ class Settings(BaseSettings):
     def sandbox_strict(self) -> bool:
         """Whether "auto" fails closed when no sandbox is available (production)."""
         return not self.embedded
+
+    @property
+    def publication_limits(self) -> PublicationLimits:
+        """`max_tool_files` and `max_tool_bytes` as the domain's limits."""
+        return PublicationLimits(max_files=self.max_tool_files, max_bytes=self.max_tool_bytes)
 
     @property
     def runtime_file(self) -> Path:

@@ -7,11 +7,17 @@ Layouts understood:
   with `ast` and never imported,
 - a knowledge entry `<name>.md` whose YAML frontmatter is the manifest,
 - the built-in tools shipped under `toolexec/builtin_tools/`.
+
+Reading is bounded: manifests are parsed with `domain.safe_yaml` (no alias bombs,
+at most 1 MiB), a symbolic link is never followed (a symlinked manifest, tool
+directory entry or file is refused), and a directory's files are counted and
+sized with `stat` against the publication limits before any is read.
 """
 
 from __future__ import annotations
 
 import ast
+import errno
 import hashlib
 import json
 import os
@@ -28,6 +34,8 @@ import yaml
 from domain.errors import ToolexecError
 from domain.manifest import MANIFEST_SCHEMA, normalise_manifest, split_frontmatter
 from domain.model import ToolFile, ToolSource
+from domain.publication_limits import DEFAULT_LIMITS, PublicationLimits, PublicationTooLarge
+from domain.safe_yaml import MAX_YAML_CHARS, YamlTooLarge, load_yaml
 
 MANIFEST_FILE = "tool.yaml"
 BUILTIN_DIR = Path(__file__).parent / "builtin_tools"
@@ -54,22 +62,24 @@ class ToolDirs(Protocol):
 # ----------------------------------------------------------------------------- loading
 
 
-def load_source(path: Path) -> ToolSource:
+def load_source(path: Path, *, limits: PublicationLimits = DEFAULT_LIMITS) -> ToolSource:
     """Load one tool source from `path` (a tool directory, a YAML manifest, a legacy
-    `.py` file or a knowledge `.md` file). Raises SourceError when it cannot be read."""
+    `.py` file or a knowledge `.md` file). Raises SourceError when it cannot be read,
+    is a symbolic link, or holds more files or bytes than `limits` allow."""
     if path.is_dir():
         if not (path / MANIFEST_FILE).is_file():
             raise SourceError(f"{path}: a tool directory needs a {MANIFEST_FILE}",
                               details={"path": str(path)})
-        return _load_directory(path)
+        return _load_directory(path, limits)
+    _refuse_symlink(path)
     suffix = path.suffix.lower()
     if suffix in YAML_SUFFIXES:
         return ToolSource(normalise_manifest(_read_yaml_mapping(path)), (), _origin(path),
                           "single_file")
     if suffix == ".py":
-        return _load_legacy_python(path)
+        return _load_legacy_python(path, limits.max_bytes)
     if suffix == ".md":
-        return _load_knowledge(path)
+        return _load_knowledge(path, limits.max_bytes)
     raise SourceError(f"{path}: not a tool source (expected a directory with {MANIFEST_FILE}, "
                       "a .yaml/.yml manifest, a .py legacy tool or a .md knowledge entry)",
                       details={"path": str(path)})
@@ -79,17 +89,45 @@ def _origin(path: Path) -> str:
     return str(path.resolve())
 
 
-def _read_bytes(path: Path) -> bytes:
+def _refuse_symlink(path: Path) -> None:
+    if path.is_symlink():
+        raise SourceError(f"{path}: is a symbolic link; tool sources and their files must "
+                          "be regular files (copy the file instead of linking it)",
+                          details={"path": str(path)})
+
+
+def _read_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a regular file, opened without following a symbolic link and
+    refused past `limit` bytes before they are read."""
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
+        if error.errno == errno.ELOOP:
+            _refuse_symlink(path)
         raise SourceError(f"{path}: cannot read: {error.strerror or error}",
                           details={"path": str(path)}) from error
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise SourceError(f"{path}: not a regular file", details={"path": str(path)})
+        if limit is not None and info.st_size > limit:
+            raise SourceError(f"{path}: {info.st_size} bytes is more than the {limit}-byte "
+                              "limit", details={"path": str(path), "max": limit,
+                                                "actual": info.st_size})
+        try:
+            content = handle.read() if limit is None else handle.read(limit + 1)
+        except OSError as error:
+            raise SourceError(f"{path}: cannot read: {error.strerror or error}",
+                              details={"path": str(path)}) from error
+    if limit is not None and len(content) > limit:  # grew while being read
+        raise SourceError(f"{path}: more than the {limit}-byte limit",
+                          details={"path": str(path), "max": limit})
+    return content
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, limit: int | None = None) -> str:
     try:
-        return _read_bytes(path).decode("utf-8")
+        return _read_bytes(path, limit).decode("utf-8")
     except UnicodeDecodeError as error:
         raise SourceError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})",
                           details={"path": str(path)}) from error
@@ -97,7 +135,10 @@ def _read_text(path: Path) -> str:
 
 def _parse_yaml_mapping(text: str, where: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YamlTooLarge as error:
+        raise SourceError(f"{where}: {error.message}",
+                          details={"path": str(where), **error.details}) from error
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -112,44 +153,70 @@ def _parse_yaml_mapping(text: str, where: Path) -> dict[str, Any]:
 
 
 def _read_yaml_mapping(path: Path) -> dict[str, Any]:
-    return _parse_yaml_mapping(_read_text(path), path)
+    return _parse_yaml_mapping(_read_text(path, MAX_YAML_CHARS), path)
 
 
-def _tool_file(path: Path, relative: str) -> ToolFile:
-    content = _read_bytes(path)
-    mode = path.stat().st_mode
+def _tool_file(path: Path, relative: str, limit: int | None = None) -> ToolFile:
+    content = _read_bytes(path, limit)
+    mode = path.lstat().st_mode
     return ToolFile(path=relative, sha256=hashlib.sha256(content).hexdigest(),
                     is_executable=bool(mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)),
                     content=content)
 
 
-def _load_directory(root: Path) -> ToolSource:
+def _load_directory(root: Path, limits: PublicationLimits) -> ToolSource:
     manifest = normalise_manifest(_read_yaml_mapping(root / MANIFEST_FILE))
-    return ToolSource(manifest, _directory_files(root), _origin(root), "directory")
+    return ToolSource(manifest, _directory_files(root, limits), _origin(root), "directory")
 
 
-def _directory_files(root: Path) -> tuple[ToolFile, ...]:
+def _directory_files(root: Path, limits: PublicationLimits) -> tuple[ToolFile, ...]:
     """Every regular file under `root` except the manifest, caches and VCS data.
-    Symbolic links are skipped so a tool cannot pull in files from outside its root."""
-    files: list[ToolFile] = []
+
+    A symbolic link whose target lies outside `root` is refused (SourceError); one
+    that stays inside is skipped, its target being a file of the tool anyway. Files
+    are counted and sized with `lstat` first: past `limits`, nothing is read."""
+    found: list[tuple[Path, str, int]] = []
     for directory, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_NAMES)
-        for name in sorted(filenames):
+        for name in [*sorted(filenames), *(d for d in dirnames
+                                           if (Path(directory) / d).is_symlink())]:
             full = Path(directory) / name
             relative = full.relative_to(root).as_posix()
             if relative == MANIFEST_FILE or name in IGNORED_NAMES or name.endswith(".pyc"):
                 continue
-            if full.is_symlink() or not full.is_file():
+            info = full.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                _refuse_escaping_link(root, full)
                 continue
-            files.append(_tool_file(full, relative))
+            if stat.S_ISREG(info.st_mode):
+                found.append((full, relative, info.st_size))
+            if len(found) > limits.max_files:  # no need to walk a huge tree to its end
+                raise SourceError(f"{root}: more than {limits.max_files} files, the file "
+                                  "limit of a tool", details={"path": str(root),
+                                                              "limit": "files",
+                                                              "max": limits.max_files})
+    try:
+        limits.check_declared((relative, size) for _, relative, size in found)
+    except PublicationTooLarge as error:
+        raise SourceError(f"{root}: {error.message}",
+                          details={"path": str(root), **error.details}) from error
+    files = [_tool_file(full, relative, limits.max_bytes) for full, relative, _ in found]
     return tuple(sorted(files, key=lambda f: f.path))
+
+
+def _refuse_escaping_link(root: Path, link: Path) -> None:
+    target = link.resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise SourceError(f"{link}: is a symbolic link to {target}, outside the tool "
+                          "directory; a tool may only hold its own files",
+                          details={"path": str(link), "target": str(target)})
 
 
 # ------------------------------------------------------------------ legacy and knowledge
 
 
-def _load_legacy_python(path: Path) -> ToolSource:
-    tool_file = _tool_file(path, path.name)
+def _load_legacy_python(path: Path, limit: int) -> ToolSource:
+    tool_file = _tool_file(path, path.name, limit)
     manifest = normalise_manifest(legacy_manifest(tool_file.content or b"", path))
     return ToolSource(manifest, (tool_file,), _origin(path), "legacy_python")
 
@@ -205,8 +272,8 @@ def _module_constants(tree: ast.Module) -> dict[str, Any]:
     return values
 
 
-def _load_knowledge(path: Path) -> ToolSource:
-    tool_file = _tool_file(path, path.name)
+def _load_knowledge(path: Path, limit: int) -> ToolSource:
+    tool_file = _tool_file(path, path.name, limit)
     text = (tool_file.content or b"").decode("utf-8", errors="replace")
     frontmatter, _ = split_frontmatter(text)
     if frontmatter is None:
@@ -220,39 +287,48 @@ def _load_knowledge(path: Path) -> ToolSource:
 # ---------------------------------------------------------------------------- discovery
 
 
-def discover(paths: Iterable[Path]) -> list[ToolSource | SourceError]:
+def discover(paths: Iterable[Path], *, limits: PublicationLimits = DEFAULT_LIMITS,
+             ) -> list[ToolSource | SourceError]:
     """Find and load every tool under `paths`, in a stable order. A directory holding a
     `tool.yaml` is one tool; other directories are walked. Unreadable sources come back
-    as SourceError values in place, so one bad file does not hide the others."""
+    as SourceError values in place, so one bad file does not hide the others; so do
+    symbolic links met while walking (they are never followed)."""
     found: list[ToolSource | SourceError] = []
     for path in paths:
         if not path.exists():
             found.append(SourceError(f"{path}: no such file or directory",
                                      details={"path": str(path)}))
         elif path.is_dir() and not (path / MANIFEST_FILE).is_file():
-            found.extend(_walk(path))
+            found.extend(_walk(path, limits))
         else:
-            found.append(_try_load(path))
+            found.append(_try_load(path, limits))
     return found
 
 
-def _try_load(path: Path) -> ToolSource | SourceError:
+def _try_load(path: Path, limits: PublicationLimits) -> ToolSource | SourceError:
     try:
-        return load_source(path)
+        return load_source(path, limits=limits)
     except SourceError as error:
         return error
 
 
-def _walk(directory: Path) -> list[ToolSource | SourceError]:
+def _walk(directory: Path, limits: PublicationLimits) -> list[ToolSource | SourceError]:
     found: list[ToolSource | SourceError] = []
     for entry in sorted(directory.iterdir(), key=lambda p: p.name):
         hidden = entry.name.startswith(".") and entry.name not in VISIBLE_DOT_DIRS
-        if entry.name in IGNORED_NAMES or hidden or entry.is_symlink():
+        if entry.name in IGNORED_NAMES or hidden:
+            continue
+        if entry.is_symlink():
+            if entry.is_dir() or _looks_like_tool(entry):
+                found.append(SourceError(f"{entry}: is a symbolic link; tool sources are not "
+                                         "followed through links (copy the tool instead)",
+                                         details={"path": str(entry)}))
             continue
         if entry.is_dir():
-            found.extend([_try_load(entry)] if (entry / MANIFEST_FILE).is_file() else _walk(entry))
+            found.extend([_try_load(entry, limits)] if (entry / MANIFEST_FILE).is_file()
+                         else _walk(entry, limits))
         elif _looks_like_tool(entry):
-            found.append(_try_load(entry))
+            found.append(_try_load(entry, limits))
     return found
 
 
@@ -307,13 +383,18 @@ def discover_project_tools(project_dir: Path, user_dir: Path | None, *,
     """Tools of a project (`<project_dir>/.ai/tools`) and of the user (`user_dir`,
     usually `~/.ai/tools`); project tools shadow user tools with the same tool_id.
     Unreadable sources are passed to `on_error` and left out."""
-    project = _sources_only(_discover_dir(project_dir / ".ai" / "tools"), on_error)
-    user = _sources_only(_discover_dir(user_dir), on_error) if user_dir is not None else []
+    limits = DEFAULT_LIMITS
+    project = _sources_only(_discover_dir(project_dir / ".ai" / "tools", limits), on_error)
+    user = (_sources_only(_discover_dir(user_dir, limits), on_error) if user_dir is not None
+            else [])
     return shadow(project, user)
 
 
-def _discover_dir(directory: Path | None) -> list[ToolSource | SourceError]:
-    return discover([directory]) if directory is not None and directory.is_dir() else []
+def _discover_dir(directory: Path | None, limits: PublicationLimits,
+                  ) -> list[ToolSource | SourceError]:
+    if directory is None or not directory.is_dir():
+        return []
+    return discover([directory], limits=limits)
 
 
 def collect_sources(extra_dirs: Iterable[Path], settings: ToolDirs, *,
@@ -322,10 +403,12 @@ def collect_sources(extra_dirs: Iterable[Path], settings: ToolDirs, *,
     `extra_dirs`, `settings.tools_dir` and `settings.user_tools_dir`, earlier ones
     shadowing later ones by tool_id (built-ins are never shadowed: other versions of
     them coexist in the registry)."""
+    limits = getattr(settings, "publication_limits", None) or DEFAULT_LIMITS
     levels = [
-        _sources_only(discover(list(extra_dirs)), on_error),
-        _sources_only(_discover_dir(getattr(settings, "tools_dir", None)), on_error),
-        _sources_only(_discover_dir(getattr(settings, "user_tools_dir", None)), on_error),
+        _sources_only(discover(list(extra_dirs), limits=limits), on_error),
+        _sources_only(_discover_dir(getattr(settings, "tools_dir", None), limits), on_error),
+        _sources_only(_discover_dir(getattr(settings, "user_tools_dir", None), limits),
+                      on_error),
     ]
     return load_builtin_sources() + shadow(*levels)
 

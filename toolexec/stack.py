@@ -48,6 +48,7 @@ from projections.registry_view import RegistryView
 from toolexec import keys
 from toolexec.embedded_broker import EmbeddedBroker, ensure_topics
 from toolexec.settings import Settings, consumer_kwargs, fetch_waits
+from toolexec.state_files import ensure_state_dir
 
 log = structlog.get_logger(__name__)
 
@@ -149,7 +150,7 @@ class Stack:
 
     async def _start(self) -> None:
         state = Path(self.settings.state_dir).resolve()  # bwrap binds absolute paths
-        state.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir(state)
         if not self.settings.kafka_bootstrap:
             self.embedded = EmbeddedBroker(topics=TOPIC_PARTITIONS, log_dir=state / "logs")
             await self.embedded.start()
@@ -160,7 +161,8 @@ class Stack:
         await self._producer.start()
         self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
         await self._offsets.start()
-        self.registry = RegistryView(end_offsets=self._registry_end_offsets)
+        self.registry = RegistryView(end_offsets=self._registry_end_offsets,
+                                     limits=self.settings.publication_limits)
         self.circuits = CircuitView(end_offsets=self._circuits_end_offsets)
         self.decisions = self._decision_store()
         self.policies = PolicyView(validate=compile_policies, to_text=cedar_text_from_json,
@@ -376,7 +378,8 @@ class Stack:
         deps = InvocationDeps(
             resolve=resolve.ResolveDeps(
                 registry=self.registry, clock=utc_now, strict_chain=self.settings.strict_chain,
-                registry_wait_seconds=self.settings.registry_wait_seconds),
+                registry_wait_seconds=self.settings.registry_wait_seconds,
+                max_parameter_bytes=self.settings.max_parameter_bytes),
             authorize=authorize.AuthorizeDeps(
                 clock=utc_now, require_auth=self.settings.auth_required,
                 public_keys=lambda: keys.verification_keys(self.settings),

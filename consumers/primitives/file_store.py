@@ -13,6 +13,10 @@ Hard links cannot stop a tool running as root from writing; the signature check 
 what keeps such a write from silently reaching the next run. When linking is not
 possible (another filesystem, link-count limit) files are copied instead, with the
 conventional modes 0o755 / 0o644.
+
+Files of the registry view arrive compressed (`ToolFile.packed`): one is inflated
+only when its object is not in the store yet, never past its declared size, and
+checked against its sha256 before it is written.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 from domain.errors import ExecutionError, IntegrityMismatch, RegistryError
 from domain.model import ToolFile
+from domain.publication_limits import packed_content
 
 _HEX = re.compile(r"[0-9a-f]{64}")
 _READ_CHUNK = 1 << 20
@@ -138,6 +143,11 @@ class ContentStore:
                 self._write_object(path, file.content, mode)
             return path
         if self._intact(path, file.sha256, mode):
+            return path
+        if file.packed is not None:
+            content = packed_content(file.packed, sha256=file.sha256, size=file.size,
+                                     path=file.path)
+            self._write_object(path, content, mode)
             return path
         self._write_object(path, self.get(file.sha256), mode)
         return path

@@ -333,3 +333,12 @@ async def test_attempt_a_dead_executor_marked_started_is_not_rerun(harness: Harn
     await harness.request("py_echo", {"text": "x"}, invocation_id=invocation)
     assert harness.runner.plans == []
     assert harness.terminal(invocation).data.error.code == "E3404"
+
+
+async def test_a_request_that_is_not_strict_json_fails_before_anything_else(
+        harness: Harness) -> None:
+    invocation = await harness.request("py_echo", {"text": float("nan")})
+    failed = harness.terminal(invocation).data
+    assert (failed.error.code, failed.stage) == ("E3004", "request")
+    assert harness.of(invocation, "tool.chain.resolved") == []
+    assert harness.runner.plans == []

@@ -171,7 +171,8 @@ async def test_hostile_parameter_reaches_the_tool_verbatim(client: InvocationCli
     assert not marker.exists()
 
 
-async def test_tampered_file_fails_integrity(stack: Stack, client: InvocationClient) -> None:
+async def test_a_tampered_publication_never_enters_the_registry(
+        stack: Stack, client: InvocationClient) -> None:
     source = load_source(TOOLS / "py_echo")
     source = dataclasses.replace(source, manifest={**source.manifest, "tool_id": "tamper_me"})
     event = publish_event(source, now=datetime.now(UTC))
@@ -180,8 +181,9 @@ async def test_tampered_file_fails_integrity(stack: Stack, client: InvocationCli
              if f.path == "main.py" else f for f in event.data.files]
     await stack.publish(_with_data(event, event.data.model_copy(update={"files": files})))
     code, details = _error(await client.invoke("tamper_me", {"text": "x"}))
-    assert code == "E3105"
-    assert details["tool_id"] == "tamper_me"
+    assert code == "E3101" and details["tool_id"] == "tamper_me"  # nothing ran
+    refusal = stack.registry.refusal("tamper_me", "1.0.0")
+    assert refusal is not None and refusal.code == "E3105" and "main.py" in refusal.message
 
 
 def _with_data(event: Envelope, data: object) -> Envelope:

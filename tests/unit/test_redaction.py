@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.redaction import REDACTED, redact, redact_text
+from domain.redaction import (
+    REDACTED,
+    redact,
+    redact_secrets,
+    redact_text,
+    secret_parameter_values,
+)
 
 
 def test_sensitive_field_names_are_redacted_whole() -> None:
@@ -24,7 +31,7 @@ def test_pii_in_strings_is_replaced_by_labels() -> None:
 
 
 def test_phone_numbers_are_redacted() -> None:
-    cleaned, _ = redact_text("call 555-123-4567 now")
+    cleaned, _ = redact_text("call 415-555-2671 now")
     assert cleaned == "call [PHONE_REDACTED] now"
 
 
@@ -45,3 +52,65 @@ def test_values_without_pii_are_unchanged() -> None:
 def test_redaction_is_idempotent(value: object) -> None:
     once = redact(value).value
     assert redact(once).value == once
+
+
+@pytest.mark.parametrize("text", [
+    "1073741824", "0000000000000000", "1234567890123456", "4155552671", "1700000000000",
+    "999.1.2.3", "v 1.2.3.4.5", "10:00:00", "00:1a:2b:3c:4d:5e", "call 555-123-4567",
+    "ssn 000-12-3456", "2026-11-25T09:34:30.123456+00:00", "std::vector",
+    "123e4567-e89b-12d3-a456-426614174000", "page_token=abc123",
+    "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+])
+def test_values_that_only_look_like_pii_are_left_alone(text: str) -> None:
+    assert redact_text(text) == (text, 0)
+
+
+@pytest.mark.parametrize(("text", "label"), [
+    ("card 4111 1111 1111 1111", "CREDIT_CARD"), ("card 5500-0000-0000-0004", "CREDIT_CARD"),
+    ("amex 378282246310005", "CREDIT_CARD"), ("call (415) 555-2671", "PHONE"),
+    ("call +44 20 7946 0958", "PHONE"), ("call +14155552671", "PHONE"),
+    ("host 127.0.0.1", "IP_ADDRESS"), ("host 2001:db8::ff00:42:8329", "IP_ADDRESS"),
+    ("host ::ffff:192.0.2.1", "IP_ADDRESS"), ("ssn 123-45-6789", "SSN"),
+    ("t eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhZGEifQ.c2ln", "JWT"),
+])
+def test_real_pii_is_recognised(text: str, label: str) -> None:
+    cleaned, count = redact_text(text)
+    assert f"[{label}_REDACTED]" in cleaned and count == 1
+
+
+def test_a_jwt_inside_a_list_is_redacted() -> None:
+    jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhZGEifQ.c2lnbmF0dXJl"
+    out = redact({"headers": ["x-trace: 1", jwt], "tokens": [jwt]})
+    assert jwt not in str(out.value) and out.count == 2
+
+
+def test_secret_pairs_in_text_are_redacted() -> None:
+    text = 'log {"password": "hun\\"ter2", "page": 2} api_key=sk-live-1&x=1 ' \
+           "Authorization: Bearer abcdefgh12345678"
+    cleaned, count = redact_text(text)
+    assert "hun" not in cleaned and "sk-live-1" not in cleaned and "abcdefgh" not in cleaned
+    assert '"page": 2' in cleaned and "&x=1" in cleaned and count == 3
+
+
+def test_caller_level_redaction_leaves_pii_and_removes_secrets() -> None:
+    value = {"email": "ada@example.com", "ip": "127.0.0.1", "api_key": "k", "log": "x s3cret!"}
+    out = redact_secrets(value, secrets=("s3cret!",))
+    assert out.value == {"email": "ada@example.com", "ip": "127.0.0.1", "api_key": REDACTED,
+                         "log": f"x {REDACTED}"}
+
+
+def test_secret_parameters_by_name_and_by_schema() -> None:
+    schema = {"type": "object", "properties": {
+        "db": {"type": "object", "properties": {"dsn": {"type": "string", "writeOnly": True}}},
+        "pin": {"type": "string", "format": "password"},
+        "note": {"type": "string"}}}
+    params = {"db": {"dsn": "postgres://u:p@h/db"}, "pin": "8731", "note": "hello",
+              "auth": {"password": "hunter2", "user": "ada"}, "tokens": ["tok-abcdef"],
+              "short": {"secret": "ab"}}
+    assert set(secret_parameter_values(schema, params)) == {
+        "postgres://u:p@h/db", "8731", "hunter2", "tok-abcdef"}
+
+
+def test_secret_parameters_also_in_the_form_json_writes_them() -> None:
+    values = secret_parameter_values(None, {"password": 'pa"ss\\wörd'})
+    assert {'pa"ss\\wörd', 'pa\\"ss\\\\w\\u00f6rd', 'pa\\"ss\\\\wörd'} <= set(values)

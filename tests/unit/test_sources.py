@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from domain.model import ToolSource
+from domain.publication_limits import PublicationLimits
 from toolexec.sources import (
     SourceError,
     bash_syntax_check,
@@ -85,11 +86,83 @@ def test_manifest_is_normalised_on_load(tmp_path: Path) -> None:
     assert manifest["parameters"]["required"] == ["text"]
 
 
-def test_symlinks_are_not_followed_out_of_the_tool(tmp_path: Path) -> None:
+def test_a_symlink_out_of_the_tool_is_refused(tmp_path: Path) -> None:
     secret = write(tmp_path / "secret.txt", "s3cret")
     tool = script_dir(tmp_path / "tools")
     (tool / "leak.txt").symlink_to(secret)
+    with pytest.raises(SourceError, match="outside the tool directory") as caught:
+        load_source(tool)
+    assert caught.value.code == "E3105" and "s3cret" not in caught.value.message
+
+
+def test_a_symlinked_directory_out_of_the_tool_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    write(outside / "key.pem", "private")
+    tool = script_dir(tmp_path / "tools")
+    (tool / "lib").symlink_to(outside)
+    with pytest.raises(SourceError, match="outside the tool directory"):
+        load_source(tool)
+
+
+def test_a_symlink_inside_the_tool_is_skipped(tmp_path: Path) -> None:
+    tool = script_dir(tmp_path)
+    (tool / "alias.py").symlink_to(tool / "main.py")
     assert [f.path for f in load_source(tool).files] == ["main.py"]
+
+
+def test_a_symlinked_manifest_is_refused(tmp_path: Path) -> None:
+    real = script_dir(tmp_path / "real")
+    tool = tmp_path / "linked"
+    write(tool / "main.py", "print('{}')\n")
+    (tool / "tool.yaml").symlink_to(real / "tool.yaml")
+    with pytest.raises(SourceError, match="symbolic link"):
+        load_source(tool)
+
+
+def test_a_symlinked_single_file_manifest_is_refused_and_reported(tmp_path: Path) -> None:
+    real = write(tmp_path / "elsewhere" / "api.yaml", "tool_id: api\n")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "api.yaml").symlink_to(real)
+    with pytest.raises(SourceError, match="symbolic link"):
+        load_source(tools / "api.yaml")
+    [error] = discover([tools])
+    assert isinstance(error, SourceError) and "symbolic link" in error.message
+
+
+def test_yaml_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    bomb = write(tmp_path / "bomb.yaml", "\n".join(lines) + "\n")
+    with pytest.raises(SourceError, match="expand") as caught:
+        load_source(bomb)
+    assert caught.value.code == "E3105"
+
+
+def test_small_anchors_and_aliases_still_load(tmp_path: Path) -> None:
+    text = TOOL_YAML.format(tool_id="anchored", version="1.0.0") + \
+        "tags: &t [a, b]\nchangelog_tags: *t\n"
+    tool = write(tmp_path / "anchored" / "tool.yaml", text).parent
+    write(tool / "main.py", "print('{}')\n")
+    assert load_source(tool).manifest["changelog_tags"] == ["a", "b"]
+
+
+def test_a_tool_with_too_many_files_is_refused_before_reading_them(tmp_path: Path) -> None:
+    tool = script_dir(tmp_path)
+    for index in range(5):
+        write(tool / "data" / f"{index}.txt", "")
+    with pytest.raises(SourceError, match="file limit") as caught:
+        load_source(tool, limits=PublicationLimits(max_files=3))
+    assert caught.value.code == "E3105"
+
+
+def test_a_huge_sparse_file_is_refused_by_its_size_without_reading_it(tmp_path: Path) -> None:
+    tool = script_dir(tmp_path)
+    with open(tool / "sparse.bin", "wb") as handle:
+        handle.truncate(650 * 1024 * 1024)  # 650 MB, no blocks on disk
+    with pytest.raises(SourceError, match="byte limit"):
+        load_source(tool)
 
 
 def test_unreadable_yaml_raises_source_error_with_line(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+print("plain text, not JSON")

@@ -1,0 +1,1 @@
+print("<html>not JSON</html>")
