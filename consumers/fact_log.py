@@ -11,7 +11,6 @@ is away is sent again until the broker takes it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,28 +39,14 @@ class PartitionFactLog:
                 self.observe(event)
 
     async def _send(self, records: Sequence[KafkaRecord]) -> int:
-        """Send `records` in as few batches as their size allows; the last offset."""
+        """Send `records` to the partition; the offset of the last one. Records are
+        handed to the producer's accumulator one by one without waiting in between, so
+        the facts of every invocation appending to the partition meanwhile share one
+        record batch and one produce request."""
         progress = self.progress
         extra = [(RESUME_HEADER, progress.resume_header())] if progress.owned else []
-        pending: list[tuple[asyncio.Future[object], int]] = []
-        batch, count = self.producer.create_batch(), 0
-        for record in records:
-            headers = [*record.headers, *extra]
-            if batch.append(key=record.key, value=record.value, timestamp=None,
-                            headers=headers) is None:
-                pending.append((await self._submit(batch), count))
-                batch, count = self.producer.create_batch(), 0
-                if batch.append(key=record.key, value=record.value, timestamp=None,
-                                headers=headers) is None:
-                    raise ValueError("a fact does not fit in one record batch")
-            count += 1
-        pending.append((await self._submit(batch), count))
-        last = -1
-        for future, size in pending:
-            metadata = await future
-            last = max(last, metadata.offset + size - 1)  # type: ignore[attr-defined]
-        return last
-
-    async def _submit(self, batch: object) -> asyncio.Future[object]:
-        return await self.producer.send_batch(batch, topics.INVOCATIONS,
-                                              partition=self.progress.partition)
+        futures = [await self.producer.send(topics.INVOCATIONS, record.value, key=record.key,
+                                            partition=progress.partition,
+                                            headers=[*record.headers, *extra])
+                   for record in records]
+        return max([(await future).offset for future in futures])

@@ -57,7 +57,9 @@ PACING_SECONDS = 0.5
 VIEWS_IDLE_WAIT_MS = 100
 """The views (registry, circuits, policies) answer read-your-writes waits: their idle
 fetch wait is what a resolver's catch-up may wait for a new tool, so keep it short."""
-CIRCUITS_BATCH_MS = 100
+CIRCUITS_WAIT_MS = 100
+"""The circuits step is off the invocation's path: a fixed, moderate fetch wait (a
+breaker opens at most this much later) instead of polling fast while busy."""
 FACT_TYPES = frozenset(t for t in EVENT_MODELS if topics.TOPIC_OF_TYPE[t] == topics.INVOCATIONS)
 DECISION_REDIS_TIMEOUT_SECONDS = 0.5
 INVOCATION_PARTITIONS = 4
@@ -324,17 +326,15 @@ class Stack:
         deps = circuits.CircuitDeps(publish=publish, registry=self.registry,
                                     book=circuits.CircuitBook(self.circuits), clock=utc_now)
         dead_letters = DeadLetters(publish, utc_now)
-        pacer = self._new_pacer()
         group = f"{self.group_prefix}.circuits"
         options = {k: v for k, v in consumer_kwargs(self.settings).items()
                    if k != "fetch_max_wait_ms"}
 
         @broker.subscriber(topics.INVOCATIONS, group_id=group, batch=True,
-                           batch_timeout_ms=CIRCUITS_BATCH_MS, max_records=500,
+                           batch_timeout_ms=CIRCUITS_WAIT_MS, max_records=500,
                            auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL,
-                           fetch_max_wait_ms=pacer.long_ms, **options)
+                           fetch_max_wait_ms=CIRCUITS_WAIT_MS, **options)
         async def count_outcomes(message: Any) -> None:
-            pacer.busy()
             records = message.raw_message
             for record in records:
                 kind = header_type(record.headers)
@@ -351,7 +351,6 @@ class Stack:
             except Exception as exc:  # moved in a rebalance: the new owner counts again
                 log.info("circuits.commit_deferred", error=repr(exc))
 
-        _pace_subscriber(broker, pacer)
 
     def _pipeline(self, state: Path) -> Pipeline:
         assert self._producer is not None

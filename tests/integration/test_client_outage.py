@@ -9,7 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
+from contracts import topics
 from tests.cli_process import toolexec
 from tests.log_reading import terminal_failure
 from tests.s3_store import s3_store, tansu_s3_env
@@ -18,6 +20,20 @@ from toolexec.embedded_broker import EmbeddedBroker
 from toolexec.stack import TOPIC_PARTITIONS
 
 pytestmark = pytest.mark.integration
+
+
+async def _request_on_the_log(bootstrap: str, invocation_id: str) -> None:
+    """Until the request of `invocation_id` is on the requests topic."""
+    consumer = AIOKafkaConsumer(topics.REQUESTS, bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    await consumer.start()
+    try:
+        async with asyncio.timeout(30):
+            async for record in consumer:
+                if record.key == invocation_id.encode():
+                    return
+    finally:
+        await consumer.stop()
 
 
 
@@ -52,8 +68,8 @@ async def test_the_client_reconnects_after_a_broker_restart(tmp_path: Path) -> N
             await broker.restart()
             waiting = asyncio.create_task(
                 client.invoke("echo", invocation_id="inv-after", timeout=30))
-            await asyncio.sleep(0)  # the request is registered and on its way
-            await client.send(terminal_failure("inv-after"))
+            await _request_on_the_log(broker.bootstrap, "inv-after")
+            await client.send(terminal_failure("inv-after"))  # what a pipeline would do
             terminal = await waiting
     assert (terminal.type, terminal.correlationid) == ("tool.invoke.failed", "inv-after")
 

@@ -39,6 +39,8 @@ from contracts.events import (
     ValidationIssue,
 )
 from contracts.kafka_binding import (
+    CONTENT_TYPE_HEADER,
+    STRUCTURED_CONTENT_TYPE,
     KafkaRecord,
     UndecodableRecord,
     decode,
@@ -46,6 +48,8 @@ from contracts.kafka_binding import (
     encode,
     encode_structured,
     encode_with_sdk,
+    from_document,
+    to_document,
 )
 
 NOW = datetime(2025, 3, 1, 9, 30, 15, 250000, tzinfo=UTC)
@@ -450,3 +454,14 @@ def test_arbitrary_structured_documents_decode_or_raise_undecodable(document: di
             decoder(b"k", value, headers)
         except UndecodableRecord as bad:
             assert bad.error.code == "E3004"
+
+
+@pytest.mark.parametrize("data", SAMPLES, ids=lambda d: d.EVENT_TYPE)
+def test_a_stored_document_reads_back_as_the_event_and_as_the_sdk_reads_it(
+        data: EventData) -> None:
+    env = envelope_of(data, subject="s", extensions={"traceparent": "t"})
+    document = to_document(env)
+    assert from_document(document) == env
+    structured = [(CONTENT_TYPE_HEADER, STRUCTURED_CONTENT_TYPE.encode())]
+    assert decode_with_sdk(None, document, structured) == env
+    assert from_document(encode_structured(env).value) == env
