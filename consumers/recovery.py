@@ -63,6 +63,12 @@ class LogReader:
 
     async def recover(self, tp: TopicPartition) -> Recovered:
         """Where partition `tp` of the invocations topic says its requests stand."""
+        try:
+            return await self._recover(tp)
+        finally:  # an assigned partition is fetched on and on: stop until the next read
+            self._consumer.pause(*self._consumer.assignment())
+
+    async def _recover(self, tp: TopicPartition) -> Recovered:
         async with self._lock, asyncio.timeout(self._read_timeout):
             consumer = self._consumer
             consumer.assign([tp])

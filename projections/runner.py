@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -51,6 +51,17 @@ class RunnerStats:
     batches: int = 0
 
 
+class Pacer(Protocol):
+    """Sets the runner's fetch wait: short while records flow, long when idle (a
+    `consumers.fetch_pacing.FetchPacer`, wired by the composition root)."""
+
+    def attach(self, consumer: Any) -> None: ...
+
+    def busy(self) -> None: ...
+
+    def update(self) -> None: ...
+
+
 class ProjectionRunner:
     """Consumes the topics of one read model (or several: each record is then fetched
     and decoded once for all of them) into `engine`; `start()` runs it in the
@@ -59,7 +70,8 @@ class ProjectionRunner:
 
     def __init__(self, engine: AsyncEngine, model: ReadModel | Sequence[ReadModel],
                  bootstrap: str, *, consumer_options: Mapping[str, Any] | None = None,
-                 batch_size: int = BATCH_SIZE, poll_ms: int = 100) -> None:
+                 batch_size: int = BATCH_SIZE, poll_ms: int = 100,
+                 pacer: Pacer | None = None) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -71,6 +83,7 @@ class ProjectionRunner:
             k: v for k, v in (consumer_options or {}).items() if k == "fetch_max_wait_ms"}}
         self._batch_size = batch_size
         self._poll_ms = poll_ms
+        self._pacer = pacer
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: list[TopicPartition] = []
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
@@ -90,6 +103,8 @@ class ProjectionRunner:
                                     **self._options)
         await consumer.start()
         self._consumer = consumer
+        if self._pacer is not None:
+            self._pacer.attach(consumer)
         known = await consumer.topics()
         wanted = {topic for m in self.models for topic in m.topics}
         self._partitions = sorted(
@@ -142,6 +157,11 @@ class ProjectionRunner:
         assert self._consumer is not None, "runner not open"
         fetched = await self._consumer.getmany(timeout_ms=self._poll_ms,
                                                max_records=self._batch_size)
+        if self._pacer is not None:
+            if any(fetched.values()):
+                self._pacer.busy()
+            else:
+                self._pacer.update()
         batch = [(tp, fetched[tp]) for tp in sorted(fetched, key=lambda t: (t.topic, t.partition))
                  if fetched[tp]]
         if not batch:
@@ -311,6 +331,8 @@ class ProjectionRunner:
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:
         """Wait (bounded) until the rows include every record in the log right now."""
+        if self._pacer is not None:
+            self._pacer.busy()
         ends = await self.end_offsets()
         try:
             async with asyncio.timeout(timeout), self._moved:

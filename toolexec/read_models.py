@@ -10,19 +10,22 @@ from dataclasses import dataclass, field
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from consumers.fetch_pacing import FetchPacer
 from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.runner import ProjectionRunner
-from toolexec.settings import Settings, consumer_kwargs
+from toolexec.settings import Settings, fetch_waits
 from toolexec.state_files import ensure_state_dir
 
 log = structlog.get_logger(__name__)
 
-PROJECTION_FETCH_WAIT_MS = 100
-"""Floor of the projection runners' fetch wait. Read models are eventually consistent
-and nobody waits hop by hop on them; on a broker that holds every fetch for the full
-wait (Tansu), the pipeline's 5 ms would make four more consumers poll 200 times a
-second each while idle."""
+PROJECTION_BUSY_WAIT_MS = 20
+PROJECTION_IDLE_WAIT_MS = 250
+"""The projection runners' fetch waits while records flow and while idle. Read models
+are eventually consistent and nobody waits hop by hop on them; on a broker that holds
+every fetch for the full wait (Tansu), a short wait would make four more consumers
+poll hundreds of times a second. A read-your-writes wait (`wait_caught_up`) moves a
+runner to its busy wait at once."""
 
 
 @dataclass
@@ -54,7 +57,8 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         await migrate(engine)
         for name, model in read_models().items():
             runner = ProjectionRunner(engine, model, bootstrap,
-                                      consumer_options=_runner_options(settings))
+                                      consumer_options=_runner_options(settings),
+                                      pacer=_runner_pacer(settings))
             await runner.start()
             handle.runners[name] = runner
     except BaseException:
@@ -65,5 +69,9 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
 
 
 def _runner_options(settings: Settings) -> dict[str, int]:
-    wait = consumer_kwargs(settings)["fetch_max_wait_ms"]
-    return {"fetch_max_wait_ms": max(wait, PROJECTION_FETCH_WAIT_MS)}
+    return {"fetch_max_wait_ms": _runner_pacer(settings).long_ms}
+
+
+def _runner_pacer(settings: Settings) -> FetchPacer:
+    busy, idle = fetch_waits(settings)
+    return FetchPacer(max(busy, PROJECTION_BUSY_WAIT_MS), min(idle, PROJECTION_IDLE_WAIT_MS))

@@ -58,8 +58,8 @@ VIEWS_IDLE_WAIT_MS = 100
 """The views (registry, circuits, policies) answer read-your-writes waits: their idle
 fetch wait is what a resolver's catch-up may wait for a new tool, so keep it short."""
 CIRCUITS_WAIT_MS = 100
-"""The circuits step is off the invocation's path: a fixed, moderate fetch wait (a
-breaker opens at most this much later) instead of polling fast while busy."""
+"""The circuits step is off the invocation's path: a moderate fetch wait while busy
+(a breaker opens at most this much later), the idle wait otherwise."""
 FACT_TYPES = frozenset(t for t in EVENT_MODELS if topics.TOPIC_OF_TYPE[t] == topics.INVOCATIONS)
 DECISION_REDIS_TIMEOUT_SECONDS = 0.5
 INVOCATION_PARTITIONS = 4
@@ -125,6 +125,8 @@ class Stack:
     _decisions_redis: Any = field(default=None, init=False)
     _abac: HttpAbac | None = field(default=None, init=False)
     _pacers: list[FetchPacer] = field(default_factory=list, init=False)
+    _paced: list[tuple[Any, FetchPacer]] = field(default_factory=list, init=False)
+    """FastStream subscribers and their pacers (attached once their consumers exist)."""
     _pacing: asyncio.Task[None] | None = field(default=None, init=False)
     read_models_factory: ReadModelsFactory | None = None
     _read_models: Stoppable | None = field(default=None, init=False)
@@ -179,9 +181,8 @@ class Stack:
             self._attach_circuits(self.broker)
             self.pipeline = self._pipeline(state)
         await start_concurrently(self.broker)
-        for subscriber in self.broker.subscribers:
-            if (pacer := getattr(subscriber, "_toolexec_pacer", None)) is not None:
-                pacer.attach(subscriber.consumer)
+        for subscriber, pacer in self._paced:
+            pacer.attach(subscriber.consumer)
         if self.pipeline is not None:
             await self.pipeline.start()
             async with asyncio.timeout(START_TIMEOUT_SECONDS):
@@ -277,9 +278,11 @@ class Stack:
         ends = await self._offsets.end_offsets(tps)
         return {tp.partition: offset for tp, offset in ends.items()}
 
-    def _new_pacer(self, *, idle_ms: int | None = None) -> FetchPacer:
+    def _new_pacer(self, *, busy_ms: int | None = None,
+                   idle_ms: int | None = None) -> FetchPacer:
         short, long = fetch_waits(self.settings)
-        pacer = FetchPacer(short, long if idle_ms is None else min(long, idle_ms))
+        pacer = FetchPacer(short if busy_ms is None else max(short, busy_ms),
+                           long if idle_ms is None else min(long, idle_ms))
         self._pacers.append(pacer)
         return pacer
 
@@ -302,8 +305,12 @@ class Stack:
         }
         pacer = self._new_pacer(idle_ms=VIEWS_IDLE_WAIT_MS)
 
-        @broker.subscriber(*views, group_id=None, auto_offset_reset="earliest",
-                           ack_policy=AckPolicy.MANUAL, fetch_max_wait_ms=pacer.long_ms)
+        subscriber = broker.subscriber(*views, group_id=None, auto_offset_reset="earliest",
+                                       ack_policy=AckPolicy.MANUAL,
+                                       fetch_max_wait_ms=pacer.long_ms)
+        self._paced.append((subscriber, pacer))
+
+        @subscriber
         async def fold(message: Any) -> None:
             pacer.busy()
             record = message.raw_message
@@ -316,8 +323,6 @@ class Stack:
                                 error=bad.error.code)
             view.advance(record.partition, record.offset)
 
-        _pace_subscriber(broker, pacer)
-
     def _attach_circuits(self, broker: KafkaBroker) -> None:
         """The circuits step, a side step of its own consumer group on the facts: it
         must see every outcome of a service, so one member of the group counts them."""
@@ -326,15 +331,20 @@ class Stack:
         deps = circuits.CircuitDeps(publish=publish, registry=self.registry,
                                     book=circuits.CircuitBook(self.circuits), clock=utc_now)
         dead_letters = DeadLetters(publish, utc_now)
+        pacer = self._new_pacer(busy_ms=CIRCUITS_WAIT_MS)
         group = f"{self.group_prefix}.circuits"
         options = {k: v for k, v in consumer_kwargs(self.settings).items()
                    if k != "fetch_max_wait_ms"}
 
-        @broker.subscriber(topics.INVOCATIONS, group_id=group, batch=True,
-                           batch_timeout_ms=CIRCUITS_WAIT_MS, max_records=500,
-                           auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL,
-                           fetch_max_wait_ms=CIRCUITS_WAIT_MS, **options)
+        subscriber = broker.subscriber(
+            topics.INVOCATIONS, group_id=group, batch=True, batch_timeout_ms=CIRCUITS_WAIT_MS,
+            max_records=500, auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL,
+            fetch_max_wait_ms=pacer.long_ms, **options)
+        self._paced.append((subscriber, pacer))
+
+        @subscriber
         async def count_outcomes(message: Any) -> None:
+            pacer.busy()
             records = message.raw_message
             for record in records:
                 kind = header_type(record.headers)
@@ -403,10 +413,3 @@ class Stack:
 
 async def _no_publish(envelope: Envelope) -> None:
     raise AssertionError("each run publishes through its own fact log")
-
-
-def _pace_subscriber(broker: KafkaBroker, pacer: FetchPacer) -> None:
-    """Mark the subscriber just declared on `broker` for `pacer` (attached once it
-    started and has its consumer)."""
-    subscriber = broker.subscribers[-1]
-    subscriber._toolexec_pacer = pacer  # type: ignore[attr-defined]
