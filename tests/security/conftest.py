@@ -22,6 +22,7 @@ from consumers.pipeline import PipelineDeps, passthrough_decoder, pipeline_group
 from consumers.policy_engine import CedarEvaluator
 from contracts import topics
 from contracts.envelope import Envelope
+from domain.credentials import CredentialGrants
 from domain.policy import DecisionCache
 from projections.policy_view import PolicyView
 from tests.handlers.conftest import (
@@ -63,9 +64,11 @@ def build_secure_harness(public_keys: list[Any], *,
                          secrets: Callable[[str], str | None] = lambda name: None,
                          runner: Any = None, external: Any = None,
                          decisions: DecisionStore | None = None, evaluator: Any = None,
+                         credential_grants: CredentialGrants | None = None,
                          ) -> tuple[Harness, KafkaBroker, PolicyView, DecisionCache]:
     """The pipeline on TestKafkaBroker with require_auth on and Cedar policies wired.
-    Decisions are cached in `decisions`, else in the returned in-process cache."""
+    Decisions are cached in `decisions`, else in the returned in-process cache;
+    credentials are granted as `credential_grants` says (nothing by default)."""
     broker = KafkaBroker("localhost:9092", apply_types=False, decoder=passthrough_decoder)
     registry = FakeRegistry()
     for tool in sealed_tools():
@@ -88,6 +91,8 @@ def build_secure_harness(public_keys: list[Any], *,
     async def no_sleep(seconds: float) -> None:
         return None
 
+    grants = {} if credential_grants is None else {"credential_grants": credential_grants}
+
     deps = PipelineDeps(
         resolve=resolve.ResolveDeps(registry=registry, publish=publish, clock=clock),
         authorize=authorize.AuthorizeDeps(
@@ -96,7 +101,7 @@ def build_secure_harness(public_keys: list[Any], *,
             evaluator=evaluator or CedarEvaluator(), cache=decisions, external=external),
         execute=execute.ExecuteDeps(registry=registry, publish=publish, clock=clock,
                                     runner=runner, claims=claims_store, secrets=secrets,
-                                    random=lambda: 0.0, sleep=no_sleep),
+                                    random=lambda: 0.0, sleep=no_sleep, **grants),
         finalize=finalize.FinalizeDeps(publish=publish, clock=clock),
         dead_letters=DeadLetters(publish, clock),
         clock=clock,
