@@ -17,7 +17,8 @@ absolute-form `http://` request — and then:
 
 A refusal is answered `403` with the E3406 reason in the body (and header
 `X-Toolexec-Error: E3406`) and logged as `egress.refused`; an unreachable or
-unresolvable destination `502`. Plain-HTTP requests are sent with
+unresolvable destination `502`. A run holds at most MAX_CONNECTIONS connections at
+once. Plain-HTTP requests are sent with
 `Connection: close`, so each connection reaches exactly the one host it was checked
 for. Everything a session holds is closed with the run.
 """
@@ -46,6 +47,9 @@ log = structlog.get_logger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 HEAD_TIMEOUT_SECONDS = 30.0
+MAX_CONNECTIONS = 64
+"""Connections one run may hold open at once; more are closed as they arrive, so a
+tool cannot spend toolexec's file descriptors."""
 _COPY_CHUNK = 65536
 
 
@@ -107,7 +111,7 @@ class EgressSession:
                 with contextlib.suppress(OSError):
                     socket.close(fd)
                 continue
-            if connection.type != socket.SOCK_STREAM:
+            if connection.type != socket.SOCK_STREAM or len(self._tasks) >= MAX_CONNECTIONS:
                 connection.close()
                 continue
             task = self._loop.create_task(self._serve(connection))
