@@ -77,7 +77,8 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
             if root:
                 launch._pool = shared_pool(policy.run_uid_base, policy.run_uid_count)
                 launch.uid = launch._pool.lease()
-            launch.max_processes = plan.limits.max_processes or policy.max_processes
+            asked = plan.limits.max_processes
+            launch.max_processes = policy.max_processes if asked is None else asked
         if bubblewrap.network_allowed(plan.network):
             launch.egress = EgressSession(plan.network, policy.egress_allowed_networks)
             launch.pass_fds = (launch.egress.child_fd,)

@@ -37,9 +37,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway
     # rlimits: the tool reports host pids in a file on the host; bubblewrap would give
     # it a private /tmp and its own PID namespace.
     with running_gateway(tmp_path_factory.mktemp("cancel"),
-                         env={"TOOLEXEC_SANDBOX": "rlimits",
-                              # the hanging API server is on loopback
-                              "TOOLEXEC_EGRESS_ALLOWED_NETWORKS": '["127.0.0.1/32"]'}) as running:
+                         env={"TOOLEXEC_SANDBOX": "rlimits"}) as running:
         code = (SLEEPER / "main.py").read_text()
         registered = running.register(LONG_SLEEPER, [{"path": "main.py", "content": code}])
         assert registered.status_code == 201, registered.text
