@@ -122,6 +122,9 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str,
              *confinement.extra_read_only]
     for prefix in dict.fromkeys(shown):
         args += [*_traversable_parents(prefix), "--ro-bind", str(prefix), str(prefix)]
+    # the sandbox's own root (a tmpfs holding the mount points) is writable by the tool
+    # in a user namespace: read-only, so nothing is written outside the quota
+    args += ["--remount-ro", "/"]
     args += ["--chdir", str(cwd),
              "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
              "--unshare-net", "--die-with-parent", "--new-session"]
