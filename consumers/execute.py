@@ -37,13 +37,14 @@ from contracts.errors import ErrorInfo
 from contracts.events import ExecutionFinished, ExecutionStarted, PermissionDecided
 from contracts.kafka_binding import from_document, to_document
 from domain.claims import ClaimDecision, ClaimStatus
-from domain.credentials import REFERENCE, declared_credentials, references, scoped_secrets
+from domain.credentials import REFERENCE, CredentialGrants, granted_secrets, references
 from domain.errors import ToolexecError, ValidationFailed
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, ResolvedChain, SubprocessPlan
 from domain.plan import build_plan
-from domain.redaction import REDACTED, secret_parameter_values
+from domain.redaction import secret_parameter_values
 from domain.result import output_format
 from domain.retry import RetryPolicy, backoff_delay, is_retriable
+from domain.secret_scrub import Scrubber
 from domain.validation import validate_parameters
 
 EVENT_STDOUT_MAX = 512 * 1024
@@ -61,6 +62,8 @@ class ExecuteDeps:
     sleep: Callable[[float], Any] = asyncio.sleep
     gate: AttemptGate = dataclasses.field(default_factory=AttemptGate)
     cancellations: Cancellations = dataclasses.field(default_factory=Cancellations)
+    credential_grants: CredentialGrants = dataclasses.field(default_factory=CredentialGrants)
+    """The operator's credential grants (TOOLEXEC_CREDENTIAL_GRANTS); none by default."""
 
 
 class AttemptTakenOver(Exception):
@@ -94,7 +97,7 @@ async def execute_decision(event: Envelope, chain: ResolvedChain, deps: ExecuteD
         leaf = chain.leaf
         _check_parameters(leaf.manifest, decision.parameters)
         plan = build_plan(chain)
-        secrets = scoped_secrets(plan, declared_credentials(chain), deps.secrets)
+        secrets = granted_secrets(chain, plan, deps.credential_grants, deps.secrets)
     except ToolexecError as error:
         return failed(event, error, stage="execute", invocation_id=decision.invocation_id,
                       tool_id=decision.tool_id, version=decision.version, now=deps.clock())
@@ -318,25 +321,21 @@ def _started(decision: PermissionDecided, attempt: int,
     )
 
 
-def _scrub(text: str, secret_values: tuple[str, ...]) -> str:
-    for value in secret_values:
-        if len(value) >= 4:
-            text = text.replace(value, REDACTED)
-    return text
-
-
 def _finished(decision: PermissionDecided, attempt: int, outcome: PrimitiveOutcome,
               manifest: Mapping[str, Any], secret_values: tuple[str, ...], *,
               final: bool) -> ExecutionFinished:
-    stdout = _scrub(outcome.stdout.decode("utf-8", errors="replace"), secret_values)
+    """The attempt's event, every string that left the run scrubbed of the run's
+    credential values and their encodings (domain.secret_scrub) before it exists."""
+    scrub = Scrubber(secret_values)
+    stdout = scrub.text(outcome.stdout.decode("utf-8", errors="replace"))
     stdout_truncated = outcome.stdout_truncated or len(stdout) > EVENT_STDOUT_MAX
-    stderr = _scrub(outcome.stderr.decode("utf-8", errors="replace"), secret_values)
+    stderr = scrub.text(outcome.stderr.decode("utf-8", errors="replace"))
     error = None
     if outcome.error is not None:
         raw = dict(outcome.error)
         error = ErrorInfo(code=str(raw.get("code", "E3401")),
-                          message=_scrub(str(raw.get("message", "")), secret_values),
-                          details=_scrub_details(raw.get("details") or {}, secret_values))
+                          message=scrub.text(str(raw.get("message", ""))),
+                          details=scrub.value(dict(raw.get("details") or {})))
     elif not outcome.ok:
         error = error_info(ToolexecError("tool execution failed", code="E3401"))
     return ExecutionFinished(
@@ -357,15 +356,3 @@ def _outcome_label(outcome: PrimitiveOutcome) -> str:
         return "success"
     return "unknown" if (outcome.error or {}).get("code") == "E3404" and outcome.exit_code is None \
         else "failure"
-
-
-def _scrub_details(details: Mapping[str, Any], secret_values: tuple[str, ...]) -> dict[str, Any]:
-    def walk(node: Any) -> Any:
-        if isinstance(node, str):
-            return _scrub(node, secret_values)
-        if isinstance(node, dict):
-            return {k: walk(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return node
-    return walk(dict(details))

@@ -9,6 +9,15 @@ The execution sections of Appendix C (`resource_limits`, `network_policy`,
 `retry_policy`) merge the same way, read from the manifest top level or from `config`.
 Values such as `${API_KEY}` are kept verbatim: the primitive resolves them at execution
 time, so secrets never reach a plan or an event.
+
+What executes is decided by the links that run it, not by the tool on top: a child
+may not change `command`, `base_args` or an `env` variable that one of its parents
+set (a script cannot swap python_runtime's interpreter for another program, nor
+reset an interpreter option or a variable the runtime relies on) unless its
+parent's matching child schema names that key under `properties.config.properties`
+— an explicit "children may set this". Anything else a child adds or overrides
+(its own variables, `args` after its entrypoint, `timeout`, limits that the
+operator's ceilings bound anyway) stays its own. A refused override is E3105.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from domain.child_validation import child_document
 from domain.errors import ChainInvalid
 from domain.model import (
     HttpPlan,
@@ -42,6 +52,9 @@ _SIZE_UNITS: dict[str, int] = {
 }
 _CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
 _ENV_NAME = re.compile(r"^[^=\x00]+$")
+EXECUTION_KEYS: tuple[str, ...] = ("command", "base_args", "env")
+"""Config keys that decide what a subprocess runs: a child may not change what a
+parent set there unless the parent's child schema allows it."""
 
 
 def merged_config(chain: ResolvedChain) -> dict[str, Any]:
@@ -165,6 +178,7 @@ def _mcp_plan(chain: ResolvedChain, base_env: Mapping[str, str]) -> McpPlan:
 
 def _subprocess_plan(chain: ResolvedChain, config: Mapping[str, Any],
                      base_env: Mapping[str, str]) -> SubprocessPlan:
+    check_overrides(chain)
     command = config.get("command")
     if not isinstance(command, str) or not command:
         raise _invalid(f"chain of {chain.leaf.tool_id} declares no config.command for subprocess")
@@ -257,6 +271,62 @@ def _network(section: Mapping[str, Any]) -> NetworkPolicy:
         raise _invalid("network_policy.deny_all_egress must be true or false")
     return NetworkPolicy(allowed_domains=tuple(domains), allowed_ports=tuple(ports),
                          deny_all_egress=deny)
+
+
+# ------------------------------------------------------------------------ overrides
+
+
+def check_overrides(chain: ResolvedChain) -> None:
+    """Raise ChainInvalid (E3105) when a link changes an execution key (EXECUTION_KEYS)
+    that a link below it set, without its parent's child schema allowing it."""
+    links = chain.links
+    for index in range(len(links) - 1):
+        child, parent = links[index], links[index + 1]
+        config = _mapping(child.manifest.get("config"))
+        touched = [key for key in EXECUTION_KEYS if key in config]
+        if not touched:
+            continue
+        allowed = allowed_config_keys(parent, child)
+        below = [_mapping(tv.manifest.get("config")) for tv in links[index + 1:]]
+        for key in touched:
+            if key in allowed:
+                continue
+            if key == "env":
+                inherited = {name for c in below for name in _mapping(c.get("env"))}
+                changed = sorted(name for name in _mapping(config.get("env")) if name in inherited)
+                if changed:
+                    raise _refused(child, parent, f"config.env.{changed[0]}")
+            elif any(key in c for c in below):
+                raise _refused(child, parent, f"config.{key}")
+
+
+def allowed_config_keys(parent: ToolVersion, child: ToolVersion) -> frozenset[str]:
+    """The config keys the parent's first matching child schema names (its
+    `properties.config.properties`): the ones its children may set freely."""
+    validation = _mapping(parent.manifest.get("validation"))
+    entries = validation.get("child_schemas")
+    if not isinstance(entries, list):
+        return frozenset()
+    document = child_document(child)
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            continue
+        match = entry.get("match")
+        if match is not None and not (isinstance(match, Mapping) and all(
+                key in document and document[key] == value for key, value in match.items())):
+            continue
+        schema = _mapping(entry.get("schema"))
+        config = _mapping(_mapping(schema.get("properties")).get("config"))
+        return frozenset(_mapping(config.get("properties")))
+    return frozenset()
+
+
+def _refused(child: ToolVersion, parent: ToolVersion, key: str) -> ChainInvalid:
+    message = (f"{child.tool_id}@{child.version} may not override {key} set by "
+               f"{parent.tool_id}@{parent.version} or below it: what runs is decided by the "
+               f"runtime, and {parent.tool_id}'s child schema does not let children set it")
+    return ChainInvalid(message, details={"reason": message, "tool_id": child.tool_id,
+                                          "key": key, "parent": parent.tool_id})
 
 
 # --------------------------------------------------------------------------- merging

@@ -31,7 +31,8 @@ REGISTRY_WAIT_SECONDS = 20.0
 def bench_settings(state_dir: Path) -> Settings:
     """Embedded profile whatever the environment says: own broker, no auth, no tool dirs."""
     return Settings(kafka_bootstrap=None, state_dir=state_dir, tools_dir=state_dir / "none",
-                    user_tools_dir=None, require_auth=False)
+                    user_tools_dir=None, require_auth=False,
+                    egress_allowed_networks=["127.0.0.1/32"])  # the bench's own HTTP server
 
 
 async def run_stack(state_dir: Path, tools_dir: Path, workers: int) -> None:

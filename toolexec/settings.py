@@ -10,13 +10,18 @@ production profile (any Kafka, plus `database_url` / `redis_url`).
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from domain.credentials import CredentialGrants
+from domain.errors import ChainInvalid
+from domain.plan import parse_size
 from domain.publication_limits import PublicationLimits
+from domain.sandbox_policy import SandboxPolicy
 
 MIB = 1024 * 1024
 
@@ -127,6 +132,67 @@ class Settings(BaseSettings):
     """Largest HTTP request body the gateway reads (413 E3004 past it)..."""
     gateway_max_register_bytes: int = Field(default=32 * MIB, ge=1)
     """... except on `POST /v1/tools/register`, whose body carries a tool's files."""
+
+    # --- Sandbox ceilings, egress and credential grants: operator rights, which a
+    # manifest can only narrow (docs/sandbox.md). Sizes take "512Mi", "2Gi" or bytes.
+    sandbox_max_memory: str = "2Gi"
+    """Largest address space (RLIMIT_AS) of any tool process."""
+    sandbox_max_cpu_seconds: int = Field(default=300, gt=0)
+    """Most CPU seconds of any tool process; default limit: one core for the wall time."""
+    sandbox_max_processes: int = Field(default=256, gt=0)
+    """Processes (and threads) of one run, counted per run."""
+    sandbox_max_disk: str = "1Gi"
+    """What one run may write: its quota under bubblewrap, the largest file elsewhere."""
+    sandbox_max_wall_seconds: float = Field(default=600.0, gt=0)
+    """Longest a run (a tool process, an HTTP request, an MCP call) may take."""
+    sandbox_uid_base: int = Field(default=200_000, ge=1000)
+    """First of the uids given one per run when toolexec runs as root."""
+    sandbox_uid_count: int = Field(default=1024, ge=1)
+    """How many per-run uids (at least the runs at once, MCP servers included)."""
+    egress_allowed_networks: list[str] = Field(default_factory=list)
+    """CIDR blocks tools may reach although loopback, link-local or private (JSON list)."""
+    credential_grants: dict[str, list[str]] = Field(default_factory=dict)
+    """Credential name -> tool ids (or `prefix*`) that may receive it (JSON object)."""
+
+    @field_validator("sandbox_max_memory", "sandbox_max_disk")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        try:
+            size = parse_size(value, "size")
+        except ChainInvalid as error:
+            raise ValueError(error.message) from None
+        if size <= 0:
+            raise ValueError("must be a positive size")
+        return value
+
+    @field_validator("egress_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)
+        return value
+
+    @field_validator("credential_grants")
+    @classmethod
+    def _grants(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        CredentialGrants.parse(value)
+        return value
+
+    def sandbox_policy(self) -> SandboxPolicy:
+        """The operator's SandboxPolicy; the state directory is never shown to a tool."""
+        return SandboxPolicy(
+            max_memory_bytes=parse_size(self.sandbox_max_memory),
+            max_cpu_seconds=self.sandbox_max_cpu_seconds,
+            max_processes=self.sandbox_max_processes,
+            max_disk_bytes=parse_size(self.sandbox_max_disk),
+            max_wall_seconds=self.sandbox_max_wall_seconds,
+            egress_allowed_networks=tuple(self.egress_allowed_networks),
+            protected_paths=(str(Path(self.state_dir).resolve()),),
+            run_uid_base=self.sandbox_uid_base, run_uid_count=self.sandbox_uid_count)
+
+    def credential_grants_policy(self) -> CredentialGrants:
+        """The operator's credential grants (nothing is granted by default)."""
+        return CredentialGrants.parse(self.credential_grants)
 
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
                      "require_auth", "sandbox", "abac_url", "token", mode="before")

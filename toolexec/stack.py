@@ -35,6 +35,7 @@ from consumers.pipeline import Pipeline
 from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
+from consumers.primitives.sandbox_launch import warn_about_isolation
 from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbox
 from contracts import topics
 from contracts.envelope import Envelope
@@ -370,7 +371,8 @@ class Stack:
             log.warning("sandbox.unavailable", sandbox=sandbox,
                         reason="neither bubblewrap nor Landlock is available")
         self._primitives = Primitives(ContentStore(state / "cas"), state / "work",
-                                      sandbox=sandbox)
+                                      sandbox=sandbox, policy=self.settings.sandbox_policy())
+        warn_about_isolation(sandbox)
         if self.settings.abac_url:
             self._abac = HttpAbac(self.settings.abac_url)
         owner = f"executor-{uuid.uuid4()}"
@@ -398,7 +400,8 @@ class Stack:
             execute=execute.ExecuteDeps(
                 publish=_no_publish, clock=utc_now, runner=self._primitives,
                 claims=self._claims, secrets=env_snapshot.get, random=random.random,
-                gate=AttemptGate(circuits=self.circuits, canaries=canaries)),
+                gate=AttemptGate(circuits=self.circuits, canaries=canaries),
+                credential_grants=self.settings.credential_grants_policy()),
             finalize=finalize.FinalizeDeps(clock=utc_now),
             registry=self.registry,
         )

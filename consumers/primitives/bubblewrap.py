@@ -3,21 +3,34 @@
 What the tool sees: `/usr` read-only (with the merged-usr symlinks `/bin`, `/lib`,
 `/lib64`, `/sbin`), a handful of harmless `/etc` entries (dynamic linker cache, TLS
 roots, resolver and name-service files, passwd/group; never shadow), the install
-prefix of its interpreter when that lives outside `/usr`, fresh `/proc` and `/dev`,
-a private tmpfs `/tmp`, and its own run directory bound read-write at the same path
-(HOME = TMPDIR = cwd as without the sandbox). Every namespace is unshared (network
-too, unless the plan's network policy names allowed domains), with its own PID
-namespace, a new session, all capabilities dropped, and `--die-with-parent` so
-killing the `bwrap` process (our process-group leader) tears the sandbox down.
+prefix of its interpreter when that lives outside `/usr` (see `install_prefixes`:
+never `/`, a top-level folder, a pseudo-filesystem, nor the state directory, one of
+its ancestors or anything inside it), fresh `/proc` and `/dev`, and its run
+directory at the same path as on the host.
+
+The run directory is a tmpfs of the run's disk quota (`--size`), writable by the
+tool, holding the tool's files bound read-only from the host; `/tmp` is that same
+tmpfs (a symlink to the run directory, or, when the run directory lives under
+`/tmp`, the tmpfs mounted on `/tmp` with the run directory inside it), so everything
+a run writes counts against one quota and nothing reaches the host's disk (measured:
+a 20 MiB quota stops a writer at 20 MiB with ENOSPC, as root and as an ordinary user).
+
+Every namespace is unshared, the network always: a tool whose network policy allows
+hosts reaches them only through the egress relay and proxy (egress_relay,
+egress_proxy), never the host's network. Own PID namespace, a new session, all
+capabilities dropped, `--die-with-parent` so killing the `bwrap` process (our
+process-group leader) tears the sandbox down and every process in it.
 
 As root, bwrap runs privileged (no user namespace) and execs the tool through
-`setpriv` as uid/gid 65534 (nobody) with no_new_privs and empty capability sets. The
-tool's processes then really belong to an unprivileged uid: with `--unshare-user
---uid 65534` instead, the sandbox uid maps back to root and the kernel ignores
-RLIMIT_NPROC (measured: a fork bomb under `prlimit --nproc=30` forks 200 times that
-way and stops at 29 this way). Unprivileged callers use `--unshare-user --uid 65534
---cap-drop ALL`. The run directory's folders are handed to that uid; the tool's
-files stay hard links to root-owned read-only store objects.
+`setpriv` as the run's own uid (leased from the operator's range, see sandbox_uids)
+with no_new_privs and empty capability sets: RLIMIT_NPROC, set outside by prlimit,
+then counts this run's processes only. Unprivileged callers use `--unshare-user --uid
+65534 --cap-drop ALL`; there the process limit is set *inside* the sandbox (a
+`prlimit --nproc` in front of the tool), because the kernel counts a user
+namespace's processes per namespace below the limit its creator had: set outside,
+every run would share the caller's count (measured: a run holding 29 of 30
+processes makes the next run's bwrap fail to start; set inside, the other run forks
+freely).
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from domain.model import NetworkPolicy
@@ -39,6 +53,30 @@ SYSTEM_ETC_ENTRIES: tuple[str, ...] = (
 )
 _MERGED_USR = (("usr/bin", "/bin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"),
                ("usr/sbin", "/sbin"))
+PSEUDO_FILESYSTEMS: tuple[Path, ...] = (Path("/proc"), Path("/sys"), Path("/dev"),
+                                        Path("/run"))
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What the operator's policy decides for one run under bubblewrap.
+
+    `uid`: the run's own uid as root (None: SANDBOX_UID in a user namespace);
+    `disk_bytes`: size of the run's tmpfs; `inner_max_processes`: the process limit
+    to set inside the sandbox (unprivileged runs, see the module docstring);
+    `relay`: the argv prefix of the egress relay (None: no network at all);
+    `extra_read_only`: more host paths to show read-only (the relay's interpreter)."""
+
+    uid: int | None = None
+    disk_bytes: int = 1024 * 1024 * 1024
+    inner_max_processes: int | None = None
+    relay: tuple[str, ...] | None = None
+    extra_read_only: tuple[Path, ...] = ()
+    protected: tuple[Path, ...] = field(default_factory=tuple)
+
+
+class UnsafeMount(OSError):
+    """A path the sandbox will not show a tool (the run fails with E3405)."""
 
 
 @functools.cache
@@ -52,16 +90,23 @@ def setpriv_binary() -> str | None:
     return shutil.which("setpriv", path=_SYSTEM_PATH)
 
 
+@functools.cache
+def prlimit_binary() -> str | None:
+    return shutil.which("prlimit", path=_SYSTEM_PATH)
+
+
 def network_allowed(policy: NetworkPolicy) -> bool:
-    """A subprocess gets the host network only when its policy names allowed domains
-    (bwrap cannot filter by domain: allowed means the whole network)."""
+    """A tool may reach some hosts (through the egress proxy) only when its policy
+    names allowed domains and does not deny all egress."""
     return bool(policy.allowed_domains) and not policy.deny_all_egress
 
 
-def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str, *,
-                 share_net: bool) -> list[str]:
+def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str,
+                 confinement: Confinement | None = None) -> list[str]:
     """The argv that runs `program` (and its arguments, appended by the caller) inside
-    the sandbox. Raises FileNotFoundError when bwrap (or setpriv, as root) is missing."""
+    the sandbox. Raises FileNotFoundError when bwrap (or setpriv, as root) is missing,
+    UnsafeMount when a path to show is not safe to show."""
+    confinement = confinement or Confinement()
     bwrap = bwrap_binary()
     if bwrap is None:
         raise FileNotFoundError("bwrap")
@@ -71,27 +116,71 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str, *,
             else ["--ro-bind-try", link, link]
     for entry in SYSTEM_ETC_ENTRIES:
         args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    for prefix in install_prefixes(program, path, cwd):
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += _run_directory(workdir, confinement.disk_bytes)
+    shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
+             *confinement.extra_read_only]
+    for prefix in dict.fromkeys(shown):
         args += [*_traversable_parents(prefix), "--ro-bind", str(prefix), str(prefix)]
-    args += [*_traversable_parents(workdir), "--bind", str(workdir), str(workdir),
-             "--chdir", str(cwd),
+    # the sandbox's own root (a tmpfs holding the mount points) is writable by the tool
+    # in a user namespace: read-only, so nothing is written outside the quota
+    args += ["--remount-ro", "/"]
+    args += ["--chdir", str(cwd),
              "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-             "--die-with-parent", "--new-session"]
-    if not share_net:
-        args.append("--unshare-net")
+             "--unshare-net", "--die-with-parent", "--new-session"]
+    inside = _inside(confinement)
     if os.geteuid() != 0:
         return [*args, "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
-                "--cap-drop", "ALL", "--"]
+                "--cap-drop", "ALL", "--", *inside]
     setpriv = setpriv_binary()
     if setpriv is None or not setpriv.startswith("/usr/"):
         raise FileNotFoundError("setpriv (util-linux, under /usr)")
+    uid = SANDBOX_UID if confinement.uid is None else confinement.uid
+    gid = SANDBOX_GID if confinement.uid is None else confinement.uid
     # bwrap runs privileged (as root, no user namespace) and setpriv, inside, becomes
-    # the unprivileged uid: that change of uid clears every capability, and the
+    # the run's unprivileged uid: that change of uid clears every capability, and the
     # bounding and inheritable sets are emptied so none can come back.
-    return [*args, "--", setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}",
+    return [*args, "--", setpriv, f"--reuid={uid}", f"--regid={gid}",
             "--clear-groups", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
-            "--"]
+            "--", *inside]
+
+
+def _inside(confinement: Confinement) -> list[str]:
+    """What runs inside the sandbox in front of the tool: the process limit (when it
+    must be set inside) and the egress relay."""
+    inside: list[str] = []
+    if confinement.inner_max_processes is not None:
+        prlimit = prlimit_binary()
+        if prlimit is None or not prlimit.startswith("/usr/"):
+            raise FileNotFoundError("prlimit (util-linux, under /usr)")
+        limit = confinement.inner_max_processes
+        inside += [prlimit, f"--nproc={limit}:{limit}", "--"]
+    if confinement.relay is not None:
+        inside += list(confinement.relay)
+    return inside
+
+
+def _run_directory(workdir: Path, size: int) -> list[str]:
+    """One tmpfs of `size` bytes holds the run directory and /tmp; the tool's files
+    (materialised in the host's run directory) are bound into it read-only."""
+    args: list[str] = []
+    if workdir.is_relative_to("/tmp"):
+        args += ["--perms", "01777", "--size", str(size), "--tmpfs", "/tmp"]
+        for parent in reversed(workdir.parents):
+            if parent not in (Path("/"), Path("/tmp")):
+                args += ["--perms", "0711", "--dir", str(parent)]
+        args += ["--perms", "0777", "--dir", str(workdir)]
+    else:
+        args += _traversable_parents(workdir)
+        args += ["--perms", "0777", "--size", str(size), "--tmpfs", str(workdir),
+                 "--symlink", str(workdir), "/tmp"]
+    for folder, folders, files in os.walk(workdir):
+        base = Path(folder)
+        for name in sorted(folders):
+            args += ["--perms", "0777", "--dir", str(base / name)]
+        for name in sorted(files):
+            args += ["--ro-bind", str(base / name), str(base / name)]
+    return args
 
 
 def _traversable_parents(target: Path) -> list[str]:
@@ -106,20 +195,14 @@ def _traversable_parents(target: Path) -> list[str]:
     return args
 
 
-def hand_over(workdir: Path) -> None:
-    """Make the run directory's folders writable by the sandbox uid (as root only)."""
-    if os.geteuid() != 0:
-        return
-    for folder, _, _ in os.walk(workdir):
-        os.chown(folder, SANDBOX_UID, SANDBOX_GID)
-
-
-def install_prefixes(program: str, path: str, cwd: Path) -> list[Path]:
+def install_prefixes(program: str, path: str, cwd: Path, *,
+                     protected: tuple[Path, ...] = ()) -> list[Path]:
     """The install prefixes (parent of `bin/`) of the program, when outside /usr and
     outside the run directory: e.g. /opt/node for /opt/node/bin/node. An absolute
-    program path gives its own prefix as written too, so a virtual environment's
-    interpreter (`/srv/app/.venv/bin/python`, a link to the real one) brings its
-    packages along with the interpreter it links to."""
+    program path gives its own prefix as written too (its folder's symlinks resolved),
+    so a virtual environment's interpreter (`/srv/app/.venv/bin/python`, a link to the
+    real one) brings its packages along with the interpreter it links to.
+    Raises UnsafeMount for a prefix that must never be shown (see `check_shown`)."""
     if program.startswith("/"):
         found: str | None = program if Path(program).exists() else None
     elif "/" in program:
@@ -130,12 +213,32 @@ def install_prefixes(program: str, path: str, cwd: Path) -> list[Path]:
         return []
     candidates = [Path(found).resolve()]
     if program.startswith("/"):
-        candidates.insert(0, Path(program))
+        written = Path(program)
+        candidates.insert(0, written.parent.resolve() / written.name)
     prefixes: list[Path] = []
     for candidate in candidates:
         if candidate.is_relative_to("/usr") or candidate.is_relative_to(cwd):
             continue
         prefix = candidate.parent.parent if candidate.parent.name == "bin" else candidate.parent
+        check_shown(prefix, protected)
         if prefix not in prefixes:
             prefixes.append(prefix)
     return prefixes
+
+
+def check_shown(prefix: Path, protected: tuple[Path, ...] = ()) -> None:
+    """Refuse (UnsafeMount) a folder that would show the tool the host: `/`, a
+    top-level folder (`/opt`, `/home`, `/etc`...), a pseudo-filesystem (/proc, /sys,
+    /dev, /run) or anything in one, or a protected folder (the state directory), an
+    ancestor of one, or anything inside one."""
+    real = Path(os.path.realpath(prefix))
+    for shown in {prefix, real}:
+        if len(shown.parts) < 3:
+            raise UnsafeMount(f"the sandbox will not show {shown}: a top-level folder of the "
+                              "host")
+        if any(shown.is_relative_to(p) for p in PSEUDO_FILESYSTEMS):
+            raise UnsafeMount(f"the sandbox will not show {shown}: a host pseudo-filesystem")
+        for folder in protected:
+            if shown.is_relative_to(folder) or folder.is_relative_to(shown):
+                raise UnsafeMount(f"the sandbox will not show {shown}: it holds or is inside "
+                                  f"the state directory {folder}")

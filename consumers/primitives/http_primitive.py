@@ -11,16 +11,23 @@ Request building:
   JSON body when `body_from_params` is set, and are not sent otherwise.
 - Header values' `${NAME}` references are resolved through `secrets` at call time
   (missing -> E3602). Resolved values never appear in the outcome: error messages and
-  response headers are scrubbed of them. The body is returned as received (the
-  execute step scrubs it with the other outputs).
+  response headers are scrubbed of them (domain.secret_scrub: encoded forms too). The
+  body is returned as received (the execute step scrubs it with the other outputs).
 
 Network policy, checked on the final URL exactly as httpx will connect to it, before
-any connection: scheme http/https; `deny_all_egress` refuses everything; a non-empty
-`allowed_domains` must match the host (exact, or `*.example.com` for any subdomain
-of example.com but not example.com itself; case-insensitive); the port (explicit or
-the scheme's default) must be in `allowed_ports` (an empty tuple means any port).
-Redirects are not followed, so a 3xx cannot lead around the policy; cookies are
-never stored, so nothing leaks from one tool's call to another's.
+any connection (domain.egress): scheme http/https; `deny_all_egress` refuses
+everything; a non-empty `allowed_domains` must match the host (exact, or
+`*.example.com` for any subdomain of example.com but not example.com itself;
+case-insensitive); the port (explicit or the scheme's default) must be in
+`allowed_ports`, and an empty `allowed_ports` allows none. Then, when httpx opens a
+connection, the host is resolved here and every address it resolves to is checked
+against the operator's rules: no loopback, link-local, private, shared or reserved
+address unless `TOOLEXEC_EGRESS_ALLOWED_NETWORKS` allows it (E3406); the connection
+goes to the checked address, so a second DNS answer cannot redirect it. An API tool
+therefore cannot reach toolexec's own gateway or broker on loopback, nor a cloud
+metadata service. Redirects are never followed — each request reaches only the URL
+that was checked, and a 3xx comes back as the response; cookies are never stored,
+so nothing leaks from one tool's call to another's.
 
 Outcomes: timeout E3503, connection/DNS/protocol failure E3502, status >= 400 is
 `ok=False` with E3401 (4xx) or E3502 (5xx) and the status code and body kept (capped
@@ -32,19 +39,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 from urllib.parse import quote, quote_plus, urlencode
 
+import httpcore
 import httpx
 
 from consumers.primitives.http_pool import ShardedClients
+from domain.egress import check_addresses, check_destination
 from domain.errors import NetworkPolicyViolation, ToolexecError, ValidationFailed
 from domain.model import HttpPlan, NetworkPolicy, PrimitiveOutcome
+from domain.secret_scrub import Scrubber
 
 MAX_BODY_BYTES = 1024 * 1024
 QUERY_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
@@ -52,14 +64,80 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _DROPPED_HEADERS = frozenset({"set-cookie", "set-cookie2"})
-_REDACTED = "[REDACTED]"
 
 SecretLookup = Callable[[str], str | None]
 
 
-def _client(connections: int) -> httpx.AsyncClient:
+async def resolve_checked(host: str, port: int, allowed_networks: tuple[str, ...]) -> list[str]:
+    """The addresses `host` resolves to, each one checked against the operator's
+    address rules (E3406 when any is forbidden, E3502 when it does not resolve)."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise ToolexecError(f"{host} cannot be resolved: {error.strerror or error}",
+                            code="E3502", details={"host": host, "port": port}) from None
+    return [str(a) for a in check_addresses((info[4][0] for info in infos), allowed_networks,
+                                            host=host)]
+
+
+async def check_resolved_host(url: str, allowed_networks: tuple[str, ...]) -> None:
+    """Resolve the host of `url` and check its addresses (for endpoints reached by
+    another client, such as a remote MCP server)."""
+    parsed = httpx.URL(url)
+    await resolve_checked(parsed.host, parsed.port or _DEFAULT_PORTS.get(parsed.scheme, 443),
+                          allowed_networks)
+
+
+class _CheckedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, connecting only to checked addresses."""
+
+    def __init__(self, allowed_networks: tuple[str, ...]) -> None:
+        self._inner = httpcore.AnyIOBackend()
+        self._allowed = allowed_networks
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        failure: Exception | None = None
+        for address in await resolve_checked(host, port, self._allowed):
+            try:
+                return await self._inner.connect_tcp(address, port, timeout=timeout,
+                                                      local_address=local_address,
+                                                      socket_options=socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:
+                failure = error
+        assert failure is not None
+        raise failure
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        raise NetworkPolicyViolation("unix sockets are not reachable by tools",
+                                     details={"path": path})
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class _CheckedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport on a connection pool whose connections go through
+    _CheckedBackend."""
+
+    def __init__(self, connections: int, allowed_networks: tuple[str, ...]) -> None:
+        super().__init__(trust_env=False, limits=_limits(connections))
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=connections, max_keepalive_connections=connections,
+            keepalive_expiry=5.0, network_backend=_CheckedBackend(allowed_networks))
+
+
+def _limits(connections: int) -> httpx.Limits:
+    return httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+
+
+def _client(connections: int, allowed_networks: tuple[str, ...] = ()) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        transport=_CheckedTransport(connections, allowed_networks),
         trust_env=False, follow_redirects=False,
         cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
         headers={"user-agent": "toolexec-http-client"},
@@ -68,10 +146,15 @@ def _client(connections: int) -> httpx.AsyncClient:
 
 class HttpPrimitive:
     """Sends HTTP plans on shared, pooled httpx clients (~100 concurrent requests in
-    all, no environment proxies, no redirects, no cookie jar)."""
+    all, no environment proxies, no redirects, no cookie jar), connecting only to
+    addresses the operator's rules allow (`allowed_networks`: CIDR blocks reachable
+    although loopback or private)."""
 
-    def __init__(self, *, max_connections: int = 100) -> None:
-        self._clients = ShardedClients(_client, max_connections=max_connections)
+    def __init__(self, *, max_connections: int = 100,
+                 allowed_networks: tuple[str, ...] = ()) -> None:
+        self._clients = ShardedClients(
+            functools.partial(_client, allowed_networks=tuple(allowed_networks)),
+            max_connections=max_connections)
 
     async def run(self, plan: HttpPlan, params: Mapping[str, Any], *,
                   secrets: SecretLookup) -> PrimitiveOutcome:
@@ -88,8 +171,9 @@ class HttpPrimitive:
                                        duration_ms=_elapsed_ms(started))
         if not revealed:
             return outcome
-        return dataclasses.replace(outcome, headers=_scrub(outcome.headers, revealed),
-                                   error=_scrub(outcome.error, revealed))
+        scrub = Scrubber(revealed)
+        return dataclasses.replace(outcome, headers=scrub.value(outcome.headers),
+                                   error=scrub.value(outcome.error))
 
     async def aclose(self) -> None:
         """Close the pooled connections."""
@@ -223,28 +307,10 @@ def _enforce(policy: NetworkPolicy, url: httpx.URL) -> None:
     """Refuse (E3406) a URL the policy does not allow; nothing has been sent yet."""
     scheme, host = url.scheme.lower(), url.host.lower().rstrip(".")
     port = url.port or _DEFAULT_PORTS.get(scheme)
-    details = {"scheme": scheme, "host": host, "port": port}
-    if policy.deny_all_egress:
-        raise NetworkPolicyViolation("the tool's network policy denies all egress",
-                                     details=details)
     if scheme not in _DEFAULT_PORTS:
-        raise NetworkPolicyViolation(f"scheme {scheme!r} is not allowed", details=details)
-    if policy.allowed_domains and not any(_host_matches(host, pattern)
-                                          for pattern in policy.allowed_domains):
-        raise NetworkPolicyViolation(f"host {host!r} is not in the allowed domains",
-                                     details={**details,
-                                              "allowed_domains": list(policy.allowed_domains)})
-    if policy.allowed_ports and port not in policy.allowed_ports:
-        raise NetworkPolicyViolation(f"port {port} is not allowed",
-                                     details={**details,
-                                              "allowed_ports": list(policy.allowed_ports)})
-
-
-def _host_matches(host: str, pattern: str) -> bool:
-    pattern = pattern.lower().rstrip(".")
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
-    return host == pattern
+        raise NetworkPolicyViolation(f"scheme {scheme!r} is not allowed",
+                                     details={"scheme": scheme, "host": host, "port": port})
+    check_destination(policy, host, port, scheme=scheme)
 
 
 async def _read_capped(response: httpx.Response) -> tuple[bytes, bool]:
@@ -277,19 +343,6 @@ def _outcome(response: httpx.Response, body: bytes, truncated: bool,
 
 def _where(url: httpx.URL) -> dict[str, Any]:
     return {"host": url.host, "port": url.port or _DEFAULT_PORTS.get(url.scheme)}
-
-
-def _scrub(value: Any, revealed: list[str]) -> Any:
-    if isinstance(value, str):
-        for secret in revealed:
-            if secret:
-                value = value.replace(secret, _REDACTED)
-        return value
-    if isinstance(value, Mapping):
-        return {key: _scrub(item, revealed) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_scrub(item, revealed) for item in value]
-    return value
 
 
 def _elapsed_ms(started: float) -> float:

@@ -3,12 +3,18 @@
 The restriction itself is applied in the child by `landlock_exec` (see its docstring
 for what a tool may and may not do); this module decides what it is told: the system
 folders and `/etc` entries bubblewrap also shows (read and execute only), the install
-prefix of the tool's interpreter when it lives outside `/usr`, a few device files,
-the run directory read-write, and the network mode from the plan's network policy.
+prefix of the tool's interpreter when it lives outside `/usr` (never one bubblewrap
+would refuse to show), a few device files, the run directory read-write, and the
+network mode: `deny`, or `relay` — a private network
+namespace whose only way out is the egress relay and proxy, as under bubblewrap.
+A relay needs a network namespace of its own, which only root can make here: without
+root a tool whose policy allows hosts fails closed (E3405) rather than reach the
+host's network unfiltered.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,29 +32,36 @@ def available() -> bool:
     return landlock_exec.abi_version() >= 1
 
 
-def network_mode(policy: NetworkPolicy) -> str:
-    """`deny`, `allow`, or `ports:P1,P2` (TCP connect to those ports only)."""
+def network_mode(policy: NetworkPolicy, channel: int | None = None) -> str:
+    """`deny`, or `relay:FD` (the egress relay on that inherited socket) when the
+    policy allows hosts."""
     if not bubblewrap.network_allowed(policy):
         return "deny"
-    if policy.allowed_ports:
-        return "ports:" + ",".join(str(int(port)) for port in policy.allowed_ports)
-    return "allow"
+    if channel is None:
+        raise OSError("the tool's network policy allows hosts, and its egress cannot be "
+                      "filtered here")
+    if os.geteuid() != 0:
+        raise OSError("filtering a tool's egress under Landlock needs a network namespace "
+                      "of its own, which only root can make here: install bubblewrap")
+    return f"relay:{channel}"
 
 
 def landlock_prefix(workdir: Path, cwd: Path, program: str, path: str, *,
-                    network: NetworkPolicy) -> list[str]:
+                    network: NetworkPolicy, channel: int | None = None,
+                    protected: tuple[Path, ...] = ()) -> list[str]:
     """The argv that runs `program` (arguments appended by the caller) under Landlock.
     Raises OSError when the kernel cannot enforce what the plan needs."""
     abi = landlock_exec.abi_version()
     if abi < 1:
         raise OSError("Landlock is not supported by this kernel")
-    net = network_mode(network)
-    if net != "allow" and abi < MIN_NETWORK_ABI:
+    if abi < MIN_NETWORK_ABI:
         raise OSError(f"Landlock ABI {abi} of this kernel cannot deny network access "
                       f"(ABI {MIN_NETWORK_ABI} needed)")
+    net = network_mode(network, channel)
     args = [sys.executable, "-I", "-S", landlock_exec.__file__]
     read_only = [*SYSTEM_FOLDERS, *(f"/etc/{entry}" for entry in bubblewrap.SYSTEM_ETC_ENTRIES)]
-    read_only.extend(str(prefix) for prefix in bubblewrap.install_prefixes(program, path, cwd))
+    read_only.extend(str(prefix) for prefix in
+                     bubblewrap.install_prefixes(program, path, cwd, protected=protected))
     for folder in read_only:
         args += ["--ro", folder]
     for device in DEVICES:

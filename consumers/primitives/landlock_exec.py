@@ -1,29 +1,34 @@
 """The Landlock sandbox of the subprocess primitive: a tiny exec wrapper.
 
 Used when bubblewrap is not installed. The parent runs
-`python -I -S landlock_exec.py --ro P ... --rw P ... --dev P ... [--net deny|ports:1,2]
+`python -I -S landlock_exec.py --ro P ... --rw P ... --dev P ... [--net deny|relay:FD]
 -- argv...` (under prlimit, so the rlimits are already set); this wrapper, in the
 child only, sets no_new_privs, drops every capability when it runs as root, builds a
-Landlock ruleset and restricts itself, then execs the tool. Nothing is applied to the
-toolexec process itself.
+Landlock ruleset and restricts itself, then execs the tool. Nothing is applied to
+the toolexec process itself.
 
 What the tool may do afterwards:
 - files: read and execute beneath the `--ro` paths (system folders, a handful of
   `/etc` entries, never shadow), read and write the `--dev` files (/dev/null...), and
   anything beneath its own run directory (`--rw`; it is HOME, TMPDIR and cwd). Every
   other path of the host is refused (EACCES), /tmp and /proc included;
-- network (Landlock ABI >= 4): no TCP connect or bind at all with `--net deny`, TCP
-  connect only to the listed ports with `--net ports:...`, unrestricted with
-  `--net allow`. Landlock filters TCP only; with `--net deny` as root the wrapper
-  also moves into a new, empty network namespace, so UDP reaches nothing either (not
-  so for other users: there UDP stays open). Unix sockets bound to a path stay
-  reachable (abstract unix sockets are scoped from ABI 6);
+- network (Landlock ABI >= 4): no TCP connect or bind at all with `--net deny`.
+  Landlock filters TCP only; with `--net deny` as root the wrapper also moves into a
+  new, empty network namespace, so UDP reaches nothing either (not so for other
+  users: there UDP stays open). With `--net relay:FD` (root only) it moves into a new
+  network namespace with only its loopback up, starts the egress relay there on the
+  inherited socket FD (see egress_relay) and allows TCP connect to the relay's port
+  only: every connection goes through toolexec's egress proxy. Unix sockets bound to
+  a path stay reachable (abstract unix sockets are scoped from ABI 6);
 - signals and abstract unix sockets (ABI >= 6): scoped to its own Landlock domain, so
   it cannot signal toolexec or any other process outside the sandbox.
 Landlock also forbids mount changes and ptrace of processes outside the domain.
 The tool keeps the uid of toolexec (no user namespace here): as root it runs with no
 capabilities at all (bounding set emptied, so exec grants none), but the kernel never
-counts RLIMIT_NPROC for uid 0. bubblewrap, when installed, is preferred for that.
+counts RLIMIT_NPROC for uid 0, and a uid of its own would lock it out of its run
+directory whenever an ancestor folder is private (/root, pytest's temporary folders):
+no per-run process limit under Landlock, as the executor says at start. bubblewrap,
+when installed, is preferred for that.
 
 Only the standard library is used (ctypes syscalls), so the wrapper starts with
 `-I -S` (no site, no environment) in ~15 ms and imports nothing of toolexec.
@@ -39,6 +44,11 @@ import os
 import stat
 import sys
 
+TYPE_CHECKING = False  # not from typing: importing it costs ~5 ms of every start
+if TYPE_CHECKING:  # at run time imported only when the relay is used
+    import socket
+    from types import ModuleType
+
 SETUP_FAILED = 125
 MESSAGE_PREFIX = b"landlock_exec: "
 
@@ -53,6 +63,7 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAPABILITY_VERSION_3 = 0x20080522
 _CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 # filesystem access rights (linux/landlock.h)
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -131,7 +142,7 @@ def handled_fs(abi: int) -> int:
 
 
 def restrict(read_only: list[str], read_write: list[str], devices: list[str],
-             net: str) -> int:
+             net: str, relay_port: int | None = None) -> int:
     """Restrict this process (and what it execs) as described in the module docstring.
     Returns the ABI used. Raises SetupError when it cannot be done as asked."""
     abi = abi_version()
@@ -153,8 +164,10 @@ def restrict(read_only: list[str], read_write: list[str], devices: list[str],
         for paths, rights in ((read_only, _READ_ONLY), (read_write, fs), (devices, _DEVICE)):
             for path in paths:
                 _allow_path(ruleset, path, rights & fs)
-        if attr.handled_access_net and net.startswith("ports:"):
-            for port in (int(p) for p in net[len("ports:"):].split(",") if p):
+        ports = (net[len("ports:"):] if net.startswith("ports:")
+                 else str(relay_port) if net.startswith("relay:") else "")
+        if attr.handled_access_net:
+            for port in (int(p) for p in ports.split(",") if p):
                 rule = _NetPortAttr(allowed_access=_CONNECT_TCP, port=port)
                 _syscall("add_rule", ruleset, _RULE_NET_PORT, ctypes.byref(rule), 0)
         if net == "deny" and os.geteuid() == 0:
@@ -190,6 +203,23 @@ def _leave_the_network() -> None:
     down), so UDP and raw sockets reach nothing either."""
     if _libc().unshare(_CLONE_NEWNET) != 0:
         raise SetupError(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
+
+
+def enter_relay_network(relay: ModuleType) -> socket.socket:
+    """As root: a new network namespace with only its loopback up, and the egress
+    relay's listener on it (made before restricting: binding is refused afterwards)."""
+    import fcntl
+    import socket
+    import struct
+
+    _leave_the_network()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(probe.fileno(), _SIOCGIFFLAGS,
+                                                     request))[1]
+        fcntl.ioctl(probe.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo",
+                                                               flags | _IFF_UP))
+    return relay.listen(relay.DEFAULT_PORT)
 
 
 def _drop_capabilities() -> None:
@@ -230,22 +260,48 @@ def parse(argv: list[str]) -> tuple[dict[str, list[str]], str, list[str]]:
 
 
 def main(argv: list[str]) -> None:
+    listener: socket.socket | None = None
     try:
         paths, net, command = parse(argv)
         # Found before restricting: afterwards this interpreter cannot load the stdlib
         # modules os.execvp would import.
         program = executable(command[0])
-        restrict(paths["--ro"], paths["--rw"], paths["--dev"], net)
+        channel, relay = -1, None
+        if net.startswith("relay:"):
+            channel = int(net[len("relay:"):])
+            os.set_inheritable(channel, False)
+            if os.geteuid() != 0:
+                raise SetupError("the egress relay needs a network namespace (root)")
+            relay = _relay_module()
+            listener = enter_relay_network(relay)
+        restrict(paths["--ro"], paths["--rw"], paths["--dev"], net,
+                 None if relay is None else relay.DEFAULT_PORT)
     except (SetupError, OSError, ValueError) as error:
         sys.stderr.buffer.write(MESSAGE_PREFIX + str(error).encode() + b"\n")
         sys.stderr.flush()
         os._exit(SETUP_FAILED)
+    if listener is not None and relay is not None:
+        relay.serve_then_exec(listener, channel, command, program)
     try:
         os.execv(program, command)
     except OSError as error:
         sys.stderr.buffer.write(f"{command[0]}: {error.strerror}\n".encode())
         sys.stderr.flush()
         os._exit(127 if isinstance(error, FileNotFoundError) else 126)
+
+
+def _relay_module() -> ModuleType:
+    """The sibling egress_relay module, loaded before restricting (this script runs
+    with -I, so its own folder is not on sys.path; nothing is added to it)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress_relay.py")
+    spec = importlib.util.spec_from_file_location("egress_relay", path)
+    if spec is None or spec.loader is None:
+        raise SetupError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def executable(program: str) -> str:

@@ -5,7 +5,9 @@ the subprocess primitive from the McpPlan's SubprocessPlan (`start_service`: sam
 materialised files, clean environment, rlimits and sandbox as any tool process),
 speaking newline-delimited JSON-RPC on its stdin/stdout; a remote server (`sse`,
 `streamable_http`) is reached at the endpoint the http primitive checked against the
-network policy (`open_endpoint`, E3406) with its `${ENV}` headers resolved.
+network policy (`open_endpoint`, E3406) with its `${ENV}` headers resolved, and its
+host resolved and checked against the operator's address rules (no loopback or
+private address unless allowed, E3406) before the MCP SDK connects.
 
 One connection per server version (`McpPlan.server_key`: tool id, version,
 integrity) is shared by every call; a connection whose process exited or whose
@@ -40,10 +42,11 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from consumers.primitives.file_store import ContentStore
-from consumers.primitives.http_primitive import open_endpoint
+from consumers.primitives.http_primitive import check_resolved_host, open_endpoint
 from consumers.primitives.subprocess_primitive import ServiceProcess, start_service
 from domain.errors import ExecutionError, ToolexecError
 from domain.model import McpPlan, PrimitiveOutcome
+from domain.sandbox_policy import SandboxPolicy
 
 log = structlog.get_logger(__name__)
 
@@ -56,10 +59,12 @@ _CLIENT_INFO = mcp_types.Implementation(name="toolexec", version="0.1.0")
 class McpServers:
     """The pool of live MCP server connections of one executor."""
 
-    def __init__(self, store: ContentStore, work_root: Path, *, sandbox: str = "rlimits") -> None:
+    def __init__(self, store: ContentStore, work_root: Path, *, sandbox: str = "rlimits",
+                 policy: SandboxPolicy | None = None) -> None:
         self._store = store
         self._work_root = work_root
         self._sandbox = sandbox
+        self._policy = policy or SandboxPolicy()
         self._connections: dict[str, _Connection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -97,18 +102,19 @@ class McpServers:
                 log.info("mcp.server_restart", server=plan.server_key)
                 del self._connections[plan.server_key]
                 await current.close()
-            connection = _Connection(plan, self._open_transport(plan, secrets))
+            connection = _Connection(plan, await self._open_transport(plan, secrets))
             await connection.start(plan.startup_timeout_seconds)
             self._connections[plan.server_key] = connection
             return connection
 
-    def _open_transport(self, plan: McpPlan, secrets: SecretLookup) -> _Transport:
+    async def _open_transport(self, plan: McpPlan, secrets: SecretLookup) -> _Transport:
         if plan.server is not None:
             process = start_service(plan.server, store=self._store, work_root=self._work_root,
-                                    sandbox=self._sandbox)
+                                    sandbox=self._sandbox, policy=self._policy)
             return _Transport(_stdio_streams(process), process=process)
         assert plan.endpoint is not None
         url, headers, _revealed = open_endpoint(plan.endpoint, secrets)
+        await check_resolved_host(url, self._policy.egress_allowed_networks)
         return _Transport(_remote_streams(plan, url, headers))
 
 

@@ -46,6 +46,10 @@ Sandboxes (`sandbox=`): "bwrap" runs the tool inside bubblewrap (see
 consumers.primitives.bubblewrap) with the same rlimits, set by prlimit outside it;
 "landlock" runs it through the Landlock exec wrapper (consumers.primitives.landlock,
 landlock_exec), also under prlimit; "rlimits" applies rlimits only; "none" nothing.
+What the sandbox gets — the run's own uid, disk quota, paths, egress relay and
+proxy — comes from the operator's SandboxPolicy (consumers.primitives.sandbox_launch),
+and the plan's limits and timeout are first brought under the policy's ceilings
+(domain.sandbox_policy; each value cut down is logged as `sandbox.limits_narrowed`).
 A sandbox that cannot be set up (bwrap missing, a kernel without Landlock, or the
 wrapper failing before the tool starts) fails the run closed with E3405; falling back
 is the operator's explicit choice ("auto" via `resolve_sandbox`).
@@ -57,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -71,17 +76,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from consumers.primitives import bubblewrap, landlock, landlock_exec
+import structlog
+
+from consumers.primitives import bubblewrap, egress_relay, landlock, landlock_exec
 from consumers.primitives.file_store import ContentStore, relative_parts
+from consumers.primitives.sandbox_launch import Launch, prepare_launch
 from domain.errors import ExecutionError, ToolexecError, ValidationFailed
 from domain.model import PrimitiveOutcome, ResourceLimits, SubprocessPlan
+from domain.sandbox_policy import SandboxPolicy, narrow_subprocess
+
+log = structlog.get_logger(__name__)
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 SANDBOXES: frozenset[str] = frozenset({"bwrap", "landlock", "rlimits", "none"})
 NO_SANDBOX = "unavailable"
 """What a strict "auto" resolves to when neither bubblewrap nor Landlock is usable:
 every run then fails closed with E3405."""
-BWRAP_DEFAULT_MAX_PROCESSES = 512
+DEFAULT_POLICY = SandboxPolicy()
 _BWRAP_SETUP_FAILURE = b"bwrap: "
 STDERR_TAIL_BYTES = 2048
 _OOM_SCAN_BYTES = 4096
@@ -120,7 +131,8 @@ def resolve_sandbox(requested: str, *, strict: bool = False) -> str:
 
 async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
                          store: ContentStore, work_root: Path,
-                         sandbox: str = "rlimits") -> PrimitiveOutcome:
+                         sandbox: str = "rlimits",
+                         policy: SandboxPolicy = DEFAULT_POLICY) -> PrimitiveOutcome:
     """Run `plan` once with `params` on stdin and return what was observed.
 
     Never raises for tool or plan problems: they come back as an outcome with
@@ -130,19 +142,23 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
     limit). `duration_ms` covers the whole run, materialisation included.
     """
     started = time.perf_counter()
+    plan = narrowed(plan, policy)
     try:
         stdin = _encode_params(params)
-        rlimits = _rlimits_for(plan.limits, sandbox)
+        _check_sandbox(sandbox)
         cwd_parts = relative_parts(plan.cwd, allow_root=True)
         workdir = _make_workdir(work_root)
     except ToolexecError as error:
         return _failed(error, started, sandbox)
+    launch: Launch | None = None
     try:
         store.materialise(plan.files, workdir)
         cwd = _working_directory(workdir, cwd_parts)
         env = _environment(plan, workdir)
-        wrapper = _sandbox_wrapper(sandbox, plan, workdir, cwd, env)
-        process = _ToolProcess(_spawn(plan.argv, env, cwd, rlimits, wrapper), plan.limits)
+        launch = prepare_launch(sandbox, plan, workdir, cwd, env["PATH"], policy)
+        env.update(launch.env)
+        rlimits = _rlimits_for(plan.limits, sandbox, launch)
+        process = _ToolProcess(_spawn(plan.argv, env, cwd, rlimits, launch), plan.limits)
         return await _supervise(process, stdin, plan, started, sandbox)
     except ToolexecError as error:
         return _failed(error, started, sandbox)
@@ -150,7 +166,18 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
         return _failed(ExecutionError(f"could not prepare the run directory: {error}",
                                       code="E3405"), started, sandbox)
     finally:
+        if launch is not None:
+            await launch.close()
         _remove_tree(workdir)
+
+
+def narrowed(plan: SubprocessPlan, policy: SandboxPolicy) -> SubprocessPlan:
+    """`plan` under the operator's ceilings; every value cut down is logged."""
+    plan, cuts = narrow_subprocess(plan, policy)
+    if cuts:
+        log.info("sandbox.limits_narrowed", argv0=plan.argv[0] if plan.argv else None,
+                 narrowed=[cut.to_dict() for cut in cuts])
+    return plan
 
 
 async def _supervise(process: _ToolProcess, stdin: bytes, plan: SubprocessPlan,
@@ -163,6 +190,7 @@ async def _supervise(process: _ToolProcess, stdin: bytes, plan: SubprocessPlan,
             status = _unwrap_bwrap_status(status, process.stderr)
         elif sandbox == "landlock":
             _check_landlock_setup(status, process.stderr)
+        _check_setup(status, process.stderr, egress_relay.MESSAGE_PREFIX, sandbox)
         error = _error_for(status, usage, timed_out, process.stderr, plan,
                            inherited_rss=process.inherited_rss)
         return PrimitiveOutcome(
@@ -186,9 +214,7 @@ def _encode_params(params: Mapping[str, Any]) -> bytes:
                                code="E3301") from error
 
 
-def _rlimits_for(limits: ResourceLimits, sandbox: str) -> tuple[RLimit, ...]:
-    """The (resource, soft, hard) triples to set in the child, computed in the parent
-    and capped at the current hard limits (which only root may raise)."""
+def _check_sandbox(sandbox: str) -> None:
     if sandbox == NO_SANDBOX:
         raise ExecutionError(
             "no sandbox is available: bubblewrap is not installed and this kernel does not "
@@ -197,12 +223,19 @@ def _rlimits_for(limits: ResourceLimits, sandbox: str) -> tuple[RLimit, ...]:
     if sandbox not in SANDBOXES:
         raise ExecutionError(f"sandbox {sandbox!r} is not available here", code="E3405",
                              details={"sandbox": sandbox, "available": sorted(SANDBOXES)})
+
+
+def _rlimits_for(limits: ResourceLimits, sandbox: str,
+                 launch: Launch | None = None) -> tuple[RLimit, ...]:
+    """The (resource, soft, hard) triples to set in the child, computed in the parent
+    and capped at the current hard limits (which only root may raise)."""
+    _check_sandbox(sandbox)
     if sandbox == "none":
         return ()
     cpu = limits.cpu_seconds
-    processes = limits.max_processes
-    if sandbox == "bwrap" and processes is None:
-        processes = BWRAP_DEFAULT_MAX_PROCESSES
+    processes = limits.max_processes if launch is None else launch.max_processes
+    if launch is not None and not launch.nproc_outside:
+        processes = None  # set inside the sandbox instead (see bubblewrap)
     wanted = (
         (resource.RLIMIT_AS, limits.memory_bytes, limits.memory_bytes),
         # soft < hard: SIGXCPU first (reported as E3407), SIGKILL a second later
@@ -261,29 +294,6 @@ def _prlimit_binary() -> str | None:
     return shutil.which("prlimit", path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin")
 
 
-def _sandbox_wrapper(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
-                     env: dict[str, str]) -> list[str]:
-    """The argv prefix that puts the tool in its sandbox ([] without one)."""
-    if sandbox == "landlock":
-        try:
-            return landlock.landlock_prefix(workdir, cwd, plan.argv[0] if plan.argv else "",
-                                            env["PATH"], network=plan.network)
-        except OSError as error:
-            raise ExecutionError(f"the landlock sandbox cannot be set up: {error}",
-                                 code="E3405", details={"sandbox": sandbox}) from error
-    if sandbox != "bwrap":
-        return []
-    try:
-        prefix = bubblewrap.bwrap_prefix(
-            workdir, cwd, plan.argv[0] if plan.argv else "", env["PATH"],
-            share_net=bubblewrap.network_allowed(plan.network))
-        bubblewrap.hand_over(workdir)
-    except OSError as error:
-        raise ExecutionError(f"the bwrap sandbox cannot be set up: {error}", code="E3405",
-                             details={"sandbox": sandbox}) from error
-    return prefix
-
-
 def _unwrap_bwrap_status(status: int | None, stderr: _Capture) -> int | None:
     """bwrap reports a tool killed by signal N as exit 128+N: give the signal back.
     A failure of bwrap itself (exit 1, "bwrap: ..." on stderr) raises E3405."""
@@ -302,18 +312,23 @@ def _unwrap_bwrap_status(status: int | None, stderr: _Capture) -> int | None:
 def _check_landlock_setup(status: int | None, stderr: _Capture) -> None:
     """The wrapper exits SETUP_FAILED with "landlock_exec: ..." when it could not
     restrict itself (the tool never started): E3405."""
-    prefix = landlock_exec.MESSAGE_PREFIX
+    _check_setup(status, stderr, landlock_exec.MESSAGE_PREFIX, "landlock")
+
+
+def _check_setup(status: int | None, stderr: _Capture, prefix: bytes, sandbox: str) -> None:
+    """A wrapper in front of the tool (landlock_exec, the egress relay) that failed
+    before the tool started exits SETUP_FAILED with "<its name>: <why>": E3405."""
     if (status is not None and os.WIFEXITED(status)
             and os.WEXITSTATUS(status) == landlock_exec.SETUP_FAILED
             and bytes(stderr.data[:len(prefix)]) == prefix):
-        raise ExecutionError("the landlock sandbox could not be set up: "
+        raise ExecutionError(f"the {sandbox} sandbox could not be set up: "
                              + bytes(stderr.data[:500]).decode("utf-8", "replace").strip(),
-                             code="E3405", details={"sandbox": "landlock"})
+                             code="E3405", details={"sandbox": sandbox})
 
 
-def _launch(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
-            rlimits: tuple[RLimit, ...],
-            wrapper: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+def _command(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
+             rlimits: tuple[RLimit, ...],
+             wrapper: list[str]) -> tuple[list[str], Callable[[], None] | None]:
     """The argv to exec and the preexec_fn (None when prlimit applies the limits)."""
     if wrapper:
         _require_executable(argv[0], env["PATH"], cwd)  # bwrap would only say "exit 1"
@@ -336,16 +351,18 @@ def _require_executable(program: str, path: str, cwd: Path) -> None:
 
 
 def _spawn(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
-           rlimits: tuple[RLimit, ...], wrapper: list[str]) -> subprocess.Popen[bytes]:
+           rlimits: tuple[RLimit, ...], launch: Launch) -> subprocess.Popen[bytes]:
     if not argv:
         raise ExecutionError("the plan has an empty argv", code="E3401")
-    command, preexec = _launch(argv, env, cwd, rlimits, wrapper)
+    command, preexec = _command(argv, env, cwd, rlimits, launch.prefix)
     try:
-        return subprocess.Popen(  # noqa: S603 - an argv list, never a shell
+        popen = subprocess.Popen(  # noqa: S603 - an argv list, never a shell
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=env, cwd=cwd, preexec_fn=preexec,
-            start_new_session=True, bufsize=0,
+            start_new_session=True, bufsize=0, pass_fds=launch.pass_fds,
         )
+        launch.spawned()
+        return popen
     except FileNotFoundError as error:
         what = "working directory" if error.filename == str(cwd) else "executable"
         raise ExecutionError(f"{what} not found: {error.filename or argv[0]}", code="E3401",
@@ -668,12 +685,13 @@ class ServiceProcess:
     """
 
     def __init__(self, popen: subprocess.Popen[bytes], workdir: Path, limits: ResourceLimits,
-                 sandbox: str) -> None:
+                 sandbox: str, launch: Launch | None = None) -> None:
         self.popen = popen
         self.pid = popen.pid
         self.sandbox = sandbox
         self.stderr = _Capture(limits.stderr_max_bytes)
         self._workdir = workdir
+        self._launch = launch
         self._loop = asyncio.get_running_loop()
         self._stderr_closed = asyncio.Event()
         assert popen.stderr is not None
@@ -733,29 +751,54 @@ class ServiceProcess:
                     self._loop.remove_reader(pipe.fileno())
                 with contextlib.suppress(OSError):
                     pipe.close()
+        if self._launch is not None:
+            await self._launch.close()
         _remove_tree(self._workdir)
 
 
 def start_service(plan: SubprocessPlan, *, store: ContentStore, work_root: Path,
-                  sandbox: str = "rlimits") -> ServiceProcess:
+                  sandbox: str = "rlimits",
+                  policy: SandboxPolicy = DEFAULT_POLICY) -> ServiceProcess:
     """Start `plan` as a long-lived process whose stdin/stdout the caller speaks over.
 
     Raises ToolexecError for what a one-shot run reports as an outcome: E3105 tampered
-    or missing file, E3401 executable not found, E3405 sandbox."""
-    rlimits = _rlimits_for(plan.limits, sandbox)
+    or missing file, E3401 executable not found, E3405 sandbox. The operator's
+    ceilings apply as to any run, except that no default CPU time limit is set (the
+    process serves many calls); a CPU limit the manifest asks for is kept (capped)."""
+    asked_cpu = plan.limits.cpu_seconds
+    plan = narrowed(plan, policy)
+    if asked_cpu is None:
+        plan = dataclasses.replace(plan, limits=dataclasses.replace(plan.limits,
+                                                                    cpu_seconds=None))
+    _check_sandbox(sandbox)
     cwd_parts = relative_parts(plan.cwd, allow_root=True)
     workdir = _make_workdir(work_root)
+    launch: Launch | None = None
     try:
         store.materialise(plan.files, workdir)
         cwd = _working_directory(workdir, cwd_parts)
         env = _environment(plan, workdir)
-        wrapper = _sandbox_wrapper(sandbox, plan, workdir, cwd, env)
-        popen = _spawn(plan.argv, env, cwd, rlimits, wrapper)
+        launch = prepare_launch(sandbox, plan, workdir, cwd, env["PATH"], policy)
+        env.update(launch.env)
+        popen = _spawn(plan.argv, env, cwd, _rlimits_for(plan.limits, sandbox, launch), launch)
     except OSError as error:
+        _close_later(launch)
         _remove_tree(workdir)
         raise ExecutionError(f"could not prepare the run directory: {error}",
                              code="E3405") from error
     except BaseException:
+        _close_later(launch)
         _remove_tree(workdir)
         raise
-    return ServiceProcess(popen, workdir, plan.limits, sandbox)
+    return ServiceProcess(popen, workdir, plan.limits, sandbox, launch)
+
+
+def _close_later(launch: Launch | None) -> None:
+    """Close `launch` from synchronous code (on the running loop, in the background)."""
+    if launch is not None:
+        task = asyncio.get_running_loop().create_task(launch.close())
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()

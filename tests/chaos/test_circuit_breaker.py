@@ -159,7 +159,8 @@ async def test_failing_service_trips_the_breaker_and_recovers_through_half_open(
         tmp_path: Path) -> None:
     service_id = f"flaky-{uuid.uuid4().hex[:8]}"
     flaky = FlakyService()
-    settings = Settings(state_dir=tmp_path, tools_dir=tmp_path / "none", user_tools_dir=None)
+    settings = Settings(state_dir=tmp_path, tools_dir=tmp_path / "none", user_tools_dir=None,
+                        egress_allowed_networks=["127.0.0.1/32"])  # the flaky local service
     with serving(flaky) as port:
         async with Stack(settings) as stack, \
                 following(CircuitLog(stack.bootstrap, service_id)) as circuit_log, \

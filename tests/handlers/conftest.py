@@ -31,6 +31,7 @@ from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeCancelRequested, InvokeRequested
 from contracts.kafka_binding import encode
+from domain.credentials import CredentialGrants
 from domain.integrity import seal
 from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
 from domain.registry import InMemoryRegistry
@@ -192,7 +193,8 @@ def clock() -> datetime:
 
 
 def pipeline_deps(harness: Harness, *, authorize_deps: authorize.AuthorizeDeps,
-                  secrets: Callable[[str], str | None] = lambda name: None) -> InvocationDeps:
+                  secrets: Callable[[str], str | None] = lambda name: None,
+                  credential_grants: CredentialGrants | None = None) -> InvocationDeps:
     """The steps' ports as toolexec wires them, with the harness's fakes."""
 
     async def sleep(seconds: float) -> None:
@@ -208,7 +210,8 @@ def pipeline_deps(harness: Harness, *, authorize_deps: authorize.AuthorizeDeps,
         authorize=authorize_deps,
         execute=execute.ExecuteDeps(publish=_unused, clock=clock, runner=harness.runner,
                                     claims=harness.claims, secrets=secrets,
-                                    random=lambda: 0.0, sleep=sleep),
+                                    random=lambda: 0.0, sleep=sleep,
+                                    credential_grants=credential_grants or CredentialGrants()),
         finalize=finalize.FinalizeDeps(clock=clock),
         registry=harness.registry,
     )

@@ -57,8 +57,11 @@ class RunningGateway:
 @contextmanager
 def running_gateway(cwd: Path, *args: str,
                     env: Mapping[str, str] | None = None) -> Iterator[RunningGateway]:
-    """`toolexec up --tools examples --tools tests/integration/tools ARGS` in `cwd`."""
+    """`toolexec up --tools examples --tools tests/integration/tools ARGS` in `cwd`.
+    The tests' stand-ins for external services listen on loopback, which tools may
+    reach only with the operator's allowance: it is given unless `env` says otherwise."""
     env = dict(env or {})
+    env.setdefault("TOOLEXEC_EGRESS_ALLOWED_NETWORKS", '["127.0.0.1/32"]')
     process = start_up(cwd, "--tools", str(EXAMPLES), "--tools", str(TEST_TOOLS), *args,
                        env=env)
     try:

@@ -1,4 +1,8 @@
-"""The http_client primitive against a real HTTP/1.1 server on 127.0.0.1."""
+"""The http_client primitive against a real HTTP/1.1 server on 127.0.0.1.
+
+Loopback is out of a tool's reach by default, so the primitive under test is given
+the operator's allowance for 127.0.0.1 (TOOLEXEC_EGRESS_ALLOWED_NETWORKS), except
+where the tests check that very rule."""
 
 from __future__ import annotations
 
@@ -67,6 +71,8 @@ class Server:
         status, extra, body = 200, "", json.dumps({"target": seen.target}).encode()
         if seen.target.startswith("/status/"):
             status, body = int(seen.target.rsplit("/", 1)[1]), b"upstream says no"
+        elif seen.target == "/redirect":
+            status, extra = 302, "location: http://169.254.169.254/latest/meta-data/\r\n"
         elif seen.target == "/slow":
             await asyncio.sleep(1.5)
         elif seen.target == "/echo-auth":
@@ -88,6 +94,14 @@ async def server() -> AsyncIterator[Server]:
 
 @pytest_asyncio.fixture
 async def http() -> AsyncIterator[HttpPrimitive]:
+    primitive = HttpPrimitive(allowed_networks=("127.0.0.1/32",))
+    yield primitive
+    await primitive.aclose()
+
+
+@pytest_asyncio.fixture
+async def default_http() -> AsyncIterator[HttpPrimitive]:
+    """The primitive as an operator who allowed nothing runs it."""
     primitive = HttpPrimitive()
     yield primitive
     await primitive.aclose()
@@ -199,6 +213,42 @@ async def test_host_parameter_cannot_steer_around_the_policy(
     plan = get(server, "/x", url_template="http://{host}/x")
     outcome = await http.run(plan, {"host": f"evil.test:{server.port}"}, secrets=secrets)
     assert outcome.error is not None and outcome.error["code"] == "E3406"
+
+
+async def test_an_empty_allowed_ports_allows_no_port(
+        http: HttpPrimitive, server: Server) -> None:
+    outcome = await http.run(get(server, "/x", network=server.policy(allowed_ports=())), {},
+                             secrets=secrets)
+    assert outcome.error is not None and outcome.error["code"] == "E3406"
+    assert "allows no port" in outcome.error["message"]
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"])
+async def test_loopback_is_refused_without_the_operators_allowance(
+        default_http: HttpPrimitive, server: Server, host: str) -> None:
+    plan = HttpPlan(method="GET", url_template=f"http://{host}:{server.port}/x",
+                    network=NetworkPolicy(allowed_ports=(server.port,)))
+    outcome = await default_http.run(plan, {}, secrets=secrets)
+    assert outcome.error is not None and outcome.error["code"] == "E3406", outcome
+    assert outcome.error["details"]["range"].startswith("loopback")
+    assert server.requests == []
+
+
+async def test_the_operators_allowance_opens_exactly_its_networks(server: Server) -> None:
+    elsewhere = HttpPrimitive(allowed_networks=("127.0.0.2/32",))
+    try:
+        outcome = await elsewhere.run(get(server, "/x"), {}, secrets=secrets)
+    finally:
+        await elsewhere.aclose()
+    assert outcome.error is not None and outcome.error["code"] == "E3406"
+    assert server.requests == []
+
+
+async def test_a_redirect_is_returned_not_followed(http: HttpPrimitive, server: Server) -> None:
+    outcome = await http.run(get(server, "/redirect"), {}, secrets=secrets)
+    assert outcome.ok and outcome.status_code == 302
+    assert [seen.target for seen in server.requests] == ["/redirect"]
 
 
 async def test_non_http_scheme_is_refused(http: HttpPrimitive) -> None:

@@ -113,7 +113,8 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, http_mcp_server: int,
     # rlimits: the test signals the server by its host pid (under bwrap the server
     # sees only its own PID namespace); bubblewrap has its own tests.
     settings = Settings(state_dir=state, tools_dir=state / "none", user_tools_dir=None,
-                        sandbox="rlimits")
+                        sandbox="rlimits",
+                        egress_allowed_networks=["127.0.0.1/32"])  # the remote MCP servers
     port = http_mcp_server
     sources = [
         *load_builtin_sources(), _text_mcp_stdio(),

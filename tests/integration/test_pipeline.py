@@ -74,6 +74,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, http_server: str) -> A
     # rlimits: some tools here report to files on the host (process-group checks read
     # host pids); the bubblewrap sandbox has its own tests (tests/security).
     settings = Settings(state_dir=state, tools_dir=state / "none", user_tools_dir=None,
+                        egress_allowed_networks=["127.0.0.1/32"],  # the local API server
                         sandbox="rlimits")
     async with Stack(settings, group_prefix=f"t{uuid.uuid4().hex[:6]}") as running:
         now = datetime.now(UTC)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from consumers.primitives import bubblewrap
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.errors import ExecutionError, IntegrityMismatch
@@ -358,3 +359,97 @@ async def test_limits_hold_without_prlimit_too(
     outcome = await run(python_plan(tool, limits=limits))
     assert outcome.error is not None and outcome.error["code"] == "E3403"
     assert result_of(await run(python_plan(ECHO_TOOL), {"a": 1}))["params"] == {"a": 1}
+
+
+# -- the operator's sandbox policy -----------------------------------------------------
+
+needs_bwrap = pytest.mark.skipif(bubblewrap.bwrap_binary() is None,
+                                 reason="bubblewrap not installed")
+
+
+@needs_bwrap
+async def test_every_run_gives_back_its_uid_whatever_its_end(run: Any) -> None:
+    from consumers.primitives.sandbox_uids import shared_pool
+
+    pool = shared_pool()
+    before = pool.in_use
+    outcomes = await asyncio.gather(
+        run(python_plan(ECHO_TOOL, argv=("python3", "main.py")), sandbox="bwrap"),
+        run(python_plan("import sys; sys.exit(3)", argv=("python3", "main.py")),
+            sandbox="bwrap"),
+        run(python_plan("import time; time.sleep(30)", argv=("python3", "main.py"),
+                        timeout_seconds=0.5), sandbox="bwrap"))
+    assert [o.error["code"] if o.error else None for o in outcomes] == [None, "E3401", "E3402"]
+    assert pool.in_use == before
+
+
+@needs_bwrap
+async def test_the_run_directory_and_tmp_share_one_quota(run: Any) -> None:
+    from domain.sandbox_policy import MIB, SandboxPolicy
+
+    tool = """
+    import json, os
+    written = 0
+    try:
+        for index in range(40):
+            folder = "/tmp" if index % 2 else "."
+            with open(os.path.join(folder, f"f{index}"), "wb") as out:
+                out.write(b"x" * 1024 * 1024)
+            written += 1
+    except OSError as error:
+        print(json.dumps({"written": written, "errno": error.errno}))
+    """
+    outcome = await run(python_plan(tool, argv=("python3", "main.py")), sandbox="bwrap",
+                        policy=SandboxPolicy(max_disk_bytes=8 * MIB))
+    report = result_of(outcome)
+    assert report["written"] <= 8 and report["errno"] in (27, 28)  # EFBIG, ENOSPC
+
+
+@needs_bwrap
+async def test_a_connect_tunnel_carries_a_raw_tcp_stream_to_a_permitted_host(
+        run: Any) -> None:
+    from domain.model import NetworkPolicy
+    from domain.sandbox_policy import SandboxPolicy
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write((await reader.readline()).upper())
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.2", 0)
+    port = server.sockets[0].getsockname()[1]
+    tool = f"""
+    import os, socket
+    proxy = os.environ["HTTPS_PROXY"].removeprefix("http://").split(":")
+    with socket.create_connection((proxy[0], int(proxy[1])), timeout=10) as tunnel:
+        tunnel.sendall(b"CONNECT 127.0.0.2:{port} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+        head = b""
+        while not head.endswith(b"\\r\\n\\r\\n"):
+            head += tunnel.recv(1)
+        tunnel.sendall(b"through the tunnel\\n")
+        print(head.split(b"\\r\\n")[0].decode(), "|", tunnel.makefile().readline().strip())
+    """
+    async with server:
+        outcome = await run(
+            python_plan(tool, argv=("python3", "main.py"),
+                        network=NetworkPolicy(allowed_domains=("127.0.0.2",),
+                                              allowed_ports=(port,))),
+            sandbox="bwrap", policy=SandboxPolicy(egress_allowed_networks=("127.0.0.2/32",)))
+    assert outcome.ok, (outcome.error, outcome.stderr)
+    assert outcome.stdout.strip() == b"HTTP/1.1 200 Connection established | THROUGH THE TUNNEL"
+
+
+@needs_bwrap
+async def test_a_manifest_cannot_raise_its_limits_above_the_operators(run: Any) -> None:
+    from domain.sandbox_policy import MIB, SandboxPolicy
+
+    tool = """
+    import json, resource
+    print(json.dumps({"as": resource.getrlimit(resource.RLIMIT_AS)[0],
+                      "cpu": resource.getrlimit(resource.RLIMIT_CPU)[0]}))
+    """
+    limits = ResourceLimits(memory_bytes=64 * 1024 * MIB, cpu_seconds=10_000)
+    outcome = await run(python_plan(tool, argv=("python3", "main.py"), limits=limits),
+                        sandbox="bwrap",
+                        policy=SandboxPolicy(max_memory_bytes=512 * MIB, max_cpu_seconds=7))
+    assert result_of(outcome) == {"as": 512 * MIB, "cpu": 7}

@@ -16,6 +16,7 @@ from consumers import authorize
 from consumers.decision_cache import DecisionStore, MemoryDecisions
 from consumers.policy_engine import CedarEvaluator
 from consumers.runs import InvocationRuns
+from domain.credentials import CredentialGrants
 from domain.policy import DecisionCache
 from projections.policy_view import PolicyView
 from tests.handlers.conftest import (
@@ -57,16 +58,20 @@ def build_secure_harness(public_keys: list[Any], *,
                          secrets: Callable[[str], str | None] = lambda name: None,
                          runner: Any = None, external: Any = None,
                          decisions: DecisionStore | None = None, evaluator: Any = None,
+                         credential_grants: CredentialGrants | None = None,
                          ) -> tuple[Harness, PolicyView, DecisionCache]:
     """The pipeline's runs with require_auth on and Cedar policies wired. Decisions
-    are cached in `decisions`, else in the returned in-process cache."""
+    are cached in `decisions`, else in the returned in-process cache; credentials are
+    granted as `credential_grants` says (nothing by default)."""
     harness = build_harness(runner=runner)
     cache = DecisionCache()
     decisions = decisions if decisions is not None else MemoryDecisions(cache)
     view = PolicyView()
     view.on_change(decisions.invalidate)
-    deps = pipeline_deps(harness, secrets=secrets, authorize_deps=authorize.AuthorizeDeps(
-        clock=clock, require_auth=True, public_keys=lambda: public_keys, policies=view,
-        evaluator=evaluator or CedarEvaluator(), cache=decisions, external=external))
+    deps = pipeline_deps(harness, secrets=secrets, credential_grants=credential_grants,
+                         authorize_deps=authorize.AuthorizeDeps(
+                             clock=clock, require_auth=True, public_keys=lambda: public_keys,
+                             policies=view, evaluator=evaluator or CedarEvaluator(),
+                             cache=decisions, external=external))
     harness.runs = InvocationRuns(deps, dead_letters_of(harness), consumer="sec.pipeline")
     return harness, view, cache

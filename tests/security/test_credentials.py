@@ -11,6 +11,7 @@ import structlog
 
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
+from domain.credentials import CredentialGrants
 from domain.integrity import seal
 from tests.security.conftest import build_secure_harness, rs256
 from toolexec.sources import load_source
@@ -25,7 +26,8 @@ async def test_credential_reaches_the_tool_but_no_event_or_log(rsa_key, tmp_path
     runner = Primitives(ContentStore(tmp_path / "cas"), tmp_path / "work", sandbox="rlimits")
     harness, _, _ = build_secure_harness(
         [rsa_key.public_key()], runner=runner,
-        secrets={"CRED_ECHO_TOKEN": SECRET}.get)
+        secrets={"CRED_ECHO_TOKEN": SECRET}.get,
+        credential_grants=CredentialGrants({"CRED_ECHO_TOKEN": ("cred_echo",)}))
     harness.registry.add(seal(load_source(TOOL)))
     with structlog.testing.capture_logs() as logs:
         invocation = await harness.request(

@@ -8,7 +8,9 @@ import json
 import os
 import socket
 import textwrap
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from domain.model import (
     SubprocessPlan,
     ToolFile,
 )
+from domain.sandbox_policy import SandboxPolicy
 
 ABI = landlock_exec.abi_version()
 pytestmark = [
@@ -135,22 +138,49 @@ async def test_udp_datagrams_do_not_leave_the_sandbox(tmp_path: Path) -> None:
     assert outcome.stdout.startswith(b"refused")
 
 
-async def test_network_policy_opens_only_its_ports(tmp_path: Path, listener: int) -> None:
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen()
-        outcome = await _run(tmp_path, f"""
-            import socket
-            socket.create_connection(("127.0.0.1", {listener}), timeout=2)
-            print("CONNECTED allowed")
-            try:
-                socket.create_connection(("127.0.0.1", {other.getsockname()[1]}), timeout=2)
-                print("CONNECTED other")
-            except PermissionError:
-                print("refused other")
-        """, network=NetworkPolicy(allowed_domains=("127.0.0.1",), allowed_ports=(listener,)))
+@pytest.mark.skipif(os.geteuid() != 0, reason="the egress relay needs a network namespace")
+async def test_network_policy_reaches_allowed_hosts_through_the_egress_proxy_only(
+        tmp_path: Path, listener: int) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        outcome = await run_subprocess(
+            _plan(f"""
+                import socket, urllib.request
+                print(urllib.request.urlopen("http://127.0.0.1:{port}/", timeout=10).read().decode())
+                for target in ({port}, {listener}):
+                    try:
+                        socket.create_connection(("127.0.0.1", target), timeout=2)
+                        print("DIRECT")
+                    except OSError:
+                        print("no direct route")
+            """, network=NetworkPolicy(allowed_domains=("127.0.0.1",), allowed_ports=(port,))),
+            {}, store=ContentStore(tmp_path / "cas"), work_root=tmp_path / "work",
+            sandbox="landlock", policy=SandboxPolicy(egress_allowed_networks=("127.0.0.1/32",)))
+    finally:
+        server.shutdown()
+        server.server_close()
     assert outcome.ok, (outcome.error, outcome.stderr)
-    assert outcome.stdout.split(b"\n")[:2] == [b"CONNECTED allowed", b"refused other"]
+    assert outcome.stdout.split(b"\n")[:3] == [b"hello", b"no direct route", b"no direct route"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="as root the egress relay is available")
+async def test_without_root_a_network_policy_fails_closed(tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, "print(1)", network=NetworkPolicy(
+        allowed_domains=("example.com",)))
+    assert not outcome.ok and outcome.error["code"] == "E3405"
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.send_response(200)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"hello")
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 async def test_signalling_toolexec_is_refused(tmp_path: Path) -> None:

@@ -4,9 +4,12 @@ and leaves the host unchanged (spec 12.6.1)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import textwrap
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ from consumers.primitives import bubblewrap
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import resolve_sandbox, run_subprocess
 from domain.model import NetworkPolicy, PrimitiveOutcome, ResourceLimits, SubprocessPlan, ToolFile
+from domain.sandbox_policy import SandboxPolicy
 
 pytestmark = [
     pytest.mark.security,
@@ -45,7 +49,9 @@ async def test_tool_runs_unprivileged_in_its_own_pid_namespace(tmp_path: Path) -
     assert outcome.ok, outcome.error
     assert outcome.sandbox == "bwrap"
     seen = __import__("json").loads(outcome.stdout)
-    assert seen["uid"] == 65534 and seen["pid"] < 10  # pid 1 is bwrap's init
+    # as root each run has a uid of its own (sandbox_uids), else 65534 in a user namespace
+    unprivileged = (range(200_000, 200_000 + 1024) if os.geteuid() == 0 else range(65534, 65535))
+    assert seen["uid"] in unprivileged and seen["pid"] < 10  # pid 1 is bwrap's init
 
 
 async def test_reading_etc_shadow_fails(tmp_path: Path) -> None:
@@ -96,21 +102,40 @@ async def test_socket_to_loopback_fails_without_network_permission(tmp_path: Pat
     assert not outcome.ok and b"CONNECTED" not in outcome.stdout
 
 
-async def test_network_policy_with_allowed_domains_shares_the_network(tmp_path: Path) -> None:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    port = server.getsockname()[1]
+async def test_network_policy_reaches_allowed_hosts_through_the_egress_proxy_only(
+        tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
     try:
-        outcome = await _run(tmp_path, f"""
-            import socket
-            socket.create_connection(("127.0.0.1", {port}), timeout=2)
-            print("CONNECTED")
-        """, network=NetworkPolicy(allowed_domains=("127.0.0.1",), allowed_ports=(port,)))
+        outcome = await run_subprocess(
+            _plan(f"""
+                import socket, urllib.request
+                print(urllib.request.urlopen("http://127.0.0.1:{port}/", timeout=10).read().decode())
+                try:
+                    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+                    print("DIRECT")
+                except OSError:
+                    print("no direct route")
+            """, network=NetworkPolicy(allowed_domains=("127.0.0.1",), allowed_ports=(port,))),
+            {}, store=ContentStore(tmp_path / "cas"), work_root=tmp_path / "work",
+            sandbox="bwrap", policy=SandboxPolicy(egress_allowed_networks=("127.0.0.1/32",)))
     finally:
-        server.close()
-    assert outcome.ok, outcome.error
-    assert b"CONNECTED" in outcome.stdout
+        server.shutdown()
+        server.server_close()
+    assert outcome.ok, (outcome.error, outcome.stderr)
+    assert outcome.stdout.split(b"\n")[:2] == [b"hello", b"no direct route"]
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.send_response(200)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"hello")
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 async def test_fork_bomb_is_contained_by_the_process_limit(tmp_path: Path) -> None:
