@@ -1,4 +1,4 @@
-"""The http_client primitive: one request per plan on one shared, pooled client.
+"""The http_client primitive: one request per plan on one shared, pooled aiohttp session.
 
 Request building:
 - `{name}` placeholders of `url_template` are filled from the parameters: before the
@@ -14,13 +14,13 @@ Request building:
   response headers are scrubbed of them (domain.secret_scrub: encoded forms too). The
   body is returned as received (the execute step scrubs it with the other outputs).
 
-Network policy, checked on the final URL exactly as httpx will connect to it, before
+Network policy, checked on the final URL exactly as it will be connected to, before
 any connection (domain.egress): scheme http/https; `deny_all_egress` refuses
 everything; a non-empty `allowed_domains` must match the host (exact, or
 `*.example.com` for any subdomain of example.com but not example.com itself;
 case-insensitive); the port (explicit or the scheme's default) must be in
-`allowed_ports`, and an empty `allowed_ports` allows none. Then, when httpx opens a
-connection, the host is resolved here and every address it resolves to is checked
+`allowed_ports`, and an empty `allowed_ports` allows none. Then, when a connection
+opens, the host is resolved here and every address it resolves to is checked
 against the operator's rules: no loopback, link-local, private, shared or reserved
 address unless `TOOLEXEC_EGRESS_ALLOWED_NETWORKS` allows it (E3406); the connection
 goes to the checked address, so a second DNS answer cannot redirect it. An API tool
@@ -39,20 +39,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import re
 import socket
 import time
 from collections.abc import Callable, Mapping
-from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 from urllib.parse import quote, quote_plus, urlencode
 
-import httpcore
-import httpx
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
 
-from consumers.primitives.http_pool import ShardedClients
 from domain.egress import check_addresses, check_destination
 from domain.errors import NetworkPolicyViolation, ToolexecError, ValidationFailed
 from domain.model import HttpPlan, NetworkPolicy, PrimitiveOutcome
@@ -64,6 +62,7 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _DROPPED_HEADERS = frozenset({"set-cookie", "set-cookie2"})
+USER_AGENT = "toolexec-http-client"
 
 SecretLookup = Callable[[str], str | None]
 
@@ -84,77 +83,64 @@ async def resolve_checked(host: str, port: int, allowed_networks: tuple[str, ...
 async def check_resolved_host(url: str, allowed_networks: tuple[str, ...]) -> None:
     """Resolve the host of `url` and check its addresses (for endpoints reached by
     another client, such as a remote MCP server)."""
-    parsed = httpx.URL(url)
-    await resolve_checked(parsed.host, parsed.port or _DEFAULT_PORTS.get(parsed.scheme, 443),
+    parsed = URL(url)
+    await resolve_checked(parsed.host or "", parsed.port or _DEFAULT_PORTS.get(parsed.scheme, 443),
                           allowed_networks)
 
 
-class _CheckedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend, connecting only to checked addresses."""
+class _CheckedResolver(AbstractResolver):
+    """aiohttp's resolver, answering only addresses the operator's rules allow: the
+    connection goes to the checked address, so a second DNS answer cannot redirect it."""
 
     def __init__(self, allowed_networks: tuple[str, ...]) -> None:
-        self._inner = httpcore.AnyIOBackend()
         self._allowed = allowed_networks
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options: Any = None) -> httpcore.AsyncNetworkStream:
-        failure: Exception | None = None
-        for address in await resolve_checked(host, port, self._allowed):
-            try:
-                return await self._inner.connect_tcp(address, port, timeout=timeout,
-                                                      local_address=local_address,
-                                                      socket_options=socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:
-                failure = error
-        assert failure is not None
-        raise failure
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        try:
+            addresses = await resolve_checked(host, port, self._allowed)
+        except ToolexecError as refused:
+            raise _Refused(refused) from None
+        return [ResolveResult(hostname=host, host=address, port=port,
+                              family=socket.AF_INET6 if ":" in address else socket.AF_INET,
+                              proto=0, flags=socket.AI_NUMERICHOST) for address in addresses]
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
-        raise NetworkPolicyViolation("unix sockets are not reachable by tools",
-                                     details={"path": path})
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+    async def close(self) -> None:
+        return None
 
 
-class _CheckedTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport on a connection pool whose connections go through
-    _CheckedBackend."""
+class _Refused(OSError):
+    """A refusal of the resolver, carried through aiohttp's connection errors."""
 
-    def __init__(self, connections: int, allowed_networks: tuple[str, ...]) -> None:
-        super().__init__(trust_env=False, limits=_limits(connections))
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
-            max_connections=connections, max_keepalive_connections=connections,
-            keepalive_expiry=5.0, network_backend=_CheckedBackend(allowed_networks))
-
-
-def _limits(connections: int) -> httpx.Limits:
-    return httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-
-
-def _client(connections: int, allowed_networks: tuple[str, ...] = ()) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=_CheckedTransport(connections, allowed_networks),
-        trust_env=False, follow_redirects=False,
-        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
-        headers={"user-agent": "toolexec-http-client"},
-    )
+    def __init__(self, refusal: ToolexecError) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
 
 
 class HttpPrimitive:
-    """Sends HTTP plans on shared, pooled httpx clients (~100 concurrent requests in
-    all, no environment proxies, no redirects, no cookie jar), connecting only to
-    addresses the operator's rules allow (`allowed_networks`: CIDR blocks reachable
-    although loopback or private)."""
+    """Sends HTTP plans on one shared aiohttp session (`max_connections` concurrent
+    requests in all, no environment proxies, no redirects, no cookie jar), connecting
+    only to addresses the operator's rules allow (`allowed_networks`: CIDR blocks
+    reachable although loopback or private). aiohttp rather than httpx: measured here,
+    57-81 us of client CPU per request against 400 us (one request at a time) and
+    1.8 ms (50 at once) for httpx."""
 
     def __init__(self, *, max_connections: int = 100,
                  allowed_networks: tuple[str, ...] = ()) -> None:
-        self._clients = ShardedClients(
-            functools.partial(_client, allowed_networks=tuple(allowed_networks)),
-            max_connections=max_connections)
+        self._max_connections = max_connections
+        self._allowed = tuple(allowed_networks)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _shared_session(self) -> aiohttp.ClientSession:
+        """The session, made on first use (inside the event loop that uses it)."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, resolver=_CheckedResolver(self._allowed),
+                use_dns_cache=False, keepalive_timeout=5.0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
+                headers={"user-agent": USER_AGENT}, auto_decompress=True)
+        return self._session
 
     async def run(self, plan: HttpPlan, params: Mapping[str, Any], *,
                   secrets: SecretLookup) -> PrimitiveOutcome:
@@ -163,7 +149,7 @@ class HttpPrimitive:
         started = time.perf_counter()
         revealed: list[str] = []
         try:
-            request = self._build(plan, params, secrets, revealed)
+            request = _build(plan, params, secrets, revealed)
             _enforce(plan.network, request.url)
             outcome = await self._send(request, plan, started)
         except ToolexecError as error:
@@ -177,51 +163,72 @@ class HttpPrimitive:
 
     async def aclose(self) -> None:
         """Close the pooled connections."""
-        await self._clients.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
-    def _build(self, plan: HttpPlan, params: Mapping[str, Any], secrets: SecretLookup,
-               revealed: list[str]) -> httpx.Request:
-        method = plan.method.upper()
-        url, used = _fill_url(plan.url_template, params)
-        query: list[tuple[str, str]] = [(k, _fill_plain(v, params, used))
-                                        for k, v in plan.query.items()]
-        unused = {k: v for k, v in params.items() if k not in used}
-        body: dict[str, Any] | None = None
-        if method in QUERY_METHODS:
-            query.extend(_query_pairs(unused))
-        elif plan.body_from_params:
-            body = unused
-        headers = {name: _resolve_secrets(value, secrets, revealed)
-                   for name, value in plan.headers.items()}
-        if query:
-            url += ("&" if "?" in url else "?") + urlencode(query, quote_via=quote_plus)
-        try:
-            return self._clients.clients[0].build_request(
-                method, url, headers=headers, json=body, timeout=plan.timeout_seconds)
-        except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError, TypeError) as error:
-            raise ToolexecError(f"the request cannot be built: {type(error).__name__}",
-                                code="E3401",
-                                details={"url_template": plan.url_template}) from None
-
-    async def _send(self, request: httpx.Request, plan: HttpPlan,
+    async def _send(self, request: _Request, plan: HttpPlan,
                     started: float) -> PrimitiveOutcome:
+        url = request.url
+        if _is_address(url.host or ""):  # a literal address skips the resolver
+            await resolve_checked(url.host or "", _port(url), self._allowed)
         try:
-            with self._clients.lease() as client:
-                async with asyncio.timeout(plan.timeout_seconds):
-                    response = await client.send(request, stream=True)
-                    try:
-                        body, truncated = await _read_capped(response)
-                    finally:
-                        await response.aclose()
-        except (TimeoutError, httpx.TimeoutException):
-            raise ToolexecError(f"{request.url.host} did not answer within "
+            async with asyncio.timeout(plan.timeout_seconds):
+                async with self._shared_session().request(
+                        request.method, url, headers=request.headers, json=request.body,
+                        allow_redirects=False) as response:
+                    body, truncated = await _read_capped(response)
+        except TimeoutError:
+            raise ToolexecError(f"{url.host} did not answer within "
                                 f"{plan.timeout_seconds:g}s", code="E3503",
-                                details=_where(request.url)) from None
-        except httpx.HTTPError as error:
-            raise ToolexecError(f"request to {request.url.host} failed: "
-                                f"{type(error).__name__}", code="E3502",
-                                details=_where(request.url)) from None
-        return _outcome(response, body, truncated, started)
+                                details=_where(url)) from None
+        except aiohttp.ClientConnectorError as error:
+            refused = error.os_error if isinstance(error.os_error, _Refused) else None
+            if refused is not None:
+                raise refused.refusal from None
+            raise _failed(url, error) from None
+        except aiohttp.ClientError as error:
+            raise _failed(url, error) from None
+        return _outcome(url, response, body, truncated, started)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    method: str
+    url: URL
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+
+
+def _build(plan: HttpPlan, params: Mapping[str, Any], secrets: SecretLookup,
+           revealed: list[str]) -> _Request:
+    method = plan.method.upper()
+    url, used = _fill_url(plan.url_template, params)
+    query: list[tuple[str, str]] = [(k, _fill_plain(v, params, used))
+                                    for k, v in plan.query.items()]
+    unused = {k: v for k, v in params.items() if k not in used}
+    body: dict[str, Any] | None = None
+    if method in QUERY_METHODS:
+        query.extend(_query_pairs(unused))
+    elif plan.body_from_params:
+        body = unused
+    headers = {name: _resolve_secrets(value, secrets, revealed)
+               for name, value in plan.headers.items()}
+    if query:
+        url += ("&" if "?" in url else "?") + urlencode(query, quote_via=quote_plus)
+    try:
+        parsed = URL(url, encoded=True)  # sent exactly as built here
+        if not parsed.scheme or not parsed.host:
+            raise ValueError("not an absolute URL")
+    except (ValueError, TypeError) as error:
+        raise ToolexecError(f"the request cannot be built: {type(error).__name__}",
+                            code="E3401", details={"url_template": plan.url_template}) from None
+    return _Request(method, parsed, headers, body)
+
+
+def _failed(url: URL, error: Exception) -> ToolexecError:
+    return ToolexecError(f"request to {url.host} failed: {type(error).__name__}",
+                         code="E3502", details=_where(url))
 
 
 def open_endpoint(plan: HttpPlan, secrets: SecretLookup) -> tuple[str, dict[str, str], list[str]]:
@@ -233,8 +240,10 @@ def open_endpoint(plan: HttpPlan, secrets: SecretLookup) -> tuple[str, dict[str,
     headers = {name: _resolve_secrets(value, secrets, revealed)
                for name, value in plan.headers.items()}
     try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, ValueError) as error:
+        parsed = URL(url, encoded=True)
+        if not parsed.scheme or not parsed.host:
+            raise ValueError("not an absolute URL")
+    except (ValueError, TypeError) as error:
         raise ToolexecError(f"the endpoint URL cannot be parsed: {type(error).__name__}",
                             code="E3401", details={"url_template": plan.url_template}) from None
     _enforce(plan.network, parsed)
@@ -262,7 +271,7 @@ def _fill_url(template: str, params: Mapping[str, Any]) -> tuple[str, set[str]]:
 
 
 def _fill_plain(template: str, params: Mapping[str, Any], used: set[str]) -> str:
-    """Fill placeholders of a query value (httpx encodes it)."""
+    """Fill placeholders of a query value (encoded with the rest of the query)."""
     def substitute(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in params:
@@ -303,21 +312,35 @@ def _resolve_secrets(value: str, secrets: SecretLookup, revealed: list[str]) -> 
     return _SECRET_REF.sub(substitute, value)
 
 
-def _enforce(policy: NetworkPolicy, url: httpx.URL) -> None:
+def _enforce(policy: NetworkPolicy, url: URL) -> None:
     """Refuse (E3406) a URL the policy does not allow; nothing has been sent yet."""
-    scheme, host = url.scheme.lower(), url.host.lower().rstrip(".")
-    port = url.port or _DEFAULT_PORTS.get(scheme)
+    scheme, host = (url.scheme or "").lower(), (url.host or "").lower().rstrip(".")
+    port = _port(url)
     if scheme not in _DEFAULT_PORTS:
         raise NetworkPolicyViolation(f"scheme {scheme!r} is not allowed",
                                      details={"scheme": scheme, "host": host, "port": port})
     check_destination(policy, host, port, scheme=scheme)
 
 
-async def _read_capped(response: httpx.Response) -> tuple[bytes, bool]:
+def _port(url: URL) -> int | None:
+    return url.explicit_port or _DEFAULT_PORTS.get((url.scheme or "").lower())
+
+
+def _is_address(host: str) -> bool:
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host.strip("[]"))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
     """At most MAX_BODY_BYTES of the (decoded) body; True when more was sent."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.content.iter_chunked(64 * 1024):
         chunks.append(chunk)
         size += len(chunk)
         if size > MAX_BODY_BYTES:
@@ -326,23 +349,26 @@ async def _read_capped(response: httpx.Response) -> tuple[bytes, bool]:
     return body[:MAX_BODY_BYTES], size > MAX_BODY_BYTES
 
 
-def _outcome(response: httpx.Response, body: bytes, truncated: bool,
+def _outcome(url: URL, response: aiohttp.ClientResponse, body: bytes, truncated: bool,
              started: float) -> PrimitiveOutcome:
-    status = response.status_code
+    status = response.status
     error = None
     if status >= 400:
         code = "E3401" if status < 500 else "E3502"
-        error = {"code": code, "message": f"{response.request.url.host} answered {status}",
-                 "details": {**_where(response.request.url), "status_code": status}}
-    headers = {name: value for name, value in response.headers.items()
-               if name not in _DROPPED_HEADERS}
+        error = {"code": code, "message": f"{url.host} answered {status}",
+                 "details": {**_where(url), "status_code": status}}
+    headers: dict[str, str] = {}
+    for name, value in response.headers.items():
+        name = name.lower()
+        if name not in _DROPPED_HEADERS:
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return PrimitiveOutcome(ok=error is None, stdout=body, status_code=status,
                             headers=headers, stdout_truncated=truncated,
                             duration_ms=_elapsed_ms(started), error=error, sandbox="none")
 
 
-def _where(url: httpx.URL) -> dict[str, Any]:
-    return {"host": url.host, "port": url.port or _DEFAULT_PORTS.get(url.scheme)}
+def _where(url: URL) -> dict[str, Any]:
+    return {"host": url.host, "port": _port(url)}
 
 
 def _elapsed_ms(started: float) -> float:

@@ -1,4 +1,5 @@
-"""Several httpx clients side by side, each holding a few connections.
+"""Several httpx clients side by side, each holding a few connections: the direct
+httpx baseline of `toolexec bench` (the executor's http_client uses aiohttp).
 
 httpx's connection pool re-examines every one of its connections on each request,
 under a lock, so a single client serving many concurrent requests spends its time in
