@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import structlog
+from prometheus_client import Counter
 
 from consumers.deadletter import DeadLetters
 from consumers.ports import Clock, Publish, RegistryReader
@@ -33,6 +34,10 @@ from contracts.kafka_binding import UndecodableRecord, decode, header_type
 from domain.circuit import CircuitConfig, CircuitState, Transition, health_signal, record
 
 log = structlog.get_logger(__name__)
+
+UNTRUSTED_FACTS = Counter(
+    "toolexec_untrusted_facts", "Records on the facts topic whose pipeline signature did "
+    "not check out, dead-lettered (E3804)", ["verdict"])
 
 SOURCE = "urn:toolexec:circuits"
 POISON_ATTEMPTS = 3
@@ -129,6 +134,17 @@ async def misplaced_record(record: Any, dead_letters: DeadLetters, *, consumer: 
     await dead_letters.record(record, ErrorInfo(
         code="E3004", message="record on the facts topic is not a pipeline fact",
         details={"type": header_type(record.headers)}), consumer=consumer, attempts=1)
+
+
+async def untrusted_record(record: Any, verdict: str, dead_letters: DeadLetters, *,
+                           consumer: str) -> None:
+    """Dead-letter a fact whose signature does not check out (forged, altered, or
+    signed by a key no one trusts): it becomes no state and no answer anywhere."""
+    UNTRUSTED_FACTS.labels(verdict=verdict).inc()
+    await dead_letters.record(record, ErrorInfo(
+        code="E3804", message=f"fact not signed by a trusted pipeline key ({verdict})",
+        details={"type": header_type(record.headers), "verdict": verdict}),
+        consumer=consumer, attempts=1)
 
 
 async def count_record(record: Any, deps: CircuitDeps, dead_letters: DeadLetters, *,

@@ -5,14 +5,15 @@ partition of facts belongs to one owner of requests. Each batch carries the owne
 resume point (`toolexec-resume`, consumers.partition_progress) while it owns the
 partition, and returns once the broker acknowledged every record.
 
-Wrapped in `consumers.delivery.DeliveringFactLog`, a batch refused while the broker
-is away is sent again until the broker takes it.
+Each batch is signed (contracts.fact_signature): one Ed25519 signature covers the
+facts appended together. Wrapped in `consumers.delivery.DeliveringFactLog`, a batch
+refused while the broker is away is sent again until the broker takes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaProducer
 
@@ -20,6 +21,7 @@ from consumers.partition_progress import PartitionProgress
 from consumers.recovery import RESUME_HEADER
 from contracts import topics
 from contracts.envelope import Envelope
+from contracts.fact_signature import FactSigner
 from contracts.kafka_binding import KafkaRecord, encode
 
 
@@ -29,10 +31,15 @@ class PartitionFactLog:
 
     producer: AIOKafkaProducer
     progress: PartitionProgress
+    signer: FactSigner
     observe: Callable[[Envelope], None] | None = None
 
     async def append(self, events: Sequence[Envelope]) -> None:
-        last = await self._send([encode(event) for event in events])
+        progress = self.progress
+        resume = [(RESUME_HEADER, progress.resume_header())] if progress.owned else []
+        records = [replace(record, headers=[*record.headers, *resume])
+                   for record in (encode(event) for event in events)]
+        last = await self._send(self.signer.sign(records))
         self.progress.acknowledged(last)
         if self.observe is not None:
             for event in events:
@@ -43,10 +50,8 @@ class PartitionFactLog:
         handed to the producer's accumulator one by one without waiting in between, so
         the facts of every invocation appending to the partition meanwhile share one
         record batch and one produce request."""
-        progress = self.progress
-        extra = [(RESUME_HEADER, progress.resume_header())] if progress.owned else []
         futures = [await self.producer.send(topics.INVOCATIONS, record.value, key=record.key,
-                                            partition=progress.partition,
-                                            headers=[*record.headers, *extra])
+                                            partition=self.progress.partition,
+                                            headers=record.headers)
                    for record in records]
         return max([(await future).offset for future in futures])

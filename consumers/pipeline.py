@@ -43,6 +43,7 @@ from consumers.runs import InvocationRuns, Listener, RecordRef
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
+from contracts.fact_signature import FactSigner, FactVerifier
 from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
 
 log = structlog.get_logger(__name__)
@@ -64,11 +65,14 @@ class Pipeline:
     """The consumer group that runs every invocation whose request it reads."""
 
     def __init__(self, bootstrap: str, producer: AIOKafkaProducer, deps: InvocationDeps,
-                 dead_letters: DeadLetters, *, group: str,
+                 dead_letters: DeadLetters, *, signer: FactSigner, verifier: FactVerifier,
+                 group: str,
                  consumer_options: Mapping[str, Any] | None = None,
                  pacer: FetchPacer | None = None, max_in_flight: int = 32,
                  observe: Listener | None = None) -> None:
         self.group = group
+        self._signer = signer
+        self._verifier = verifier
         self._bootstrap = bootstrap
         self._producer = producer
         self._dead_letters = dead_letters
@@ -102,7 +106,7 @@ class Pipeline:
             bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
             fetch_max_wait_ms=self._pacer.short_ms)
         await self._reader_consumer.start()
-        self._reader = LogReader(self._reader_consumer)
+        self._reader = LogReader(self._reader_consumer, self._verifier)
         self._partitions = self._check_partitions(self._reader_consumer)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap, group_id=self.group, enable_auto_commit=False,
@@ -263,7 +267,7 @@ class Pipeline:
         record = encode(request)
         source = RecordRef(topics.REQUESTS, progress.partition, offset, record.key,
                            record.value, record.headers)
-        fact_log = DeliveringFactLog(PartitionFactLog(self._producer, progress,
+        fact_log = DeliveringFactLog(PartitionFactLog(self._producer, progress, self._signer,
                                                       observe=self._observe))
         self.runs.start(request, fact_log, facts, source, self._finisher(progress, offset))
         self._pacer.busy()

@@ -6,8 +6,11 @@ invocations partition says which requests are finished (below L) and from where
 their facts are (F); the facts from F to the end are folded per invocation, so each
 request still to run resumes from its last fact (consumers.partition_progress).
 
-Reads go through one consumer of its own, outside any consumer group, so they never
-disturb the group's positions or commits.
+Only facts signed by a trusted pipeline key count (contracts.fact_signature): a fact
+anyone else wrote on the topic — say a forged permission decision — is left out, so no
+step of a resumed invocation stands on it. The resume point is read from signed facts
+only, too. Reads go through one consumer of its own, outside any consumer group, so
+they never disturb the group's positions or commits.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from consumers.invocation_facts import FACT_TYPES, InvocationFacts
 from consumers.partition_progress import ResumePoint
+from contracts.fact_signature import FactVerifier, Verdict
 from contracts.kafka_binding import UndecodableRecord, decode, header_type
 
 log = structlog.get_logger(__name__)
@@ -41,8 +45,11 @@ class Recovered:
     end: int
     """End offset of the invocations partition when it was read."""
     facts: dict[str, InvocationFacts] = field(default_factory=dict)
-    """Facts from the resume point on, by invocation id."""
+    """Facts from the resume point on, by invocation id (only those signed by a
+    trusted pipeline key)."""
     scanned: int = 0
+    untrusted: int = 0
+    """Facts left out because their signature did not check out."""
 
 
 def resume_point(headers: object) -> ResumePoint | None:
@@ -56,8 +63,10 @@ def resume_point(headers: object) -> ResumePoint | None:
 class LogReader:
     """Reads partitions of the invocations topic for recovery (assign mode)."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, *, read_timeout: float = 120.0) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, verifier: FactVerifier, *,
+                 read_timeout: float = 120.0) -> None:
         self._consumer = consumer
+        self._verifier = verifier
         self._read_timeout = read_timeout
         self._lock = asyncio.Lock()
 
@@ -80,6 +89,12 @@ class LogReader:
             facts: dict[str, InvocationFacts] = defaultdict(InvocationFacts)
             async for record in self._read(tp, floor, end):
                 if header_type(record.headers) not in FACT_TYPES:
+                    continue
+                verdict = self._verifier.verify(record.headers, record.value)
+                if verdict is not Verdict.VALID:  # no step stands on a fact we did not sign
+                    recovered.untrusted += 1
+                    log.warning("pipeline.untrusted_fact", partition=tp.partition,
+                                offset=record.offset, verdict=verdict.value)
                     continue
                 try:
                     event = decode(record.key, record.value, record.headers)
@@ -106,7 +121,8 @@ class LogReader:
             low = max(begin, high - window)
             for record in reversed([r async for r in self._read(tp, low, high)]):
                 point = resume_point(record.headers)
-                if point is not None:
+                if point is not None and self._verifier.verify(
+                        record.headers, record.value) is Verdict.VALID:
                     return point
             high, window = low, window * WINDOW_GROWTH
         return None

@@ -87,6 +87,8 @@ _ROWS: Final[tuple[tuple[str, str, int, str], ...]] = (
     ("E3801", "Kafka unavailable", 503, "Check Kafka cluster"),
     ("E3802", "Event serialization failed", 500, "Check event schema"),
     ("E3803", "Audit backpressure", 503, "Reduce event rate"),
+    ("E3804", "Fact not signed by the pipeline", 403,
+     "Only the pipeline writes facts: find who produces to the facts topic"),
     ("E3851", "MCP server unavailable", 503, "Check document-consolidator service"),
     ("E3852", "Document not found", 404, "Verify document exists"),
     ("E3853", "Document query timeout", 504, "Simplify query or increase timeout"),

@@ -1,18 +1,20 @@
 """Reading the whole invocations log back, for tests that count outcomes, and making
-terminal events to put on it."""
+terminal events to put on it (signed as a pipeline signs them, or forged)."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers.events import failed
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
-from contracts.kafka_binding import UndecodableRecord, decode
+from contracts.fact_signature import FactSigner, FactVerifier
+from contracts.kafka_binding import UndecodableRecord, decode, encode
 from domain.errors import ToolexecError
 
 TERMINAL = ("tool.invoke.completed", "tool.invoke.failed")
@@ -60,3 +62,40 @@ def terminal_failure(invocation_id: str) -> Envelope:
                            correlationid=invocation_id, id=f"req-{invocation_id}", time=now)
     return failed(request, ToolexecError("tool not found", code="E3101"), stage="resolve",
                   invocation_id=invocation_id, tool_id="echo", version=None, now=now)
+
+
+def pretend_pipeline_key() -> tuple[FactSigner, FactVerifier]:
+    """A signing key of a pretend pipeline, and a verifier trusting it."""
+    signer = FactSigner(Ed25519PrivateKey.generate())
+    return signer, FactVerifier([signer.public_key])
+
+
+async def put_facts(bootstrap: str, events: list[Envelope], *,
+                    signer: FactSigner | None = None, partition: int | None = None) -> None:
+    """Produce `events` on their topic as one signed batch (`signer`), or unsigned."""
+    records = [encode(event) for event in events]
+    if signer is not None:
+        records = signer.sign(records)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+    await producer.start()
+    try:
+        for event, record in zip(events, records, strict=True):
+            await producer.send_and_wait(topics.TOPIC_OF_TYPE[event.type], record.value,
+                                         key=record.key, headers=record.headers,
+                                         partition=partition)
+    finally:
+        await producer.stop()
+
+
+async def request_on_the_log(bootstrap: str, invocation_id: str) -> None:
+    """Until the request of `invocation_id` is on the requests topic."""
+    consumer = AIOKafkaConsumer(topics.REQUESTS, bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    await consumer.start()
+    try:
+        async with asyncio.timeout(30):
+            async for record in consumer:
+                if record.key == invocation_id.encode():
+                    return
+    finally:
+        await consumer.stop()

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from contracts.fact_signature import FactVerifier
 from domain.chain import resolve_chain
 from domain.integrity import seal
 from domain.model import ResolvedChain, SubprocessPlan, ToolSource
 from domain.plan import build_plan
 from domain.registry import InMemoryRegistry
+from toolexec import keys
+from toolexec.bench_stack import bench_settings
 from toolexec.client import InvocationClient
 from toolexec.sources import load_builtin_sources, load_source
 
@@ -175,7 +178,8 @@ class BenchEnvironment:
         self.stack.argv = python_module("toolexec.bench_stack", str(self.root / "state"),
                                         str(self.tools_dir), str(self.execute_workers))
         self.bootstrap = json.loads(await self.stack.start())["bootstrap"]
-        self.client = InvocationClient(self.bootstrap)
+        verify_keys = keys.fact_verify_keys(bench_settings(self.root / "state"))
+        self.client = InvocationClient(self.bootstrap, verifier=FactVerifier(verify_keys))
         await self.client.start()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -276,15 +276,17 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
     runs; the tools under `tools` are published first (with authorization on, `token`
     must hold the publish scope for each new one). Returns the terminal event. Raises
     AuthorizationError when the token may not publish them."""
-    from toolexec import rights
+    from contracts.fact_signature import FactVerifier
+    from toolexec import keys, rights
     from toolexec.client import InvocationClient
     from toolexec.stack import Stack
 
     tools = tools or []
     runtime = read_runtime(settings)
     if runtime is not None:
-        async with InvocationClient(runtime["kafka_bootstrap"],
-                                    fetch_waits=fetch_waits(settings)) as client:
+        async with InvocationClient(runtime["kafka_bootstrap"], fetch_waits=fetch_waits(settings),
+                                    verifier=FactVerifier(keys.fact_verify_keys(settings))
+                                    ) as client:
             if tools:
                 await _publish_to_running(client, runtime, _sources(tools, settings),
                                           settings, token)
@@ -297,6 +299,7 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
         if report_rejections:
             _report_rejections(publications)
         async with InvocationClient(stack.bootstrap, pipeline=stack.pipeline,
+                                    verifier=stack.verifier,
                                     fetch_waits=fetch_waits(settings)) as client:
             return await client.invoke(tool_id, parameters, version_range=version_range,
                                        lockfile=lockfile, token=token, timeout=timeout,

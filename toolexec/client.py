@@ -5,7 +5,8 @@ When the pipeline runs in the same process and owns the request's partition, the
 acknowledged request is handed to it in memory and the terminal event comes back in
 memory; otherwise the client tails the invocations topic from its end (no consumer
 group, started on first need) and routes events to waiting callers by correlation
-id, so one client serves many concurrent invocations.
+id, so one client serves many concurrent invocations. Only facts signed by a trusted
+pipeline key reach a caller (contracts.fact_signature).
 
 Across a broker outage it keeps trying within each invocation's timeout: sends are
 retried while the errors are transient, the tail reconnects by itself. An
@@ -31,6 +32,7 @@ from consumers.fetch_pacing import FetchPacer
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeCancelRequested, InvokeRequested
+from contracts.fact_signature import FactVerifier, Verdict
 from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
 from domain.errors import ToolexecError
 
@@ -74,9 +76,13 @@ class InvocationClient:
     terminal event comes back in memory; other requests are followed on the log."""
 
     def __init__(self, bootstrap: str, *, pipeline: Pipeline | None = None,
+                 verifier: FactVerifier | None = None,
                  fetch_waits: tuple[int, int] = (1, 500)) -> None:
         self._bootstrap = bootstrap
         self._pipeline = pipeline
+        self._verifier = verifier
+        self.untrusted = 0
+        """Facts of awaited invocations ignored because their signature did not check."""
         self._pacer = FetchPacer(*fetch_waits)
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -103,6 +109,10 @@ class InvocationClient:
     async def _follow_log(self) -> None:
         """Start tailing the facts from their end (before the first request that is
         not handed over locally is sent, so its terminal event cannot be missed)."""
+        if self._verifier is None:
+            raise ValueError("following invocations on the log needs a FactVerifier: a "
+                             "result read from the log is trusted only when the pipeline "
+                             "signed it")
         async with self._tail_lock:
             if self._consumer is not None:
                 return
@@ -306,6 +316,13 @@ class InvocationClient:
         if key not in self._waiters:
             return
         if header_type(record.headers) not in TERMINAL_TYPES and key not in self._progress:
+            return
+        assert self._verifier is not None
+        verdict = self._verifier.verify(record.headers, record.value)
+        if verdict is not Verdict.VALID:  # a forged result never reaches a caller
+            self.untrusted += 1
+            log.warning("client.untrusted_fact", invocation_id=key, offset=record.offset,
+                        verdict=verdict.value)
             return
         try:
             envelope = decode(record.key, record.value, record.headers)

@@ -159,7 +159,7 @@ async def serve_gateway(stack: Stack, read_models: ReadModels,
     """Run the gateway over `stack` and `read_models`; yields its base URL."""
     observed = PipelineMetrics()
     stack.observers.append(observed.observe)
-    client = InvocationClient(stack.bootstrap, pipeline=stack.pipeline,
+    client = InvocationClient(stack.bootstrap, pipeline=stack.pipeline, verifier=stack.verifier,
                               fetch_waits=fetch_waits(settings))
     groups = {g: (topics.INVOCATIONS,) for s in (stack.broker.subscribers if stack.broker else ())
               if (g := getattr(s, "group_id", None))}

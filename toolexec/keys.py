@@ -10,6 +10,7 @@ in the embedded profile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -20,7 +21,7 @@ from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from domain.capability import ALGORITHM, TokenLifetime
 from domain.scopes import NO_SCOPES, Scopes
@@ -129,3 +130,60 @@ def jwks_of(public_keys: Iterable[Any]) -> dict[str, Any]:
         entry = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key))
         entries.append({**entry, "alg": ALGORITHM, "use": "sig"})
     return {"keys": entries}
+
+
+# --- the pipeline's fact-signing keys ---------------------------------------------------
+
+
+def facts_key_path(state_dir: Path) -> Path:
+    """Where the embedded profile keeps the pipeline's Ed25519 fact-signing key."""
+    return state_dir / "keys" / "facts.pem"
+
+
+def fact_signing_key(settings: Settings) -> ed25519.Ed25519PrivateKey:
+    """The key this pipeline signs its facts with: `TOOLEXEC_FACT_SIGNING_KEY` (a PEM
+    file), else (embedded) one made under the state directory on first use (0600)."""
+    if settings.fact_signing_key is None and not settings.embedded:
+        raise ValueError("TOOLEXEC_FACT_SIGNING_KEY is required with TOOLEXEC_KAFKA_BOOTSTRAP: "
+                         "every pipeline replica signs its facts with the Ed25519 key it "
+                         "names (one key shared by the replicas, or each one's public key "
+                         "in TOOLEXEC_FACT_PUBLIC_KEYS)")
+    path = settings.fact_signing_key or facts_key_path(Path(settings.state_dir))
+    if settings.fact_signing_key is None and not path.exists():
+        _write_private(path, ed25519.Ed25519PrivateKey.generate(), Path(settings.state_dir))
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise ValueError(f"{path} does not hold an Ed25519 private key")
+    return key
+
+
+def fact_verify_keys(settings: Settings) -> list[ed25519.Ed25519PublicKey]:
+    """Public keys whose fact signatures are trusted: `TOOLEXEC_FACT_PUBLIC_KEYS` (PEM
+    files: list old and new while rotating), the signing key's own when this process
+    has one, and the embedded state directory's."""
+    keys: list[ed25519.Ed25519PublicKey] = []
+    for path in settings.fact_public_keys:
+        key = serialization.load_pem_public_key(path.read_bytes())
+        if not isinstance(key, ed25519.Ed25519PublicKey):
+            raise ValueError(f"{path} does not hold an Ed25519 public key")
+        keys.append(key)
+    private_paths = [settings.fact_signing_key] if settings.fact_signing_key else []
+    embedded = facts_key_path(Path(settings.state_dir))
+    if settings.embedded and embedded.exists():
+        private_paths.append(embedded)
+    for path in private_paths:
+        with contextlib.suppress(OSError, ValueError):
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            if isinstance(key, ed25519.Ed25519PrivateKey):
+                keys.append(key.public_key())
+    return keys
+
+
+def _write_private(path: Path, key: Any, state_dir: Path) -> None:
+    ensure_state_dir(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)

@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     require_auth: bool | None = None
     """Require an RS256 capability token on every invocation; None = the profile
     default (off embedded, on in production)."""
+    fact_signing_key: Path | None = None
+    """PEM file of the Ed25519 key the pipeline signs its facts with; None = (embedded)
+    `keys/facts.pem` under `state_dir`, made on first start."""
+    fact_public_keys: list[Path] = Field(default_factory=list)
+    """PEM files of Ed25519 public keys whose fact signatures are trusted (every
+    pipeline's, old and new while rotating); the embedded key is always trusted."""
     token_public_keys: list[Path] = Field(default_factory=list)
     """PEM or JWKS files of the RSA public keys accepted for capability tokens
     (several for rotation; read again on every verification)."""
@@ -195,7 +201,8 @@ class Settings(BaseSettings):
         return CredentialGrants.parse(self.credential_grants)
 
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
-                     "require_auth", "sandbox", "abac_url", "token", mode="before")
+                     "require_auth", "sandbox", "abac_url", "token", "fact_signing_key",
+                     mode="before")
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:
         # `TOOLEXEC_KAFKA_BOOTSTRAP=` in a shell or compose file means "not set".

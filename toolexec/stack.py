@@ -40,7 +40,8 @@ from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbo
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.events import EVENT_MODELS
-from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
+from contracts.fact_signature import FactSigner, FactVerifier, Verdict
+from contracts.kafka_binding import KafkaRecord, UndecodableRecord, decode, encode, header_type
 from domain.capability import VerifiedTokens
 from domain.policy import DecisionCache
 from projections.circuit_view import CircuitView
@@ -115,6 +116,9 @@ class Stack:
     embedded: EmbeddedBroker | None = field(default=None, init=False)
     broker: KafkaBroker | None = field(default=None, init=False)
     pipeline: Pipeline | None = field(default=None, init=False)
+    verifier: FactVerifier = field(init=False)
+    """Checks facts against the trusted pipeline keys (for clients of this stack)."""
+    _signer: FactSigner | None = field(default=None, init=False)
     """The consumer group running invocations (None without consumers)."""
     observers: list[Callable[[Envelope], None]] = field(default_factory=list, init=False)
     """Called with every request the pipeline starts and every fact it appends."""
@@ -175,6 +179,9 @@ class Stack:
         self.policies.on_change(self.decisions.invalidate)
         if self.settings.embedded:
             keys.ensure_dev_keys(state)
+        if self.run_consumers:
+            self._signer = FactSigner(keys.fact_signing_key(self.settings))
+        self.verifier = FactVerifier(keys.fact_verify_keys(self.settings))
         self.broker = KafkaBroker(self.bootstrap, apply_types=False, decoder=passthrough_decoder,
                                   linger_ms=0, logger=None, graceful_timeout=10)
         self._attach_views(self.broker)
@@ -250,10 +257,18 @@ class Stack:
 
     async def publish(self, envelope: Envelope) -> None:
         """Publish one event to its topic (CloudEvents binary mode, key = partitionkey)."""
+        await self._send(encode(envelope), topics.TOPIC_OF_TYPE[envelope.type])
+
+    async def _publish_signed(self, envelope: Envelope) -> None:
+        """Publish a fact of the pipeline's side steps (circuit transitions), signed."""
+        assert self._signer is not None
+        await self._send(self._signer.sign([encode(envelope)])[0],
+                         topics.TOPIC_OF_TYPE[envelope.type])
+
+    async def _send(self, record: KafkaRecord, topic: str) -> None:
         assert self._producer is not None, "stack not started"
-        record = encode(envelope)
-        await self._producer.send_and_wait(topics.TOPIC_OF_TYPE[envelope.type], record.value,
-                                           key=record.key, headers=record.headers)
+        await self._producer.send_and_wait(topic, record.value, key=record.key,
+                                           headers=record.headers)
 
     async def publish_all(self, envelopes: Iterable[Envelope]) -> None:
         for envelope in envelopes:
@@ -326,12 +341,16 @@ class Stack:
 
     def _attach_circuits(self, broker: KafkaBroker) -> None:
         """The circuits step, a side step of its own consumer group on the facts: it
-        must see every outcome of a service, so one member of the group counts them."""
+        must see every outcome of a service, so one member of the group counts them.
+        It reads every fact, so it also stands guard: a record on the facts topic that
+        is no fact, or a fact the pipeline did not sign, is dead-lettered (E3004,
+        E3804) and counted by no one."""
         assert self._producer is not None
-        publish = DeliveringPublisher(self.publish)
-        deps = circuits.CircuitDeps(publish=publish, registry=self.registry,
+        deps = circuits.CircuitDeps(publish=DeliveringPublisher(self._publish_signed),
+                                    registry=self.registry,
                                     book=circuits.CircuitBook(self.circuits), clock=utc_now)
-        dead_letters = DeadLetters(publish, utc_now)
+        dead_letters = DeadLetters(DeliveringPublisher(self.publish), utc_now)
+        verifier = self.verifier
         pacer = self._new_pacer(busy_ms=CIRCUITS_WAIT_MS)
         group = f"{self.group_prefix}.circuits"
         options = {k: v for k, v in consumer_kwargs(self.settings).items()
@@ -349,10 +368,14 @@ class Stack:
             records = message.raw_message
             for record in records:
                 kind = header_type(record.headers)
-                if kind == "tool.execution.finished":
-                    await circuits.count_record(record, deps, dead_letters, consumer=group)
-                elif kind not in FACT_TYPES:
+                if kind not in FACT_TYPES:
                     await circuits.misplaced_record(record, dead_letters, consumer=group)
+                elif (verdict := verifier.verify(record.headers, record.value)) \
+                        is not Verdict.VALID:
+                    await circuits.untrusted_record(record, verdict.value, dead_letters,
+                                                    consumer=group)
+                elif kind == "tool.execution.finished":
+                    await circuits.count_record(record, deps, dead_letters, consumer=group)
             positions: dict[TopicPartition, int] = {}
             for record in records:
                 tp = TopicPartition(record.topic, record.partition)
@@ -407,8 +430,10 @@ class Stack:
         )
         options = {k: v for k, v in consumer_kwargs(self.settings).items()
                    if k != "fetch_max_wait_ms"}
+        assert self._signer is not None
         return Pipeline(self.bootstrap, self._producer, deps,
                         DeadLetters(DeliveringPublisher(self.publish), utc_now),
+                        signer=self._signer, verifier=self.verifier,
                         group=f"{self.group_prefix}.pipeline", consumer_options=options,
                         pacer=self._new_pacer(), max_in_flight=self.execute_workers,
                         observe=self._observe)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from domain.errors import ToolexecError
-from tests.chaos.up_process import start_up, wait_until_up
+from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.log_reading import terminal_event_ids
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.client import InvocationClient
@@ -62,7 +62,8 @@ async def test_broker_restart_mid_burst_finishes_or_reports_every_invocation(
                 # Tansu's s3 fetch answers empty when its object reads outlast the
                 # fetch wait, so the client waits longer than its 1 ms default.
                 async with InvocationClient(broker.bootstrap,
-                                            fetch_waits=(FETCH_WAIT_MS, FETCH_WAIT_MS)) as client:
+                                            fetch_waits=(FETCH_WAIT_MS, FETCH_WAIT_MS),
+                                            verifier=verifier_for(state)) as client:
                     def invoke(invocation_id: str, timeout: float = TIMEOUT) -> asyncio.Task:
                         return asyncio.create_task(client.invoke(
                             "append_id", {"id": invocation_id, "ledger": str(ledger)},

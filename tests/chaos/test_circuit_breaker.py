@@ -164,7 +164,7 @@ async def test_failing_service_trips_the_breaker_and_recovers_through_half_open(
     with serving(flaky) as port:
         async with Stack(settings) as stack, \
                 following(CircuitLog(stack.bootstrap, service_id)) as circuit_log, \
-                InvocationClient(stack.bootstrap) as client:
+                InvocationClient(stack.bootstrap, verifier=stack.verifier) as client:
             now = datetime.now(UTC)
             for source in load_builtin_sources() + [load_source(flaky_tool(tmp_path, port,
                                                                             service_id))]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.up_process import start_up, wait_until_up
+from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.log_reading import terminal_event_ids
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
@@ -29,7 +29,7 @@ async def test_kill_9_mid_burst_loses_nothing_and_runs_nothing_twice(tmp_path: P
         process = start_up(broker.bootstrap, state)
         try:
             await wait_until_up(process, state)
-            async with InvocationClient(broker.bootstrap) as client:
+            async with InvocationClient(broker.bootstrap, verifier=verifier_for(state)) as client:
                 ids = [str(uuid.uuid4()) for _ in range(BURST)]
                 tasks = [asyncio.create_task(client.invoke(
                     "append_id", {"id": i, "ledger": str(ledger)}, invocation_id=i,

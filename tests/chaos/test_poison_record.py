@@ -41,7 +41,7 @@ async def test_poison_record_is_dead_lettered_while_the_rest_is_processed(
         now = datetime.now(UTC)
         for source in load_builtin_sources() + [load_source(TOOLS / "py_echo")]:
             await stack.publish(publish_event(source, now=now))
-        async with InvocationClient(stack.bootstrap) as client:
+        async with InvocationClient(stack.bootstrap, verifier=stack.verifier) as client:
             poison = asyncio.create_task(client.invoke("poison", {}, invocation_id="poison-1"))
             normal = [client.invoke("py_echo", {"text": str(n)}) for n in range(40)]
             results = await asyncio.gather(*normal)

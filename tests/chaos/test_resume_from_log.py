@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from contracts import topics
 from contracts.kafka_binding import UndecodableRecord, decode
-from tests.chaos.up_process import start_up, wait_until_up
+from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from toolexec import keys
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
@@ -148,7 +148,7 @@ async def test_every_request_resumes_from_the_log_after_a_kill_9_mid_burst(
         process = start_secured_up(broker.bootstrap, state, pair.public)
         try:
             await wait_until_up(process, state)
-            async with InvocationClient(broker.bootstrap) as client:
+            async with InvocationClient(broker.bootstrap, verifier=verifier_for(state)) as client:
                 tasks = invoke_all(client, ids, token, ledger)
                 await mid_burst(broker.bootstrap, ids)
                 process.send_signal(signal.SIGKILL)
@@ -176,7 +176,8 @@ async def test_every_request_resumes_once_when_partitions_move_from_a_stalled_re
         second = None
         try:
             await wait_until_up(first, states[0])
-            async with InvocationClient(broker.bootstrap) as client:
+            async with InvocationClient(broker.bootstrap,
+                                        verifier=verifier_for(states[0])) as client:
                 tasks = invoke_all(client, ids, token, ledger)
                 await mid_burst(broker.bootstrap, ids)
                 first.send_signal(signal.SIGSTOP)  # a long pause: its session expires

@@ -9,11 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
-from contracts import topics
 from tests.cli_process import toolexec
-from tests.log_reading import terminal_failure
+from tests.log_reading import pretend_pipeline_key, put_facts, request_on_the_log, terminal_failure
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
 from toolexec.embedded_broker import EmbeddedBroker
@@ -22,26 +20,13 @@ from toolexec.stack import TOPIC_PARTITIONS
 pytestmark = pytest.mark.integration
 
 
-async def _request_on_the_log(bootstrap: str, invocation_id: str) -> None:
-    """Until the request of `invocation_id` is on the requests topic."""
-    consumer = AIOKafkaConsumer(topics.REQUESTS, bootstrap_servers=bootstrap, group_id=None,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=100)
-    await consumer.start()
-    try:
-        async with asyncio.timeout(30):
-            async for record in consumer:
-                if record.key == invocation_id.encode():
-                    return
-    finally:
-        await consumer.stop()
-
-
 
 
 async def test_a_request_the_broker_cannot_take_is_reported_as_not_delivered(
         tmp_path: Path) -> None:
+    _, verifier = pretend_pipeline_key()
     async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path) as broker, \
-            InvocationClient(broker.bootstrap) as client:
+            InvocationClient(broker.bootstrap, verifier=verifier) as client:
         await broker.stop()
         with pytest.raises(InvocationNotDelivered) as reported:
             await client.invoke("echo", invocation_id="inv-down", timeout=1.5)
@@ -51,8 +36,9 @@ async def test_a_request_the_broker_cannot_take_is_reported_as_not_delivered(
 
 async def test_a_request_without_a_result_in_time_is_reported_as_unresolved(
         tmp_path: Path) -> None:
+    _, verifier = pretend_pipeline_key()
     async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path) as broker, \
-            InvocationClient(broker.bootstrap) as client:  # no pipeline runs
+            InvocationClient(broker.bootstrap, verifier=verifier) as client:  # no pipeline
         with pytest.raises(InvocationUnresolved) as reported:
             await client.invoke("echo", invocation_id="inv-slow", timeout=1.0)
     assert reported.value.code == "E3002"
@@ -60,16 +46,19 @@ async def test_a_request_without_a_result_in_time_is_reported_as_unresolved(
 
 
 async def test_the_client_reconnects_after_a_broker_restart(tmp_path: Path) -> None:
+    signer, verifier = pretend_pipeline_key()
     with s3_store() as (endpoint, _):
         # Tansu's s3 fetch answers empty when its reads outlast a 5 ms fetch wait.
         async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path, storage_engine="s3://toolexec/",
                                   env=tansu_s3_env(endpoint)) as broker, \
-                InvocationClient(broker.bootstrap, fetch_waits=(100, 100)) as client:
+                InvocationClient(broker.bootstrap, fetch_waits=(100, 100),
+                                 verifier=verifier) as client:
             await broker.restart()
             waiting = asyncio.create_task(
                 client.invoke("echo", invocation_id="inv-after", timeout=30))
-            await _request_on_the_log(broker.bootstrap, "inv-after")
-            await client.send(terminal_failure("inv-after"))  # what a pipeline would do
+            await request_on_the_log(broker.bootstrap, "inv-after")
+            # What a pipeline would do, signed with the key the client trusts:
+            await put_facts(broker.bootstrap, [terminal_failure("inv-after")], signer=signer)
             terminal = await waiting
     assert (terminal.type, terminal.correlationid) == ("tool.invoke.failed", "inv-after")
 

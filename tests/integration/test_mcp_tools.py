@@ -143,7 +143,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, http_mcp_server: int,
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def client(stack: Stack) -> AsyncIterator[InvocationClient]:
-    async with InvocationClient(stack.bootstrap) as c:
+    async with InvocationClient(stack.bootstrap, verifier=stack.verifier) as c:
         yield c
 
 

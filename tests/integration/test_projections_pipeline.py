@@ -54,7 +54,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory,
         for source in load_builtin_sources() + [load_source(TOOLS / "py_echo"),
                                                 load_source(TOOLS / "sh_upper")]:
             await running.publish(publish_event(source, now=now))
-        async with InvocationClient(running.bootstrap) as client:
+        async with InvocationClient(running.bootstrap, verifier=running.verifier) as client:
             running.outcomes = [  # type: ignore[attr-defined]
                 await client.invoke("py_echo", {"text": "mail me at a@b.example", "times": 1}),
                 await client.invoke("sh_upper", {"text": "quiet"}),

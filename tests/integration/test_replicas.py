@@ -33,7 +33,9 @@ async def test_two_replicas_give_every_invocation_exactly_one_terminal_event(
     await first.start()
     second = Stack(Settings(state_dir=tmp_path / "b", tools_dir=tmp_path / "none",
                             user_tools_dir=None, kafka_bootstrap=first.bootstrap,
-                            require_auth=False, sandbox="auto", redis_url=redis_url),
+                            require_auth=False, sandbox="auto", redis_url=redis_url,
+                            # replicas share the key they sign their facts with
+                            fact_signing_key=tmp_path / "a" / "keys" / "facts.pem"),
                    group_prefix=group)
     try:
         await second.start()
@@ -41,7 +43,7 @@ async def test_two_replicas_give_every_invocation_exactly_one_terminal_event(
         for source in load_builtin_sources() + [load_source(TOOLS / "py_echo")]:
             await first.publish(publish_event(source, now=now))
         ids = [str(uuid.uuid4()) for _ in range(INVOCATIONS)]
-        async with InvocationClient(first.bootstrap) as client:
+        async with InvocationClient(first.bootstrap, verifier=first.verifier) as client:
             results = await asyncio.gather(*(
                 client.invoke("py_echo", {"text": i[:8]}, invocation_id=i, timeout=180)
                 for i in ids))

@@ -276,7 +276,7 @@ async def test_a_tool_runs_end_to_end_under_landlock_and_the_log_says_so(
         for source in [*load_builtin_sources(), load_source(tools / "py_echo"),
                        load_source(tools / "sh_upper")]:
             await stack.publish(publish_event(source, now=datetime.now(UTC)))
-        async with InvocationClient(stack.bootstrap) as client:
+        async with InvocationClient(stack.bootstrap, verifier=stack.verifier) as client:
             python = await client.invoke("py_echo", {"text": "ab", "times": 2},
                                          progress=seen.append, timeout=60)
             shell = await client.invoke("sh_upper", {"text": "quiet words"},

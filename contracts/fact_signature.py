@@ -1,0 +1,153 @@
+"""Signatures of the pipeline's facts: who wrote a fact, and that it is unchanged.
+
+The pipeline signs the facts it appends together (one produce batch: e.g. a chain
+resolution, its permission decision and the first execution start) with one Ed25519
+signature over the key id and the list of the batch's fact digests. A fact's digest
+is the sha256 of its record as a CloudEvent in binary mode, canonically: its `ce_*`,
+`content-type` and `toolexec-*` headers (but the three below) as `name=value` lines
+sorted by name, a blank line, then the data bytes. Every fact of the batch carries three more
+CloudEvent extensions (`ce_*` headers):
+
+- `sigkid`: the signing key's id (the first 16 bytes of the sha256 of its raw public
+  key, hex), so keys can be rotated and several be trusted at once;
+- `sigset`: the digests (first 16 bytes, hex) of every fact of its batch, in order,
+  joined by `.`;
+- `sig`: the Ed25519 signature over `sigkid.sigset`, unpadded base64url.
+
+A fact verifies when its own digest is in its `sigset` and the signature is valid for
+a trusted key. One verification covers every fact of a batch (cached), so checking the
+facts of an invocation costs about one Ed25519 verification per batch. Anyone holding
+the public keys can check a record offline; nothing but the record is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from enum import StrEnum
+from typing import Any, Final
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from contracts.kafka_binding import CE_PREFIX, CONTENT_TYPE_HEADER, KafkaRecord
+
+KID: Final = "sigkid"
+SET: Final = "sigset"
+SIG: Final = "sig"
+SIGNATURE_HEADERS: Final = frozenset({CE_PREFIX + KID, CE_PREFIX + SET, CE_PREFIX + SIG})
+TOOLEXEC_PREFIX: Final = "toolexec-"
+"""Transport headers of toolexec's own (the pipeline's resume point), signed too."""
+DIGEST_HEX: Final = 32
+CACHE_SIZE: Final = 20_000
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    """The id of `public_key`: 16 bytes of the sha256 of its raw bytes, hex."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def record_digest(headers: Iterable[tuple[str, Any]], value: bytes | None) -> str:
+    """The digest of one record's CloudEvent (signature headers left out)."""
+    lines = sorted(f"{name}={_text(raw)}" for name, raw in headers
+                   if (name[:3] == CE_PREFIX or name[:9] == TOOLEXEC_PREFIX
+                       or name == CONTENT_TYPE_HEADER) and name not in SIGNATURE_HEADERS)
+    body = "\n".join(lines).encode("utf-8") + b"\n\n" + (value or b"")
+    return hashlib.sha256(body).hexdigest()[:DIGEST_HEX]
+
+
+class FactSigner:
+    """Signs batches of fact records with one Ed25519 key."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._key = private_key
+        self.public_key = private_key.public_key()
+        self.kid = key_id(self.public_key)
+
+    def sign(self, records: Sequence[KafkaRecord]) -> list[KafkaRecord]:
+        """`records` with the batch's signature headers (any earlier ones replaced)."""
+        records = [replace(r, headers=[h for h in r.headers if h[0] not in SIGNATURE_HEADERS])
+                   for r in records]
+        digests = ".".join(record_digest(r.headers, r.value) for r in records)
+        signature = base64.urlsafe_b64encode(self._key.sign(_message(self.kid, digests)))
+        added = [(CE_PREFIX + KID, self.kid.encode()), (CE_PREFIX + SET, digests.encode()),
+                 (CE_PREFIX + SIG, signature.rstrip(b"="))]
+        return [replace(r, headers=[*r.headers, *added]) for r in records]
+
+
+class Verdict(StrEnum):
+    """How a record's signature checks out."""
+
+    VALID = "valid"
+    UNSIGNED = "unsigned"
+    UNKNOWN_KEY = "unknown_key"
+    INVALID = "invalid"
+
+
+class FactVerifier:
+    """Checks fact records against the pipeline's public keys (several: rotation)."""
+
+    def __init__(self, public_keys: Iterable[Ed25519PublicKey]) -> None:
+        self._keys = {key_id(key): key for key in public_keys}
+        self._checked: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+
+    @property
+    def key_ids(self) -> frozenset[str]:
+        return frozenset(self._keys)
+
+    def verify(self, headers: Iterable[tuple[str, Any]], value: bytes | None) -> Verdict:
+        """The verdict on the record with `headers` and `value`."""
+        headers = list(headers)
+        kid = digests = signature = None
+        for name, raw in headers:
+            if name in SIGNATURE_HEADERS:
+                text = raw.decode("ascii", "replace") if isinstance(raw, bytes | bytearray) \
+                    else str(raw)
+                if name == CE_PREFIX + KID:
+                    kid = text
+                elif name == CE_PREFIX + SET:
+                    digests = text
+                else:
+                    signature = text
+        if kid is None and digests is None and signature is None:
+            return Verdict.UNSIGNED
+        if not (kid and digests and signature):
+            return Verdict.INVALID
+        key = self._keys.get(kid)
+        if key is None:
+            return Verdict.UNKNOWN_KEY
+        if record_digest(headers, value) not in digests.split("."):
+            return Verdict.INVALID
+        return Verdict.VALID if self._batch_valid(key, kid, digests, signature) \
+            else Verdict.INVALID
+
+    def _batch_valid(self, key: Ed25519PublicKey, kid: str, digests: str,
+                     signature: str) -> bool:
+        cache_key = (kid, digests, signature)
+        known = self._checked.get(cache_key)
+        if known is not None:
+            return known
+        try:
+            raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+            key.verify(raw, _message(kid, digests))
+            valid = True
+        except (InvalidSignature, binascii.Error, ValueError):
+            valid = False
+        self._checked[cache_key] = valid
+        while len(self._checked) > CACHE_SIZE:
+            self._checked.popitem(last=False)
+        return valid
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw)
+
+
+def _message(kid: str, digests: str) -> bytes:
+    return f"{kid}.{digests}".encode("ascii")
