@@ -11,22 +11,39 @@ and re-read its position instead of applying a batch twice.
 A runner can feed several read models (a rebuild of all of them does): each record is
 then fetched and decoded once; every model keeps its own offsets and applied ids in
 the same transaction, and a model already past a record skips it.
+
+A read model never silently follows another log than the one its rows come from
+(`projections.log_identity`): at open, whenever its position is out of the log's
+range, and every `verify_seconds` while it runs, the runner checks that the log
+still holds the record it applied last at that offset (and is the same cluster's).
+When it does not, the runner rebuilds the model from the log (`on_divergence=
+"rebuild"`) or refuses to go on (`"refuse"`, and always for another cluster's log),
+loudly either way: `failure` / `rebuilding` say why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 from sqlalchemy import and_, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts.kafka_binding import UndecodableRecord, decode
+from projections.log_identity import (
+    LogIdentity,
+    ProjectionDiverged,
+    record_cluster,
+    record_fingerprint,
+    stored_cluster,
+)
 from projections.store import ReadModel, Record, chunks
 from projections.tables import projection_applied, projection_offsets
 
@@ -34,6 +51,8 @@ log = structlog.get_logger(__name__)
 
 BATCH_SIZE = 500
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
+VERIFY_SECONDS = 5.0
+OnDivergence = Literal["rebuild", "refuse"]
 
 
 class OffsetConflict(Exception):
@@ -59,7 +78,10 @@ class ProjectionRunner:
 
     def __init__(self, engine: AsyncEngine, model: ReadModel | Sequence[ReadModel],
                  bootstrap: str, *, consumer_options: Mapping[str, Any] | None = None,
-                 batch_size: int = BATCH_SIZE, poll_ms: int = 100) -> None:
+                 batch_size: int = BATCH_SIZE, poll_ms: int = 100,
+                 on_divergence: OnDivergence = "rebuild",
+                 verify_seconds: float = VERIFY_SECONDS,
+                 client_options: Mapping[str, Any] | None = None) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -77,6 +99,14 @@ class ProjectionRunner:
         self._moved = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
+        self.rebuilding: str | None = None
+        """Why the runner is rebuilding its models from the log (None when it is not)."""
+        self.rebuilds = 0
+        self._on_divergence = on_divergence
+        self._verify_seconds = verify_seconds
+        self._client_options = dict(client_options or {})
+        self._identity = LogIdentity(bootstrap, self._client_options)
+        self._verified_at = 0.0
 
     @property
     def name(self) -> str:
@@ -85,9 +115,11 @@ class ProjectionRunner:
     # -- lifecycle --------------------------------------------------------------------
     async def open(self) -> None:
         """Connect, assign every partition of the models' topics, seek to stored offsets."""
+        # No automatic reset: a position out of the log's range is a question for the
+        # log identity check, not a reason to start over silently.
         consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
-                                    enable_auto_commit=False, auto_offset_reset="earliest",
-                                    **self._options)
+                                    enable_auto_commit=False, auto_offset_reset="none",
+                                    **self._options, **self._client_options)
         await consumer.start()
         self._consumer = consumer
         known = await consumer.topics()
@@ -98,16 +130,69 @@ class ProjectionRunner:
             key=lambda tp: (tp.topic, tp.partition))
         consumer.assign(self._partitions)
         await self._seek_to_stored()
+        await self.verify_log()
 
     async def close(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
+        await self._identity.close()
 
     async def start(self) -> None:
-        """Open and run in the background until `stop()`."""
-        await self.open()
+        """Open and run in the background until `stop()`. A read model refused at open
+        (another log) stays open without running: `failure` says why."""
+        try:
+            await self.open()
+        except ProjectionDiverged as refused:
+            self.failure = refused
+            return
         self._task = asyncio.create_task(self._run(), name=f"projection-{self.name}")
+
+    @property
+    def state(self) -> str:
+        """"running", or why the runner is not simply following its log."""
+        if self.failure is not None:
+            if isinstance(self.failure, ProjectionDiverged):
+                return f"diverged: {self.failure}"
+            return f"failed: {type(self.failure).__name__}"
+        if self.rebuilding is not None:
+            return f"rebuilding: {self.rebuilding}"
+        return "running"
+
+    # -- log identity -----------------------------------------------------------------
+    async def verify_log(self) -> None:
+        """Check that the log still holds what the models applied; rebuild the models
+        that diverged, or raise `ProjectionDiverged` (see the module docstring)."""
+        self._verified_at = time.monotonic()
+        divergences = await self._identity.check(self.engine, self.models, self._partitions)
+        if not divergences:
+            await self._remember_cluster()
+            return
+        refuse = self._on_divergence == "refuse" or any(d.foreign for d in divergences)
+        for divergence in divergences:
+            log.error("projection.diverged", projection=divergence.model,
+                      reason=divergence.reason, foreign=divergence.foreign,
+                      action="refuse" if refuse else "rebuild")
+        reason = "; ".join(f"{d.model}: {d.reason}" for d in divergences)
+        if refuse:
+            raise ProjectionDiverged(reason)
+        from projections.rebuild import reset  # rebuild builds on the runner
+
+        names = {d.model for d in divergences}
+        for model in self.models:
+            if model.name in names:
+                await reset(self.engine, model)
+        self.rebuilding = reason
+        self.rebuilds += 1
+        await self._remember_cluster()
+        await self._seek_to_stored()
+
+    async def _remember_cluster(self) -> None:
+        cluster = await self._identity.cluster_id()
+        stale = [m.name for m in self.models
+                 if await stored_cluster(self.engine, m.name) != cluster]
+        if stale:
+            await record_cluster(self.engine, stale, cluster)
 
     async def stop(self) -> None:
         """Stop the loop (a batch in flight is rolled back) and disconnect."""
@@ -119,16 +204,36 @@ class ProjectionRunner:
 
     async def _run(self) -> None:
         failures = 0
+        out_of_range = False
         while True:
             try:
-                await self.step()
+                if out_of_range or time.monotonic() - self._verified_at >= self._verify_seconds:
+                    await self.verify_log()
+                    if out_of_range:
+                        await self._seek_to_stored()
+                    out_of_range = False
+                if not await self.step() and self.rebuilding is not None:
+                    log.warning("projection.rebuilt", projection=self.name,
+                                reason=self.rebuilding, records=self.stats.records)
+                    self.rebuilding = None
+                if failures:
+                    log.info("projection.resumed", projection=self.name, after=failures)
                 failures = 0
-            except (OffsetConflict, DBAPIError) as error:
+            except OffsetOutOfRangeError as error:
+                log.warning("projection.out_of_range", projection=self.name, error=str(error))
+                out_of_range = True
+                await asyncio.sleep(RETRY_SECONDS[0])
+            except ProjectionDiverged as refused:
+                self.failure = refused
+                return
+            except (OffsetConflict, DBAPIError, KafkaError) as error:
                 # Transient or concurrent: back off, re-read the stored position, go on.
+                # Logged once per streak: a broker away for a minute is one line, not 60.
                 delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+                if not failures:
+                    log.warning("projection.retry", projection=self.name,
+                                error=str(error)[:300] or type(error).__name__)
                 failures += 1
-                log.warning("projection.retry", projection=self.name, error=str(error)[:300],
-                            delay=delay)
                 await asyncio.sleep(delay)
                 await self._seek_to_stored()
             except Exception as error:
@@ -174,6 +279,7 @@ class ProjectionRunner:
         counted: dict[str, RunnerStats] = {}
         for model in self.models:
             ends: dict[TopicPartition, int] = {}
+            prints: dict[TopicPartition, str] = {}
             mine: list[Record] = []
             delta = counted[model.name] = RunnerStats()
             for tp, records in batch:
@@ -181,6 +287,7 @@ class ProjectionRunner:
                 if tp.topic not in model.topics or records[-1].offset < position:
                     continue  # not this model's, or it has these already
                 ends[tp] = records[-1].offset + 1
+                prints[tp] = record_fingerprint(records[-1].key, records[-1].value)
                 new = [r for r in decoded[tp] if r.offset >= position]
                 taken = sum(1 for r in records if r.offset >= position)
                 mine.extend(new)
@@ -188,7 +295,7 @@ class ProjectionRunner:
                 delta.undecodable += taken - len(new)
             if not ends:
                 continue
-            await self._write_offsets(conn, model.name, ends)
+            await self._write_offsets(conn, model.name, ends, prints)
             fresh = await self._unseen(conn, model.name, mine)
             if fresh:
                 await conn.execute(insert(projection_applied), [
@@ -232,7 +339,8 @@ class ProjectionRunner:
         return fresh
 
     async def _write_offsets(self, conn: AsyncConnection, name: str,
-                             ends: dict[TopicPartition, int]) -> None:
+                             ends: dict[TopicPartition, int],
+                             prints: dict[TopicPartition, str]) -> None:
         table = projection_offsets
         for tp, next_offset in ends.items():
             expected = self._positions.get((name, tp))
@@ -240,14 +348,14 @@ class ProjectionRunner:
                 try:  # the whole transaction rolls back on a conflict: no savepoint needed
                     await conn.execute(insert(table).values(
                         consumer=name, topic=tp.topic, partition=tp.partition,
-                        next_offset=next_offset))
+                        next_offset=next_offset, last_record=prints.get(tp)))
                 except IntegrityError as error:
                     raise OffsetConflict(f"{tp} offset appeared under {name}") from error
                 continue
             result = await conn.execute(update(table).where(and_(
                 table.c.consumer == name, table.c.topic == tp.topic,
                 table.c.partition == tp.partition, table.c.next_offset == expected,
-            )).values(next_offset=next_offset))
+            )).values(next_offset=next_offset, last_record=prints.get(tp)))
             if result.rowcount != 1:
                 raise OffsetConflict(f"{tp} offset of {name} is no longer {expected}")
 
@@ -311,7 +419,11 @@ class ProjectionRunner:
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:
         """Wait (bounded) until the rows include every record in the log right now."""
-        ends = await self.end_offsets()
+        return await self.wait_caught_up_to(await self.end_offsets(), timeout)
+
+    async def wait_caught_up_to(self, ends: Mapping[TopicPartition, int],
+                                timeout: float = 10.0) -> bool:
+        """Wait (bounded) until the rows include every record before `ends`."""
         try:
             async with asyncio.timeout(timeout), self._moved:
                 await self._moved.wait_for(lambda: self.reached(ends) or self.failure is not None)

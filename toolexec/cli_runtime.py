@@ -13,7 +13,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
+from toolexec.runtime_file import (
+    acquire_up_lock,
+    read_runtime,
+    remove_runtime,
+    runtime_status,
+    write_runtime,
+)
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check, collect_sources
 
@@ -64,7 +70,21 @@ def up(
     settings = Settings()
     if gateway_port is not None:
         settings = settings.model_copy(update={"gateway_port": gateway_port})
-    asyncio.run(_up(settings, tools))
+    lock = acquire_up_lock(settings)
+    if lock is None:
+        status = runtime_status(settings)
+        err.print(f"[red]E3001[/] {escape(status.describe())} for state directory "
+                  f"{escape(str(settings.state_dir.resolve()))}: one toolexec up per state "
+                  "directory (stop it first, or set TOOLEXEC_STATE_DIR)", highlight=False)
+        raise typer.Exit(1)
+    try:
+        stale = runtime_status(settings)
+        if stale.state == "stale":
+            err.print(f"[yellow]warning[/] {escape(stale.describe())}; replacing its "
+                      f"{escape(str(settings.runtime_file))}", highlight=False)
+        asyncio.run(_up(settings, tools))
+    finally:
+        lock.release()
 
 
 async def _up(settings: Settings, tools: list[Path]) -> None:
@@ -82,26 +102,33 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
         started.append(await start_read_models(settings, bootstrap))
         return started[-1]
 
-    async with Stack(settings, read_models_factory=read_models) as stack, \
+    async with Stack(settings, read_models_factory=read_models, keep_broker=True) as stack, \
             serve_gateway(stack, started[0], settings) as gateway_url:
         events = _tool_events(tools, settings)
         await stack.publish_all(events)
         _report_rejections(events)
+        broker = stack.embedded
         write_runtime(settings, {
             "kafka_bootstrap": stack.bootstrap, "database_url": settings.effective_database_url,
             "gateway_url": gateway_url,
-            "broker_pid": stack.embedded.pid if stack.embedded else None})
+            "broker_pid": broker.pid if broker else None,
+            "broker_supervisor_pid": broker.supervisor_pid if broker else None})
         published = sum(1 for e in events if e.type == "tool.published")
-        err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] "
-                  f"({'embedded Tansu' if stack.embedded else 'external'}), "
-                  f"{published} tool(s) published, consumers running.")
+        where = (f"embedded Tansu, supervisor pid {broker.supervisor_pid}, log archived in "
+                 f"{settings.state_dir / 'log'}" if broker else "external")
+        err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] ({escape(where)}), "
+                  f"{published} tool(s) published, consumers running.", highlight=False)
         err.print(f"toolexec up: gateway [bold]{gateway_url}[/] (status page {gateway_url}/, "
                   f"API {gateway_url}/docs). Ctrl-C stops.", highlight=False)
         try:
             await stop.wait()
         finally:
             remove_runtime(settings)
-    err.print("toolexec up: stopped")
+    if broker is not None:
+        err.print("toolexec up: stopped; the embedded broker keeps running with its log "
+                  "(`toolexec broker stop` stops it)")
+    else:
+        err.print("toolexec up: stopped")
 
 
 def _parse_params(pairs: list[str], params_json: str | None) -> dict[str, Any]:
@@ -143,6 +170,7 @@ def run(
     from toolexec.client import InvocationNotDelivered, InvocationUnresolved
 
     settings = Settings()
+    _warn_if_up_is_gone(settings)
     try:
         terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
                                     lockfile, token, tools, timeout, quiet=as_json))
@@ -240,12 +268,15 @@ def publish(
         if not path.exists():
             err.print(f"[red]bad usage:[/] {path} does not exist")
             raise typer.Exit(2)
-    runtime = read_runtime(settings)
-    bootstrap = settings.kafka_bootstrap or (runtime or {}).get("kafka_bootstrap")
+    bootstrap = settings.kafka_bootstrap or _running_bootstrap(settings)
     if not bootstrap:
-        err.print("[red]E3001[/] no running toolexec found: start `toolexec up` first "
-                  "or set TOOLEXEC_KAFKA_BOOTSTRAP")
+        status = runtime_status(settings)
+        hint = f"{status.describe()}; " if status.state == "stale" else ""
+        err.print(f"[red]E3001[/] no running toolexec found: {escape(hint)}start "
+                  "`toolexec up` first or set TOOLEXEC_KAFKA_BOOTSTRAP", highlight=False)
         raise typer.Exit(1)
+    if read_runtime(settings) is None:
+        _warn_if_up_is_gone(settings)
     events = [e for e in _tool_events(paths, settings) if _from_paths(e, paths)]
     asyncio.run(_send_all(bootstrap, events))
     rejected = [e for e in events if e.type == "tool.publish.rejected"]
@@ -258,6 +289,26 @@ def publish(
             err.print(f"{label} {e.data.tool_id}@{e.data.version}")
         _report_rejections(events)
     raise typer.Exit(1 if rejected else 0)
+
+
+def _warn_if_up_is_gone(settings: Settings) -> None:
+    """Say so when the `up` of this state directory ended without stopping cleanly."""
+    status = runtime_status(settings)
+    if status.state == "stale" and not settings.kafka_bootstrap:
+        err.print(f"[yellow]warning[/] {escape(status.describe())}; this command uses the "
+                  "state directory's log without it", highlight=False)
+
+
+def _running_bootstrap(settings: Settings) -> str | None:
+    """The running `up`'s broker, else the state directory's embedded broker if it runs
+    (a published tool waits in its log for the next `up`)."""
+    from toolexec.broker_control import running_broker
+
+    runtime = read_runtime(settings)
+    if runtime is not None:
+        return str(runtime["kafka_bootstrap"])
+    broker = running_broker(settings)
+    return broker.bootstrap if broker is not None else None
 
 
 def _from_paths(event: Envelope, paths: list[Path]) -> bool:

@@ -140,6 +140,32 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(process.pid, signum)  # start_new_session: pgid == pid
 
 
+def broker_argv(binary: str, listener: str, *, storage_engine: str,
+                cluster_id: str) -> list[str]:
+    """The one place that decides how `tansu broker` is launched."""
+    return [binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener,
+            "--storage-engine", storage_engine, "--cluster-id", cluster_id]
+
+
+def proxy_argv(binary: str, listener: str, origin: str) -> list[str]:
+    """The one place that decides how `tansu proxy` (a Kafka-protocol forwarder that
+    advertises itself in metadata) is launched."""
+    return [binary, "proxy", "--listener-url", listener, "--advertised-listener-url", listener,
+            "--origin-url", origin]
+
+
+def spawn_tansu(argv: list[str], log_file: IO[bytes],
+                extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a Tansu process in its own session, output to `log_file`, killed (Linux)
+    when the thread that started it goes away."""
+    env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+    env.update(extra_env or {})
+    env["NO_COLOR"] = "1"  # plain log files
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent(os.getpid()))
+
+
 class EmbeddedBroker:
     """A Tansu broker on a free loopback port, in memory, owned by this process.
 
@@ -306,19 +332,13 @@ class EmbeddedBroker:
         log_dir.mkdir(parents=True, exist_ok=True)
         # One file per spawn: a retry or a second broker must not read this one's markers.
         self.log_path = log_dir / f"tansu-{self._port}-{secrets.token_hex(3)}.log"
-        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
-        env.update(self.env)
-        env["NO_COLOR"] = "1"  # plain log files
         with self.log_path.open("wb") as log_file:
             self.started_at = time.time()
             began = time.monotonic()
-            self._process = subprocess.Popen(
-                [binary, "broker", "--listener-url", listener,
-                 "--advertised-listener-url", listener, "--storage-engine", self.storage_engine,
-                 "--cluster-id", self.cluster_id],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
-            )
+            self._process = spawn_tansu(
+                broker_argv(binary, listener, storage_engine=self.storage_engine,
+                            cluster_id=self.cluster_id),
+                log_file, self.env)
         self._finalizer = weakref.finalize(self, _stop_process, self._process, self.stop_grace)
         return began
 

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.runner import ProjectionRunner
-from toolexec.settings import Settings, consumer_kwargs
+from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +30,10 @@ class ReadModels:
 
     engine: AsyncEngine
     runners: dict[str, ProjectionRunner] = field(default_factory=dict)
+
+    def states(self) -> dict[str, str]:
+        """Read model -> "running", or why it is not following its log."""
+        return {name: runner.state for name, runner in self.runners.items()}
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:
         """True when every read model holds every record in the log as of now."""
@@ -53,13 +57,19 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         await migrate(engine)
         for name, model in read_models().items():
             runner = ProjectionRunner(engine, model, bootstrap,
-                                      consumer_options=_runner_options(settings))
+                                      consumer_options=_runner_options(settings),
+                                      on_divergence=settings.projections_on_divergence,
+                                      verify_seconds=settings.projections_verify_seconds,
+                                      client_options=kafka_client_options(settings))
             await runner.start()
             handle.runners[name] = runner
     except BaseException:
         await handle.stop()
         raise
     log.info("read_models.started", models=sorted(handle.runners))
+    for name, runner in handle.runners.items():
+        if runner.state != "running":  # refused or rebuilding: say so where `up` runs
+            log.error("read_models.not_following", model=name, state=runner.state)
     return handle
 
 
