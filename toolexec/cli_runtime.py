@@ -17,6 +17,7 @@ from toolexec.runtime_file import (
     acquire_up_lock,
     read_runtime,
     remove_runtime,
+    replace_stale_runtime,
     runtime_status,
     write_runtime,
 )
@@ -78,8 +79,8 @@ def up(
                   "directory (stop it first, or set TOOLEXEC_STATE_DIR)", highlight=False)
         raise typer.Exit(1)
     try:
-        stale = runtime_status(settings)
-        if stale.state == "stale":
+        stale = replace_stale_runtime(settings)
+        if stale.state == "stale" and stale.info is not None:
             err.print(f"[yellow]warning[/] {escape(stale.describe())}; replacing its "
                       f"{escape(str(settings.runtime_file))}", highlight=False)
         asyncio.run(_up(settings, tools))

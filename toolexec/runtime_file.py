@@ -103,7 +103,42 @@ def runtime_status(settings: Settings) -> RuntimeStatus:
         return RuntimeStatus("running" if up_running(settings) else "absent")
     if not isinstance(info, dict):
         return RuntimeStatus("absent")
-    return RuntimeStatus("running" if up_running(settings) else "stale", info)
+    if not up_running(settings):
+        return RuntimeStatus("stale", info)
+    if not _alive(info.get("pid")):  # a new `up` holds the lock and has not written yet
+        return RuntimeStatus("running")
+    return RuntimeStatus("running", info)
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def replace_stale_runtime(settings: Settings) -> RuntimeStatus:
+    """Called by `up` holding the lock: a runtime file left by an `up` that did not stop
+    cleanly is removed (and returned, to be reported)."""
+    status = runtime_status(settings)
+    if status.state == "stale" or (status.state == "running" and status.info is None):
+        previous = RuntimeStatus("stale", _read(settings))
+        settings.runtime_file.unlink(missing_ok=True)
+        return previous
+    return status
+
+
+def _read(settings: Settings) -> dict[str, Any] | None:
+    try:
+        info = json.loads(settings.runtime_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def write_runtime(settings: Settings, info: dict[str, Any]) -> None:

@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from tests.cli_process import toolexec
 from tests.integration.test_durable_log_restore import read_log
 from toolexec.broker_control import (
-    BrokerUnavailable,
     BrokerState,
+    BrokerUnavailable,
     ensure_broker,
     read_state,
     stop_broker,

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from toolexec.log_archive import (
     SEGMENT_MAGIC,
-    ArchivedRecord,
     ArchiveCorrupt,
+    ArchivedRecord,
     LogArchive,
     PartitionArchive,
     Skip,
