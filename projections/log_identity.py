@@ -66,9 +66,11 @@ class Probe:
 class LogIdentity:
     """Reads the log's identity (cluster id, single records) for the checks."""
 
-    def __init__(self, bootstrap: str, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, bootstrap: str, options: Mapping[str, Any] | None = None, *,
+                 archive: Any | None = None) -> None:
         self._bootstrap = bootstrap
         self._options = dict(options or {})
+        self._archive = archive  # records retention left out of the broker (ArchivedLog)
         self._consumer: AIOKafkaConsumer | None = None
 
     async def _started(self) -> AIOKafkaConsumer:
@@ -139,6 +141,16 @@ class LogIdentity:
             if next_offset <= 0:
                 continue
             tp = TopicPartition(topic, partition)
+            if self._archive is not None and \
+                    next_offset - 1 < self._archive.retained_from(topic, partition):
+                archived = self._archive.record_at(topic, partition, next_offset - 1)
+                if archived is None:
+                    return (f"{topic}/{partition}: the record at offset {next_offset - 1} it "
+                            "applied is not in the log's archive")
+                if fingerprint and record_fingerprint(archived.key, archived.value) != fingerprint:
+                    return (f"{topic}/{partition}: the record at offset {next_offset - 1} is "
+                            "not the one it applied (another log)")
+                continue
             if tp not in partitions:
                 return f"{topic}/{partition} holds its position {next_offset} but is not on the broker"
             probe = await self.probe(tp, next_offset - 1)

@@ -27,7 +27,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -53,6 +53,23 @@ BATCH_SIZE = 500
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
 VERIFY_SECONDS = 5.0
 OnDivergence = Literal["rebuild", "refuse"]
+
+
+class ArchivedLog(Protocol):
+    """An archive of the log holding records its broker no longer has (retention)."""
+
+    def retained_from(self, topic: str, partition: int) -> int:
+        """First offset the broker holds; earlier records are only in the archive."""
+        ...
+
+    def read(self, topic: str, partition: int, start: int, end: int,
+             limit: int) -> Sequence[Any]:
+        """Up to `limit` archived records (offset, key, value, headers) in [start, end)."""
+        ...
+
+    def record_at(self, topic: str, partition: int, offset: int) -> Any | None:
+        """The archived record at `offset`, if any."""
+        ...
 
 
 class OffsetConflict(Exception):
@@ -81,7 +98,8 @@ class ProjectionRunner:
                  batch_size: int = BATCH_SIZE, poll_ms: int = 100,
                  on_divergence: OnDivergence = "rebuild",
                  verify_seconds: float = VERIFY_SECONDS,
-                 client_options: Mapping[str, Any] | None = None) -> None:
+                 client_options: Mapping[str, Any] | None = None,
+                 archive: ArchivedLog | None = None) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -96,6 +114,7 @@ class ProjectionRunner:
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: list[TopicPartition] = []
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
+        self._passed: dict[TopicPartition, int] = {}
         self._moved = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
@@ -105,7 +124,8 @@ class ProjectionRunner:
         self._on_divergence = on_divergence
         self._verify_seconds = verify_seconds
         self._client_options = dict(client_options or {})
-        self._identity = LogIdentity(bootstrap, self._client_options)
+        self._archive = archive
+        self._identity = LogIdentity(bootstrap, self._client_options, archive=archive)
         self._verified_at = 0.0
 
     @property
@@ -245,10 +265,15 @@ class ProjectionRunner:
     async def step(self) -> int:
         """Fetch one batch and apply it in one transaction; returns records consumed."""
         assert self._consumer is not None, "runner not open"
-        fetched = await self._consumer.getmany(timeout_ms=self._poll_ms,
-                                               max_records=self._batch_size)
-        batch = [(tp, fetched[tp]) for tp in sorted(fetched, key=lambda t: (t.topic, t.partition))
-                 if fetched[tp]]
+        batch = await self._backfill()
+        backfilled = bool(batch)
+        if not backfilled:
+            fetched = await self._consumer.getmany(timeout_ms=self._poll_ms,
+                                                   max_records=self._batch_size)
+            batch = [(tp, fetched[tp])
+                     for tp in sorted(fetched, key=lambda t: (t.topic, t.partition))
+                     if fetched[tp]]
+            await self._note_gaps_passed({tp for tp, _ in batch})
         if not batch:
             return 0
         try:
@@ -260,6 +285,9 @@ class ProjectionRunner:
         async with self._moved:
             self._positions.update(moved)
             self._moved.notify_all()
+        if backfilled:  # the broker's copy of these partitions begins later
+            for tp, _ in batch:
+                self._consumer.seek(tp, self._position(tp) or 0)
         for name, delta in counted.items():  # counted only once committed
             _add(self.model_stats[name], delta)
             self.stats.applied += delta.applied
@@ -268,6 +296,37 @@ class ProjectionRunner:
         self.stats.records += count
         self.stats.batches += 1
         return count
+
+    async def _note_gaps_passed(self, with_records: set[TopicPartition]) -> None:
+        """A partition whose consumer moved over offsets that hold no record (a gap left
+        by a broker that died, or by retention) is that far read, though no row moved."""
+        assert self._consumer is not None
+        moved = False
+        for tp in self._partitions:
+            if tp in with_records or self._highwater(tp) is None:
+                continue
+            position = await self._consumer.position(tp)
+            if position > self._read_up_to(tp):
+                self._passed[tp] = position
+                moved = True
+        if moved:
+            async with self._moved:
+                self._moved.notify_all()
+
+    async def _backfill(self) -> list[tuple[TopicPartition, list[Any]]]:
+        """Records before the broker's retained part, from the archive (if any)."""
+        if self._archive is None:
+            return []
+        batch = []
+        for tp in self._partitions:
+            position = self._position(tp) or 0
+            retained = self._archive.retained_from(tp.topic, tp.partition)
+            if position < retained:
+                records = await asyncio.to_thread(self._archive.read, tp.topic, tp.partition,
+                                                  position, retained, self._batch_size)
+                if records:
+                    batch.append((tp, list(records)))
+        return batch
 
     async def _apply(self, conn: AsyncConnection,
                      batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]
@@ -363,6 +422,7 @@ class ProjectionRunner:
         """Re-read every model's stored positions; seek each partition to the lowest."""
         assert self._consumer is not None
         stored = {m.name: await stored_offsets(self.engine, m.name) for m in self.models}
+        self._passed.clear()
         async with self._moved:
             for tp in self._partitions:
                 for model in self.models:
@@ -409,12 +469,15 @@ class ProjectionRunner:
         """True when every partition's stored position is at or past `ends`, and past
         the high watermark of a fetch answered since the runner last sought."""
         return all(self._highwater(tp) is not None
-                   and (self._position(tp) or 0) >= self._end(tp, end)
+                   and self._read_up_to(tp) >= self._end(tp, end)
                    for tp, end in ends.items())
+
+    def _read_up_to(self, tp: TopicPartition) -> int:
+        return max(self._position(tp) or 0, self._passed.get(tp, 0))
 
     def remaining(self, ends: Mapping[TopicPartition, int]) -> int:
         """Records between the stored positions and `ends` (as far as known now)."""
-        return sum(max(self._end(tp, end) - (self._position(tp) or 0), 0)
+        return sum(max(self._end(tp, end) - self._read_up_to(tp), 0)
                    for tp, end in ends.items())
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:

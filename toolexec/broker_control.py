@@ -294,8 +294,8 @@ class BrokerWatch:
     def _changed(self, status: str, **details: Any) -> None:
         if status == self.status:
             return
-        level = log.info if status == "ready" else log.warning
-        level("broker.status", status=status, previous=self.status, **details)
+        # warning level both ways: a quiet CLI shows the outage and the recovery alike
+        log.warning("broker.status", status=status, previous=self.status, **details)
         self.status = status
         if self.on_change is not None:
             self.on_change(status)

@@ -50,7 +50,7 @@ from toolexec.broker_gate import BrokerGate
 from toolexec.embedded_broker import EmbeddedBroker, EmbeddedBrokerError, _tail, free_port
 from toolexec.log_archive import ArchiveCorrupt, LogArchive, Skip
 from toolexec.log_archiver import LogArchiver
-from toolexec.log_restore import RestoreMismatch, RestoreReport, restore
+from toolexec.log_restore import RestoreMismatch, RestoreReport, restore, retention_starts
 from toolexec.logs import configure_logging
 from toolexec.settings import Settings, kafka_client_options
 
@@ -62,6 +62,10 @@ STABLE_SECONDS = 60.0
 PROGRESS_SECONDS = 1.0
 DRAIN_SECONDS = 10.0
 EXIT_REFUSED = 1
+GROUP_PIN_SECONDS = 24 * 3600.0
+"""A consumer group whose commits changed this recently keeps the records it has not
+consumed in the broker through retention."""
+COMPACT = "compact"
 
 
 class Refused(RuntimeError):
@@ -88,6 +92,7 @@ class Supervisor:
         self._state: dict[str, Any] = {}
         self._observed_high: dict[tuple[str, int], int] = {}
         self._lock_fd: int | None = None
+        self._compacted_clean = False
 
     # -- state file ------------------------------------------------------------------------
     def _write(self, **changes: Any) -> None:
@@ -147,6 +152,14 @@ class Supervisor:
                 outcome = f"could not start: {error}"
             if outcome == "stopped":
                 return 0
+            if outcome == COMPACT:
+                # Planned: behind the gate from now on; a gap only when a client may have
+                # written after the last record archived (no gate to close before).
+                gated, unclean = True, not self._compacted_clean
+                self._status("compacting", reason="restart from the archive to bound the "
+                             "broker's memory", compactions=self._state.get("compactions", 0) + 1,
+                             broker_pid=None, gate_pid=None)
+                continue
             failures = 0 if time.monotonic() - began > STABLE_SECONDS else failures + 1
             delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1] if failures else 0
             self._status("restarting", reason=outcome[:2000], last_restart_reason=outcome[:2000],
@@ -218,13 +231,34 @@ class Supervisor:
                     reason="the previous broker did not stop cleanly")
 
     async def _restore(self, bootstrap: str) -> RestoreReport:
+        starts = self._retention()
         try:
-            report = await restore(self.archive, bootstrap, client_options=self.options)
+            report = await restore(self.archive, bootstrap, starts=starts,
+                                   client_options=self.options)
         except (RestoreMismatch, ArchiveCorrupt) as error:
             raise Refused(f"restore refused: {error}") from error
         if report.clamped_commits:
             log.warning("broker_supervisor.commits_clamped", commits=report.clamped_commits)
+        self._write(retained_from={f"{t}/{p}": start for (t, p), start in sorted(starts.items())})
         return report
+
+    def _retention(self) -> dict[tuple[str, int], int]:
+        """Where each partition's restore begins (see `retention_starts`); commits of
+        groups active within `GROUP_PIN_SECONDS` keep their records in the broker."""
+        now = time.time()
+        changed = self.archive.group_changes()
+        pinned: dict[tuple[str, int], int] = {}
+        for group, offsets in self.archive.groups().items():
+            if now - changed.get(group, 0.0) > GROUP_PIN_SECONDS:
+                continue  # a group gone quiet long ago does not hold records back
+            for key, offset in offsets.items():
+                pinned[key] = min(offset, pinned.get(key, offset))
+        partitions = {key: (part.first_offset,
+                            part.last_offset + 1 if part.last_offset is not None else 0)
+                      for key in self.archive.partitions()
+                      for part in [self.archive.partition(*key)]}
+        return retention_starts(partitions, trim_topics=self.settings.broker_trim_topics,
+                                retain=self.settings.broker_retain_records, pinned=pinned)
 
     async def _serve(self, broker: EmbeddedBroker, gate: BrokerGate | None,
                      archiver: LogArchiver) -> str:
@@ -250,8 +284,31 @@ class Supervisor:
             if time.monotonic() >= next_progress:
                 self._progress(archiver)
                 next_progress = time.monotonic() + PROGRESS_SECONDS
+                if self._compaction_due(archiver):
+                    return await self._compact(gate, archiver)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.1)
+
+    def _compaction_due(self, archiver: LogArchiver) -> bool:
+        """Has the broker taken enough since it started to be restarted from the archive
+        (at a quiet moment, or regardless at four times the threshold)?"""
+        threshold = self.settings.broker_compact_after_records
+        taken = archiver.archived_records
+        if threshold <= 0 or taken < threshold:
+            return False
+        quiet = time.monotonic() - archiver.last_archived_at
+        return quiet >= self.settings.broker_compact_quiet_seconds or taken >= 4 * threshold
+
+    async def _compact(self, gate: BrokerGate | None, archiver: LogArchiver) -> str:
+        """Stop taking records and archive the rest, for a restart from the archive."""
+        log.warning("broker_supervisor.compacting", records_since_start=archiver.archived_records,
+                    threshold=self.settings.broker_compact_after_records)
+        if gate is not None:
+            gate.close()  # exact: nobody writes while the rest is archived
+        caught_up = await archiver.drain(DRAIN_SECONDS)
+        self._observed_high.update(archiver.observed_high)
+        self._compacted_clean = caught_up and gate is not None
+        return COMPACT
 
     def _progress(self, archiver: LogArchiver) -> None:
         ends = self.archive.ends()

@@ -50,7 +50,7 @@ def broker_report(settings: Settings) -> dict[str, Any]:
     state = read_state(settings.state_dir)
     running = supervisor_running(state)
     data = dict(state.data) if state is not None else {}
-    archive = LogArchive(archive_dir(settings.state_dir), fsync="never")
+    archive = LogArchive(archive_dir(settings.state_dir), fsync="never", read_only=True)
     up = runtime_status(settings)
     return {
         "running": running,

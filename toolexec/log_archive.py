@@ -5,7 +5,8 @@ Layout under the archive root (`<state_dir>/log/`):
 ```
 identity.json                 cluster id of this log, format version, creation time
 topics.json                   topic -> partition count (topics are discovered, not fixed)
-groups.json                   consumer group -> topic -> partition -> committed offset
+groups.json                   consumer group -> topic -> partition -> committed offset,
+                              and when each group's commits last changed
 topics/<topic>/<partition>/<first offset, 20 digits>.seg   append-only segments
 ```
 
@@ -207,23 +208,30 @@ class PartitionArchive:
     """The segments of one topic partition: append at the end, read from any offset."""
 
     def __init__(self, directory: Path, *, fsync: FsyncPolicy = "always",
-                 segment_bytes: int = SEGMENT_BYTES) -> None:
+                 segment_bytes: int = SEGMENT_BYTES, read_only: bool = False) -> None:
         self.directory = directory
         self.fsync = fsync
         self.segment_bytes = segment_bytes
+        self.read_only = read_only
+        """A reader in another process than the supervisor's: never cuts a tail (it may
+        be a write in progress) and never writes."""
         self.next_offset = 0
         """Offset the next archived record may have (last record + 1, or a skip's)."""
         self.first_offset: int | None = None
         """Offset of the first archived record (None while empty)."""
+        self.last_offset: int | None = None
+        """Offset of the last archived record (None while empty); skips after it move
+        `next_offset` only."""
         self._fd: int | None = None
         self._size = 0
         self._dirty = False
         self._segments: list[int] = []
-        directory.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            directory.mkdir(parents=True, exist_ok=True)
         self._open()
 
     def _open(self) -> None:
-        self._segments = sorted(int(p.name.split(".")[0]) for p in self.directory.glob("*.seg"))
+        self._segments = self._listed()
         if not self._segments:
             return
         for first in self._segments:  # the first record may sit behind emptied segments
@@ -235,7 +243,7 @@ class PartitionArchive:
         last = self.directory / segment_name(self._segments[-1])
         data = last.read_bytes()
         frames, good, torn = scan_frames(data, last)
-        if torn is not None:
+        if torn is not None and not self.read_only:
             log.warning("log_archive.torn_tail_cut", file=str(last), kept_bytes=good,
                         dropped_bytes=len(data) - good, reason=torn)
             with last.open("r+b") as handle:
@@ -251,12 +259,25 @@ class PartitionArchive:
         self.next_offset = self._segments[-1]
         for frame in frames:
             self._advance(frame.entry)
+        if self.last_offset is None and self.first_offset is not None:
+            for first in reversed(self._segments[:-1]):  # the last segment held skips only
+                records = [f.entry for f in self._frames_of(first)
+                           if isinstance(f.entry, ArchivedRecord)]
+                if records:
+                    self.last_offset = records[-1].offset
+                    break
+
+    def _listed(self) -> list[int]:
+        if not self.directory.exists():
+            return []
+        return sorted(int(p.name.split(".")[0]) for p in self.directory.glob("*.seg"))
 
     def _advance(self, entry: Entry) -> None:
         if isinstance(entry, Skip):
             self.next_offset = max(self.next_offset, entry.next_offset)
         else:
             self.next_offset = entry.offset + 1
+            self.last_offset = entry.offset
             if self.first_offset is None:
                 self.first_offset = entry.offset
 
@@ -269,6 +290,8 @@ class PartitionArchive:
         """Append `entries` (offsets must rise past `next_offset`); durable after `sync()`."""
         if not entries:
             return
+        if self.read_only:
+            raise ValueError(f"{self.directory}: opened read-only")
         for entry in entries:
             offset = entry.next_offset if isinstance(entry, Skip) else entry.offset
             if offset < self.next_offset:
@@ -321,8 +344,9 @@ class PartitionArchive:
             self._fd = None
 
     def read(self, start: int = 0) -> Iterator[Entry]:
-        """Every entry whose offset is at or after `start`, in order (skips included)."""
-        segments = list(self._segments)
+        """Every entry whose offset is at or after `start`, in order (skips included).
+        Read-only, the segments are listed anew (the writer may have rolled one)."""
+        segments = self._listed() if self.read_only else list(self._segments)
         index = max(bisect_right(segments, start) - 1, 0)
         for first in segments[index:]:
             path = self.directory / segment_name(first)
@@ -350,12 +374,14 @@ class LogArchive:
     """Every partition's records, the topics and the consumer groups' committed offsets."""
 
     def __init__(self, root: Path, *, fsync: FsyncPolicy = "always",
-                 segment_bytes: int = SEGMENT_BYTES) -> None:
+                 segment_bytes: int = SEGMENT_BYTES, read_only: bool = False) -> None:
         self.root = root
         self.fsync = fsync
         self.segment_bytes = segment_bytes
+        self.read_only = read_only
         self._partitions: dict[tuple[str, int], PartitionArchive] = {}
-        root.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            root.mkdir(parents=True, exist_ok=True)
 
     # identity
     def identity(self) -> dict[str, Any] | None:
@@ -377,17 +403,31 @@ class LogArchive:
 
     def groups(self) -> dict[str, dict[tuple[str, int], int]]:
         """Group -> (topic, partition) -> committed offset, as last archived."""
-        stored = _read_json(self.root / "groups.json") or {}
+        stored = (_read_json(self.root / "groups.json") or {}).get("offsets", {})
         return {group: {(topic, int(p)): int(o) for topic, parts in offsets.items()
                         for p, o in parts.items()}
                 for group, offsets in stored.items()}
 
-    def record_groups(self, groups: Mapping[str, Mapping[tuple[str, int], int]]) -> None:
+    def group_changes(self) -> dict[str, float]:
+        """Group -> when (epoch seconds) its archived commits last changed."""
+        stored = (_read_json(self.root / "groups.json") or {}).get("changed_at", {})
+        return {str(group): float(at) for group, at in stored.items()}
+
+    def record_groups(self, groups: Mapping[str, Mapping[tuple[str, int], int]], *,
+                      now: float = 0.0) -> None:
+        """Archive the groups' commits; a group whose commits differ from the archived
+        ones is marked changed at `now`."""
+        before = self.groups()
+        changed = self.group_changes()
         nested: dict[str, dict[str, dict[str, int]]] = {}
         for group, offsets in sorted(groups.items()):
+            if dict(offsets) != before.get(group):
+                changed[group] = now
             for (topic, partition), offset in sorted(offsets.items()):
                 nested.setdefault(group, {}).setdefault(topic, {})[str(partition)] = offset
-        _write_json(self.root / "groups.json", nested, self.fsync)
+        _write_json(self.root / "groups.json",
+                    {"offsets": nested, "changed_at": {g: changed[g] for g in nested
+                                                       if g in changed}}, self.fsync)
 
     # partitions
     def partition(self, topic: str, partition: int) -> PartitionArchive:
@@ -396,7 +436,7 @@ class LogArchive:
         if key not in self._partitions:
             self._partitions[key] = PartitionArchive(
                 self.root / "topics" / topic / str(partition), fsync=self.fsync,
-                segment_bytes=self.segment_bytes)
+                segment_bytes=self.segment_bytes, read_only=self.read_only)
         return self._partitions[key]
 
     def partitions(self) -> list[tuple[str, int]]:

@@ -54,6 +54,8 @@ class LogArchiver:
         self.observed_high: dict[tuple[str, int], int] = {}
         """Highest high watermark the broker reported per partition (from fetches)."""
         self.archived_records = 0
+        """Records archived since `start()` (what this broker took since it started)."""
+        self.last_archived_at = time.monotonic()
         self.failure: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
         self._progress = asyncio.Condition()
@@ -133,6 +135,8 @@ class LogArchiver:
                 key = (tp.topic, tp.partition)
                 self.observed_high[key] = max(self.observed_high.get(key, 0), high)
         self.archived_records += count
+        if count:
+            self.last_archived_at = time.monotonic()
         async with self._progress:
             self._progress.notify_all()
         return count
@@ -173,7 +177,7 @@ class LogArchiver:
             if committed:
                 groups[group] = {**groups.get(group, {}), **committed}
         if groups != self._groups:
-            self.archive.record_groups(groups)
+            self.archive.record_groups(groups, now=time.time())
             self._groups = groups
 
     # -- progress --------------------------------------------------------------------------

@@ -37,6 +37,11 @@ MAX_BATCH_BYTES = 256 * 1024
 """Kept well under consumers' max_partition_fetch_bytes (1 MiB by default): Tansu
 does not hand out a batch larger than a fetch's byte limit at all."""
 PRODUCE_TIMEOUT_MS = 30_000
+COMPRESSION_GZIP = 1
+"""Restored batches are gzip-compressed (every Kafka client reads gzip): Tansu keeps
+batches as they come, so a restored record costs ~110 bytes of its memory instead of
+~3 KB when produced one per batch (measured with 650-byte CloudEvents), and a fetch
+walks 500 records per stored batch instead of one."""
 _LAST_OFFSET_DELTA_AT = 23  # record batch v2: baseOffset(8) length(4) epoch(4) magic(1) crc(4) attributes(2)
 _CRC_AT = 17
 _CRC_FROM = 21
@@ -112,6 +117,30 @@ def plan_batches(entries: Iterable[Entry], *, start_end: int = 0,
         end = batch_end
 
 
+def retention_starts(partitions: Mapping[tuple[str, int], tuple[int | None, int]], *,
+                     trim_topics: Iterable[str], retain: int,
+                     pinned: Mapping[tuple[str, int], int] | None = None
+                     ) -> dict[tuple[str, int], int]:
+    """Where each partition's restore begins: the last `retain` offsets of the topics
+    that may be trimmed, never past a consumer group's commit (`pinned`, the lowest
+    commit per partition), nothing left out elsewhere. `partitions` maps each partition
+    to (first archived offset or None, end). Only trimmed partitions are returned. Pure.
+    """
+    if retain <= 0:
+        return {}
+    trimmed = set(trim_topics)
+    starts: dict[tuple[str, int], int] = {}
+    for key, (first, end) in partitions.items():
+        if key[0] not in trimmed or first is None:
+            continue
+        start = max(end - retain, 0)
+        if pinned and key in pinned:
+            start = min(start, pinned[key])
+        if start > first:
+            starts[key] = start
+    return starts
+
+
 def _record_size(record: ArchivedRecord) -> int:
     return (len(record.key or b"") + len(record.value or b"") + 32
             + sum(len(name) + len(value or b"") + 8 for name, value in record.headers))
@@ -120,7 +149,7 @@ def _record_size(record: ArchivedRecord) -> int:
 def encode_batch(batch: PlannedBatch) -> bytes:
     """The v2 record batch of `batch`: offset deltas relative to its base, its last
     offset delta covering any claimed gap after the last record."""
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0,
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=COMPRESSION_GZIP, is_transactional=0,
                                         producer_id=-1, producer_epoch=-1, base_sequence=-1,
                                         batch_size=2**31 - 1)
     for record in batch.records:

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.runner import ProjectionRunner
+from toolexec.archive_source import EmbeddedArchive
 from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
 
 log = structlog.get_logger(__name__)
@@ -60,7 +61,8 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
                                       consumer_options=_runner_options(settings),
                                       on_divergence=settings.projections_on_divergence,
                                       verify_seconds=settings.projections_verify_seconds,
-                                      client_options=kafka_client_options(settings))
+                                      client_options=kafka_client_options(settings),
+                                      archive=embedded_archive(settings))
             await runner.start()
             handle.runners[name] = runner
     except BaseException:
@@ -71,6 +73,12 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         if runner.state != "running":  # refused or rebuilding: say so where `up` runs
             log.error("read_models.not_following", model=name, state=runner.state)
     return handle
+
+
+def embedded_archive(settings: Settings) -> EmbeddedArchive | None:
+    """The embedded log's archive (records retention left out of the broker), None in
+    the production profile (Kafka's retention is Kafka's)."""
+    return EmbeddedArchive(settings.state_dir) if settings.embedded else None
 
 
 def _runner_options(settings: Settings) -> dict[str, int]:

@@ -109,6 +109,22 @@ class Settings(BaseSettings):
     broker_crash_offset_gap: int = Field(default=10_000, ge=1)
     """After the embedded broker died, the log resumes this many offsets past the
     highest offset it may have handed out, so an offset lost with it is never reused."""
+    broker_retain_records: int = Field(default=20_000, ge=0)
+    """Embedded profile: records per partition of `broker_trim_topics` the broker keeps
+    in memory when it (re)starts; older ones stay in the archive (read models read them
+    there). 0 keeps everything in the broker."""
+    broker_trim_topics: list[str] = Field(default_factory=lambda: [
+        "toolexec.invocations", "toolexec.requests", "toolexec.deadletter"])
+    """Topics whose oldest records may be left out of the embedded broker. The registry,
+    policies and circuits topics are folded from their first record by every process:
+    they stay whole."""
+    broker_compact_after_records: int = Field(default=50_000, ge=0)
+    """Records the embedded broker may take after it (re)started before it is restarted
+    from the archive (retention applied, history in compressed batches) at the next
+    quiet moment: what bounds its memory. 0 = never."""
+    broker_compact_quiet_seconds: float = Field(default=5.0, ge=0)
+    """How long nothing must have been written before that restart (it is forced, quiet
+    or not, at four times `broker_compact_after_records`)."""
     projections_on_divergence: Literal["rebuild", "refuse"] = "rebuild"
     """A read model whose stored position does not match its log (past the end, or
     another record there): rebuild it from the log, or refuse to follow it. A read

@@ -25,7 +25,7 @@ from toolexec.broker_control import (
     stop_broker,
 )
 from toolexec.embedded_broker import ensure_topics
-from toolexec.log_archive import SEGMENT_MAGIC
+from toolexec.log_archive import SEGMENT_MAGIC, LogArchive
 from toolexec.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -93,8 +93,8 @@ async def test_a_broker_killed_with_sigkill_comes_back_with_its_log_on_the_same_
     await committer.stop()
     before = await read_log(broker.bootstrap, TOPICS)
     await archived(settings, {"orders/0": 15, "orders/1": 15})
-    await until(lambda: (json.loads((settings.state_dir / "log" / "groups.json").read_text())
-                         .get("billing") is not None), "the commit archived")
+    archive = LogArchive(settings.state_dir / "log", read_only=True)
+    await until(lambda: "billing" in archive.groups(), "the commit archived")
 
     os.kill(state(settings).data["broker_pid"], signal.SIGKILL)
     await until(lambda: state(settings).incarnation == 2 and state(settings).status == "ready",

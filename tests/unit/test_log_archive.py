@@ -138,3 +138,13 @@ def test_topics_groups_and_identity_are_kept(tmp_path: Path) -> None:
     assert again.groups() == {"g": {("a", 0): 3, ("b", 2): 7}}
     assert again.ends()[("a", 0)] == 1
     assert ("b", 3) in again.partitions()
+
+
+def test_the_last_record_is_known_behind_a_trailing_skip(tmp_path: Path) -> None:
+    archive = PartitionArchive(tmp_path, fsync="never", segment_bytes=100)
+    archive.append([record(n) for n in range(3)])
+    archive.append([Skip(10_000)])
+    archive.close()
+
+    reopened = PartitionArchive(tmp_path, fsync="never", segment_bytes=100)
+    assert (reopened.first_offset, reopened.last_offset, reopened.next_offset) == (0, 2, 10_000)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolexec.log_archive import ArchivedRecord, Skip
-from toolexec.log_restore import PlannedBatch, encode_batch, plan_batches
+from toolexec.log_restore import PlannedBatch, encode_batch, plan_batches, retention_starts
 
 
 def record(offset: int, size: int = 10) -> ArchivedRecord:
@@ -60,3 +60,19 @@ def test_a_gap_before_a_record_is_its_offset_delta_and_a_final_skip_is_claimed()
     assert decoded.last_offset_delta == 89  # offsets 10..99 belong to this batch
     assert [(r.offset, r.value, r.timestamp) for r in decoded] == [
         (2, b"x" * 10, 1012), (3, b"x" * 10, 1013)]  # deltas from the base
+
+
+def test_retention_keeps_the_last_records_of_trimmed_topics_only() -> None:
+    partitions = {("toolexec.invocations", 0): (0, 1000), ("toolexec.invocations", 1): (0, 50),
+                  ("toolexec.registry", 0): (0, 5000), ("toolexec.invocations", 2): (None, 0)}
+    starts = retention_starts(partitions, trim_topics=["toolexec.invocations"], retain=100)
+    assert starts == {("toolexec.invocations", 0): 900}
+
+
+def test_retention_never_leaves_out_what_a_group_has_not_consumed() -> None:
+    partitions = {("t", 0): (0, 1000)}
+    pinned = retention_starts(partitions, trim_topics=["t"], retain=100,
+                              pinned={("t", 0): 400})
+    assert pinned == {("t", 0): 400}
+    assert retention_starts(partitions, trim_topics=["t"], retain=0) == {}
+    assert retention_starts({("t", 0): (950, 1000)}, trim_topics=["t"], retain=100) == {}
