@@ -4,6 +4,7 @@ models keep answering and the errors are logged once, not per retry."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from tests.cli_process import clean_env
+from tests.log_reading import terminal_event_ids
 from toolexec.broker_control import read_state, stop_broker
 from toolexec.settings import Settings
 
@@ -59,12 +61,13 @@ def echo_tool(directory: Path) -> Path:
         config: {entrypoint: main.py}
         parameters:
           type: object
-          properties: {text: {type: string}}
+          properties: {text: {type: string}, seconds: {type: number}}
           required: [text]
         timeout_default: 30
         """))
     (tool / "main.py").write_text(
-        "import json, sys\nprint(json.dumps({'echo': json.load(sys.stdin)['text']}))\n")
+        "import json, sys, time\nparams = json.load(sys.stdin)\n"
+        "time.sleep(params.get('seconds', 0))\nprint(json.dumps({'echo': params['text']}))\n")
     return tool.parent
 
 
@@ -154,3 +157,27 @@ def test_a_killed_broker_is_restarted_with_its_log_while_reads_keep_answering(up
     assert up.http.get(f"/v1/invocations/{after}").json()["status"] == "completed"
     assert all(up.http.get(f"/v1/invocations/{i}").json()["status"] == "completed"
                for i in done)
+
+
+@pytest.mark.xfail(strict=False, reason="in-flight invocations are resumed from the log by "
+                   "the one-hop pipeline, which is being rewritten on another branch")
+def test_invocations_in_flight_when_the_broker_dies_end_once_it_is_back(up: Up) -> None:
+    ids = []
+    for n in range(4):
+        answer = up.http.post("/v1/tools/invoke", json={
+            "tool_id": "echoer", "parameters": {"text": f"slow {n}", "seconds": 3},
+            "execution_mode": "async"})
+        assert answer.status_code == 202, answer.text
+        ids.append(answer.json()["invocation_id"])
+    until(lambda: all(up.http.get(f"/v1/invocations/{i}").json()["status"] == "running"
+                      for i in ids), "running")
+
+    os.kill(up.broker()["broker_pid"], signal.SIGKILL)
+
+    until(lambda: up.broker()["incarnation"] == 2 and up.broker()["status"] == "ready",
+          "the broker restarted")
+    until(lambda: all(up.http.get(f"/v1/invocations/{i}").json()["status"] == "completed"
+                      for i in ids), "every invocation in flight completed")
+    bootstrap = up.broker()["bootstrap"]
+    terminals = asyncio.run(terminal_event_ids(bootstrap, set(ids)))
+    assert {i: len(terminals.get(i, ())) for i in ids} == dict.fromkeys(ids, 1)
