@@ -42,8 +42,8 @@ class Divergence:
     model: str
     reason: str
     foreign: bool = False
-    """Another cluster's log: refused whatever the policy (rebuilding would replace the
-    read model of one log with another's)."""
+    """Another cluster's log, or a log of unknown origin: refused whatever the policy
+    (rebuilding would replace the read model of one log with another's)."""
 
 
 def record_fingerprint(key: bytes | None, value: bytes | None) -> str:
@@ -131,7 +131,13 @@ class LogIdentity:
                                         foreign=True))
                 continue
             reason = await self._position_mismatch(stored, partitions)
-            if reason is not None:
+            if reason is not None and not source:
+                # Rows from before log identities were kept: which log they came from
+                # is unknown, so they are not replaced on a guess.
+                found.append(Divergence(model.name, f"{reason}; its rows predate log identity "
+                                        "checks (run `toolexec projections rebuild` to fold "
+                                        "this log instead)", foreign=True))
+            elif reason is not None:
                 found.append(Divergence(model.name, reason))
         return found
 

@@ -159,13 +159,13 @@ class ProjectionRunner:
         await self._identity.close()
 
     async def start(self) -> None:
-        """Open and run in the background until `stop()`. A read model refused at open
-        (another log) stays open without running: `failure` says why."""
+        """Open and run in the background until `stop()`. A read model refused (another
+        log) does not follow its log until a check passes again (after `toolexec
+        projections rebuild`, say): `failure` says why meanwhile."""
         try:
             await self.open()
         except ProjectionDiverged as refused:
             self.failure = refused
-            return
         self._task = asyncio.create_task(self._run(), name=f"projection-{self.name}")
 
     @property
@@ -222,10 +222,27 @@ class ProjectionRunner:
             self._task = None
         await self.close()
 
+    async def _wait_until_followable(self) -> None:
+        """While refused: check again every `verify_seconds` until the log is one the
+        models may follow (a rebuild elsewhere reset them, or the broker came back)."""
+        while isinstance(self.failure, ProjectionDiverged):
+            await asyncio.sleep(self._verify_seconds)
+            try:
+                await self.verify_log()
+            except ProjectionDiverged as still:
+                self.failure = still
+                continue
+            except KafkaError:
+                continue
+            self.failure = None
+            log.warning("projection.following", projection=self.name)
+            await self._seek_to_stored()
+
     async def _run(self) -> None:
         failures = 0
         out_of_range = False
         while True:
+            await self._wait_until_followable()
             try:
                 if out_of_range or time.monotonic() - self._verified_at >= self._verify_seconds:
                     await self.verify_log()
@@ -245,7 +262,6 @@ class ProjectionRunner:
                 await asyncio.sleep(RETRY_SECONDS[0])
             except ProjectionDiverged as refused:
                 self.failure = refused
-                return
             except (OffsetConflict, DBAPIError, KafkaError) as error:
                 # Transient or concurrent: back off, re-read the stored position, go on.
                 # Logged once per streak: a broker away for a minute is one line, not 60.

@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from domain.errors import ToolexecError
 from toolexec.embedded_broker import _tail
 from toolexec.settings import Settings
 
@@ -40,8 +41,10 @@ WATCH_SECONDS = 0.5
 Status = str  # starting | restoring | ready | restarting | stopping | stopped | failed
 
 
-class BrokerUnavailable(RuntimeError):
-    """The embedded broker could not be started or reached (the message says why)."""
+class BrokerUnavailable(ToolexecError):
+    """E3801: the embedded broker could not be started or reached (the message says why)."""
+
+    code = "E3801"
 
 
 def broker_dir(state_dir: Path) -> Path:

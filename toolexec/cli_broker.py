@@ -14,19 +14,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from toolexec.broker_control import (
-    BrokerUnavailable,
-    archive_dir,
-    ensure_broker,
-    read_state,
-    stop_broker,
-    supervisor_log_path,
-    supervisor_running,
-)
 from toolexec.cli_output import echo_json, fail
-from toolexec.log_archive import LogArchive
 from toolexec.runtime_file import runtime_status
 from toolexec.settings import Settings
+
+# The broker control (aiokafka) is imported by the commands, so that `toolexec --help`
+# starts quickly.
 
 err = Console(stderr=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
@@ -47,6 +40,14 @@ def _embedded(settings: Settings, as_json: bool) -> None:
 
 def broker_report(settings: Settings) -> dict[str, Any]:
     """Everything `broker status` shows, as data."""
+    from toolexec.broker_control import (
+        archive_dir,
+        read_state,
+        supervisor_log_path,
+        supervisor_running,
+    )
+    from toolexec.log_archive import LogArchive
+
     state = read_state(settings.state_dir)
     running = supervisor_running(state)
     data = dict(state.data) if state is not None else {}
@@ -111,12 +112,14 @@ def status(as_json: JsonFlag = False) -> None:
 @broker_app.command("start")
 def start(as_json: JsonFlag = False) -> None:
     """Start the state directory's broker (restoring its log) unless it runs already."""
+    from toolexec.broker_control import BrokerUnavailable, ensure_broker
+
     settings = Settings()
     _embedded(settings, as_json)
     try:
         broker = asyncio.run(ensure_broker(settings))
     except BrokerUnavailable as error:
-        fail("E3801", str(error), as_json)
+        fail(error.code, error.message, as_json)
     if as_json:
         echo_json(broker_report(settings))
     else:
@@ -129,6 +132,8 @@ def stop(force: Annotated[bool, typer.Option(
         "--force", help="stop it even while a toolexec up uses it")] = False,
          as_json: JsonFlag = False) -> None:
     """Stop the state directory's broker: it archives what is left, then exits."""
+    from toolexec.broker_control import stop_broker
+
     settings = Settings()
     _embedded(settings, as_json)
     up = runtime_status(settings)

@@ -68,6 +68,8 @@ def up(
 ) -> None:
     """Run the whole system (embedded default: broker, consumers, read models, HTTP
     gateway); Ctrl-C stops it."""
+    from toolexec.broker_control import BrokerUnavailable
+
     settings = Settings()
     if gateway_port is not None:
         settings = settings.model_copy(update={"gateway_port": gateway_port})
@@ -84,6 +86,9 @@ def up(
             err.print(f"[yellow]warning[/] {escape(stale.describe())}; replacing its "
                       f"{escape(str(settings.runtime_file))}", highlight=False)
         asyncio.run(_up(settings, tools))
+    except BrokerUnavailable as error:
+        err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
+        raise typer.Exit(1) from None
     finally:
         lock.release()
 
@@ -168,6 +173,7 @@ def run(
         err.print(f"[red]bad usage:[/] {exc}")
         raise typer.Exit(2) from exc
     tool_id, _, version_range = tool.partition("@")
+    from toolexec.broker_control import BrokerUnavailable
     from toolexec.client import InvocationNotDelivered, InvocationUnresolved
 
     settings = Settings()
@@ -175,7 +181,8 @@ def run(
     try:
         terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
                                     lockfile, token, tools, timeout, quiet=as_json))
-    except (InvocationNotDelivered, InvocationUnresolved) as error:  # E3001 / E3002
+    except (InvocationNotDelivered, InvocationUnresolved,  # E3001 / E3002
+            BrokerUnavailable) as error:  # E3801: the embedded broker did not start
         if as_json:
             out.print_json(data={"error": error.to_dict()})
         else:

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from toolexec.log_archive import ArchivedRecord, LogArchive
 
@@ -102,6 +102,12 @@ class LogArchiver:
                 await self.step()
             except asyncio.CancelledError:
                 raise
+            except OffsetOutOfRangeError as error:
+                # The broker's log ends before the archive's: it is not the archived log
+                # any more (the supervisor restores it).
+                self.failure = error
+                log.error("log_archiver.broker_behind_archive", error=str(error))
+                return
             except KafkaError as error:  # the broker is away: the supervisor decides
                 log.debug("log_archiver.kafka_error", error=repr(error))
                 await asyncio.sleep(0.1)

@@ -135,6 +135,8 @@ def test_a_killed_broker_is_restarted_with_its_log_while_reads_keep_answering(up
         outage_began = up.stderr.stat().st_size
         health = up.http.get("/health")
         reads = [up.http.get(f"/v1/invocations/{i}") for i in done]
+        unknown = up.http.get("/v1/invocations/no-such-invocation")
+        audit = up.http.get("/v1/audit", params={"invocation": done[0]})
         time.sleep(OUTAGE_SECONDS)
         outage_log = up.stderr.read_bytes()[outage_began:].decode("utf-8", "replace")
     finally:
@@ -143,6 +145,8 @@ def test_a_killed_broker_is_restarted_with_its_log_while_reads_keep_answering(up
     assert health.status_code == 503 and not health.json()["checks"]["broker"]["ok"]
     assert [r.status_code for r in reads] == [200] * len(done)
     assert {r.json()["status"] for r in reads} == {"completed"}
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "E3702"
+    assert audit.status_code == 200 and audit.json()["count"] > 0
     # errors are logged once per state change, not per retry
     repeated = [line for line in outage_log.splitlines() if "Unable connect to node" in line]
     assert len(repeated) <= 1, outage_log[-3000:]

@@ -351,3 +351,36 @@ def _stop_and_read(system: System) -> tuple[str, str]:
     out, err = system.process.communicate(timeout=60)
     system.process = None
     return out, err
+
+
+def test_read_models_older_than_their_log_are_refused_until_rebuilt(
+        system: System, tmp_path: Path) -> None:
+    fast, _ = prepare(system, tmp_path)
+    system.process.send_signal(signal.SIGTERM)
+    assert system.process.wait(timeout=60) == 0
+    system.close_http()
+    assert system.cli("broker", "stop").returncode == 0
+    # As after an upgrade from a memory-only log: the log is gone, and the read models
+    # do not know which log their rows came from.
+    shutil.rmtree(system.cwd / ".toolexec" / "log")
+    with sqlite3.connect(system.cwd / ".toolexec" / "toolexec.db") as db:
+        db.execute("DELETE FROM projection_sources")
+    rows = invocation_rows(system.cwd / ".toolexec" / "toolexec.db")
+    system.process = None
+
+    system.start()
+    states = system.http.get("/health").json()["checks"]["consumers"]["consumers"]
+    old = system.http.get(f"/v1/invocations/{fast[0]}")
+    rebuilt = system.cli("projections", "rebuild", "--json")
+
+    assert "predate" in states["projection.invocations"], states
+    assert old.status_code == 200  # refused, not wiped
+    assert rows > 0
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert invocation_rows(system.cwd / ".toolexec" / "toolexec.db") == 0  # this log's rows
+    # the running `up` follows the rebuilt read models again
+    until(lambda: system.http.get("/health").status_code == 200, "healthy again")
+    ran = system.cli("run", "word_stats", "--params", '{"text": "a new log"}', "--json")
+    assert ran.returncode == 0, ran.stderr
+    new_id = json.loads(ran.stdout)["invocation_id"]
+    assert until(lambda: system.status(new_id)["status"] == "completed", "folded")
