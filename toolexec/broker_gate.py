@@ -18,7 +18,9 @@ import secrets
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient
@@ -45,8 +47,10 @@ class BrokerGate:
     """`tansu proxy` listening on `port`, forwarding to `origin` (`host:port`)."""
 
     def __init__(self, port: int, origin: str, *, log_dir: Path, binary: str | None = None,
-                 stop_grace: float = 5.0) -> None:
+                 stop_grace: float = 5.0,
+                 client_options: Mapping[str, Any] | None = None) -> None:
         self.port = port
+        self.client_options = dict(client_options or {})
         self.origin = origin
         self.log_dir = log_dir
         self.stop_grace = stop_grace
@@ -91,7 +95,8 @@ class BrokerGate:
     async def _metadata_round_trip(self, deadline: float) -> None:
         while True:
             self._check_alive()
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000,
+                                        **self.client_options)
             try:
                 await admin.start()
                 await admin.list_topics()

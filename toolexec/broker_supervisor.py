@@ -139,23 +139,22 @@ class Supervisor:
         except ArchiveCorrupt as error:
             return self._refuse(f"the archive is damaged: {error}")
         gated = self.gated
-        port = port or free_port()
+        if gated and port is None:
+            port = free_port()
         failures = 0
         while not self._stop.is_set():
             began = time.monotonic()
             try:
-                outcome = await self._incarnation(port, gated=gated, unclean=unclean,
-                                                  cluster_id=identity["cluster_id"])
+                outcome, port = await self._incarnation(port, gated=gated, unclean=unclean,
+                                                        cluster_id=identity["cluster_id"])
             except Refused as error:
                 return self._refuse(str(error))
-            except EmbeddedBrokerError as error:
-                outcome = f"could not start: {error}"
             if outcome == "stopped":
                 return 0
             if outcome == COMPACT:
                 # Planned: behind the gate from now on; a gap only when a client may have
                 # written after the last record archived (no gate to close before).
-                gated, unclean = True, not self._compacted_clean
+                gated, unclean = port is not None, not self._compacted_clean
                 self._status("compacting", reason="restart from the archive to bound the "
                              "broker's memory", compactions=self._state.get("compactions", 0) + 1,
                              broker_pid=None, gate_pid=None)
@@ -165,7 +164,8 @@ class Supervisor:
             self._status("restarting", reason=outcome[:2000], last_restart_reason=outcome[:2000],
                          restarts=self._state.get("restarts", 0) + 1, broker_pid=None,
                          gate_pid=None, retry_in_seconds=delay)
-            gated, unclean = True, True  # clients know the port: restore behind the gate
+            # Clients know the port (once there is one): restore behind the gate.
+            gated, unclean = port is not None, True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
         self._status("stopped", clean_stop=False)
@@ -184,8 +184,10 @@ class Supervisor:
         return EXIT_REFUSED
 
     # -- one broker process ------------------------------------------------------------------
-    async def _incarnation(self, port: int, *, gated: bool, unclean: bool,
-                           cluster_id: str) -> str:
+    async def _incarnation(self, port: int | None, *, gated: bool, unclean: bool,
+                           cluster_id: str) -> tuple[str, int | None]:
+        """Start Tansu, restore, serve until it dies or we stop; returns the outcome and
+        the public port (chosen here on a cold start without one)."""
         incarnation = int(self._state.get("incarnation", 0)) + 1
         self._status("restoring", incarnation=incarnation, mode="gated" if gated else "direct",
                      bootstrap=None if not gated else f"127.0.0.1:{port}")
@@ -193,7 +195,12 @@ class Supervisor:
             self._leave_gap()
         broker = EmbeddedBroker({}, log_dir=self.logs, port=None if gated else port,
                                 cluster_id=cluster_id)
-        await broker.start()
+        try:
+            await broker.start()
+        except EmbeddedBrokerError as error:
+            return f"could not start: {error}", port
+        if not gated:
+            port = int(broker.bootstrap.rsplit(":", 1)[1])
         archiver: LogArchiver | None = None
         gate: BrokerGate | None = None
         try:
@@ -203,14 +210,17 @@ class Supervisor:
                                    client_options=self.options)
             await archiver.start()
             if gated:
-                gate = BrokerGate(port, broker.bootstrap, log_dir=self.logs)
+                gate = BrokerGate(port, broker.bootstrap, log_dir=self.logs,
+                                  client_options=self.options)
                 await gate.open()
             public = gate.bootstrap if gate is not None else broker.bootstrap
             self._status("ready", bootstrap=public, broker_pid=broker.pid,
                          gate_pid=gate.pid if gate else None, ready_at=_now(),
                          broker_log=str(broker.log_path), restore=_report(report),
                          reason=None, error=None, clean_stop=False)
-            return await self._serve(broker, gate, archiver)
+            return await self._serve(broker, gate, archiver), port
+        except EmbeddedBrokerError as error:  # the gate could not open
+            return f"could not start: {error}", port
         finally:
             await self._stop_incarnation(broker, gate, archiver)
 

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -73,7 +73,8 @@ def free_port(host: str = HOST) -> int:
 
 
 async def ensure_topics(bootstrap: str, topics: Mapping[str, int], *,
-                        replication_factor: int = 1, timeout: float = 30.0) -> None:
+                        replication_factor: int = 1, timeout: float = 30.0,
+                        client_options: Mapping[str, Any] | None = None) -> None:
     """Create `topics` (name -> partitions) on any Kafka broker; existing ones are kept.
 
     Existing topics are not altered (partition counts are not raised). Retries until
@@ -82,7 +83,7 @@ async def ensure_topics(bootstrap: str, topics: Mapping[str, int], *,
     deadline = time.monotonic() + timeout
     while True:
         try:
-            await _create_topics(bootstrap, topics, replication_factor)
+            await _create_topics(bootstrap, topics, replication_factor, client_options or {})
             return
         except KafkaError:
             if time.monotonic() >= deadline:
@@ -90,9 +91,10 @@ async def ensure_topics(bootstrap: str, topics: Mapping[str, int], *,
             await asyncio.sleep(0.05)
 
 
-async def _create_topics(bootstrap: str, topics: Mapping[str, int],
-                         replication_factor: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+async def _create_topics(bootstrap: str, topics: Mapping[str, int], replication_factor: int,
+                         client_options: Mapping[str, Any]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000,
+                                **client_options)
     try:
         await admin.start()
         if not topics:

@@ -165,6 +165,25 @@ class ScannedFrame:
     end: int
 
 
+def first_record(data: bytes, path: Path) -> ArchivedRecord | None:
+    """The first record of a segment's bytes, decoding no further than it."""
+    view = memoryview(data)
+    at = len(SEGMENT_MAGIC) if data.startswith(SEGMENT_MAGIC) else len(data)
+    while at + _FRAME_HEAD.size <= len(data):
+        size, crc = _FRAME_HEAD.unpack_from(data, at)
+        end = at + _FRAME_HEAD.size + size
+        body = view[at + _FRAME_HEAD.size:end]
+        if end > len(data) or zlib.crc32(body) != crc:
+            scan_frames(data, path)  # raises ArchiveCorrupt unless it is a torn tail
+            return None
+        if body[0] == KIND_RECORD:
+            entry = decode_body(body)
+            assert isinstance(entry, ArchivedRecord)
+            return entry
+        at = end
+    return None
+
+
 def scan_frames(data: bytes, path: Path) -> tuple[list[ScannedFrame], int, str | None]:
     """Every whole, checked frame of a segment's bytes, the length of its good prefix,
     and why the rest (if any) was not read: a torn tail. A bad frame followed by more
@@ -234,11 +253,11 @@ class PartitionArchive:
         self._segments = self._listed()
         if not self._segments:
             return
-        for first in self._segments:  # the first record may sit behind emptied segments
-            records = [f.entry for f in self._frames_of(first)
-                       if isinstance(f.entry, ArchivedRecord)]
-            if records:
-                self.first_offset = records[0].offset
+        for first in self._segments:  # the first record may sit behind skips
+            path = self.directory / segment_name(first)
+            record = first_record(path.read_bytes(), path)
+            if record is not None:
+                self.first_offset = record.offset
                 break
         last = self.directory / segment_name(self._segments[-1])
         data = last.read_bytes()

@@ -176,7 +176,7 @@ async def restore(archive: LogArchive, bootstrap: str, *,
     options = dict(client_options or {})
     report = RestoreReport(topics=_topic_counts(archive))
     if report.topics:
-        await ensure_topics(bootstrap, report.topics)
+        await ensure_topics(bootstrap, report.topics, client_options=options)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0,
                                 request_timeout_ms=PRODUCE_TIMEOUT_MS, **options)
     await producer.start()
