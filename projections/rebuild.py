@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from projections.runner import ProjectionRunner
+from projections.runner import ArchivedLog, ProjectionRunner
 from projections.store import ReadModel
 from projections.tables import projection_applied, projection_offsets
 
@@ -57,26 +57,27 @@ async def reset(engine: AsyncEngine, model: ReadModel) -> None:
 
 async def rebuild(engine: AsyncEngine, model: ReadModel, bootstrap: str, *,
                   consumer_options: Mapping[str, Any] | None = None,
-                  progress: Progress | None = None, batch_size: int = BATCH_SIZE
-                  ) -> RebuildReport:
+                  progress: Progress | None = None, batch_size: int = BATCH_SIZE,
+                  archive: ArchivedLog | None = None) -> RebuildReport:
     """Reset `model` and replay its topics up to the current log end."""
     reports = await rebuild_together(engine, [model], bootstrap,
                                      consumer_options=consumer_options, progress=progress,
-                                     batch_size=batch_size)
+                                     batch_size=batch_size, archive=archive)
     return reports[0]
 
 
 async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str, *,
                            consumer_options: Mapping[str, Any] | None = None,
-                           progress: Progress | None = None, batch_size: int = BATCH_SIZE
-                           ) -> list[RebuildReport]:
+                           progress: Progress | None = None, batch_size: int = BATCH_SIZE,
+                           archive: ArchivedLog | None = None) -> list[RebuildReport]:
     """Reset `models` and replay their topics up to the current log end in one pass:
     each record is fetched and decoded once, whichever models read it. The reports
-    share the pass's seconds."""
+    share the pass's seconds. `archive` holds the records the broker no longer has
+    (the embedded log's retention)."""
     for model in models:
         await reset(engine, model)
     runner = ProjectionRunner(engine, models, bootstrap, consumer_options=consumer_options,
-                              batch_size=batch_size, poll_ms=50)
+                              batch_size=batch_size, poll_ms=50, archive=archive)
     await runner.open()
     try:
         ends = await runner.end_offsets()

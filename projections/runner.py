@@ -11,22 +11,39 @@ and re-read its position instead of applying a batch twice.
 A runner can feed several read models (a rebuild of all of them does): each record is
 then fetched and decoded once; every model keeps its own offsets and applied ids in
 the same transaction, and a model already past a record skips it.
+
+A read model never silently follows another log than the one its rows come from
+(`projections.log_identity`): at open, whenever its position is out of the log's
+range, and every `verify_seconds` while it runs, the runner checks that the log
+still holds the record it applied last at that offset (and is the same cluster's).
+When it does not, the runner rebuilds the model from the log (`on_divergence=
+"rebuild"`) or refuses to go on (`"refuse"`, and always for another cluster's log),
+loudly either way: `failure` / `rebuilding` say why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 from sqlalchemy import and_, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts.kafka_binding import UndecodableRecord, decode
+from projections.log_identity import (
+    LogIdentity,
+    ProjectionDiverged,
+    record_cluster,
+    record_fingerprint,
+    stored_cluster,
+)
 from projections.store import ReadModel, Record, chunks
 from projections.tables import projection_applied, projection_offsets
 
@@ -34,6 +51,25 @@ log = structlog.get_logger(__name__)
 
 BATCH_SIZE = 500
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
+VERIFY_SECONDS = 5.0
+OnDivergence = Literal["rebuild", "refuse"]
+
+
+class ArchivedLog(Protocol):
+    """An archive of the log holding records its broker no longer has (retention)."""
+
+    def retained_from(self, topic: str, partition: int) -> int:
+        """First offset the broker holds; earlier records are only in the archive."""
+        ...
+
+    def read(self, topic: str, partition: int, start: int, end: int,
+             limit: int) -> Sequence[Any]:
+        """Up to `limit` archived records (offset, key, value, headers) in [start, end)."""
+        ...
+
+    def record_at(self, topic: str, partition: int, offset: int) -> Any | None:
+        """The archived record at `offset`, if any."""
+        ...
 
 
 class OffsetConflict(Exception):
@@ -71,7 +107,11 @@ class ProjectionRunner:
     def __init__(self, engine: AsyncEngine, model: ReadModel | Sequence[ReadModel],
                  bootstrap: str, *, consumer_options: Mapping[str, Any] | None = None,
                  batch_size: int = BATCH_SIZE, poll_ms: int = 100,
-                 pacer: Pacer | None = None) -> None:
+                 pacer: Pacer | None = None,
+                 on_divergence: OnDivergence = "rebuild",
+                 verify_seconds: float = VERIFY_SECONDS,
+                 client_options: Mapping[str, Any] | None = None,
+                 archive: ArchivedLog | None = None) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -87,9 +127,19 @@ class ProjectionRunner:
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: list[TopicPartition] = []
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
+        self._passed: dict[TopicPartition, int] = {}
         self._moved = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
+        self.rebuilding: str | None = None
+        """Why the runner is rebuilding its models from the log (None when it is not)."""
+        self.rebuilds = 0
+        self._on_divergence = on_divergence
+        self._verify_seconds = verify_seconds
+        self._client_options = dict(client_options or {})
+        self._archive = archive
+        self._identity = LogIdentity(bootstrap, self._client_options, archive=archive)
+        self._verified_at = 0.0
 
     @property
     def name(self) -> str:
@@ -98,9 +148,11 @@ class ProjectionRunner:
     # -- lifecycle --------------------------------------------------------------------
     async def open(self) -> None:
         """Connect, assign every partition of the models' topics, seek to stored offsets."""
+        # No automatic reset: a position out of the log's range is a question for the
+        # log identity check, not a reason to start over silently.
         consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
-                                    enable_auto_commit=False, auto_offset_reset="earliest",
-                                    **self._options)
+                                    enable_auto_commit=False, auto_offset_reset="none",
+                                    **self._options, **self._client_options)
         await consumer.start()
         self._consumer = consumer
         if self._pacer is not None:
@@ -113,16 +165,69 @@ class ProjectionRunner:
             key=lambda tp: (tp.topic, tp.partition))
         consumer.assign(self._partitions)
         await self._seek_to_stored()
+        await self.verify_log()
 
     async def close(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
+        await self._identity.close()
 
     async def start(self) -> None:
-        """Open and run in the background until `stop()`."""
-        await self.open()
+        """Open and run in the background until `stop()`. A read model refused (another
+        log) does not follow its log until a check passes again (after `toolexec
+        projections rebuild`, say): `failure` says why meanwhile."""
+        try:
+            await self.open()
+        except ProjectionDiverged as refused:
+            self.failure = refused
         self._task = asyncio.create_task(self._run(), name=f"projection-{self.name}")
+
+    @property
+    def state(self) -> str:
+        """"running", or why the runner is not simply following its log."""
+        if self.failure is not None:
+            if isinstance(self.failure, ProjectionDiverged):
+                return f"diverged: {self.failure}"
+            return f"failed: {type(self.failure).__name__}"
+        if self.rebuilding is not None:
+            return f"rebuilding: {self.rebuilding}"
+        return "running"
+
+    # -- log identity -----------------------------------------------------------------
+    async def verify_log(self) -> None:
+        """Check that the log still holds what the models applied; rebuild the models
+        that diverged, or raise `ProjectionDiverged` (see the module docstring)."""
+        self._verified_at = time.monotonic()
+        divergences = await self._identity.check(self.engine, self.models, self._partitions)
+        if not divergences:
+            await self._remember_cluster()
+            return
+        refuse = self._on_divergence == "refuse" or any(d.foreign for d in divergences)
+        for divergence in divergences:
+            log.error("projection.diverged", projection=divergence.model,
+                      reason=divergence.reason, foreign=divergence.foreign,
+                      action="refuse" if refuse else "rebuild")
+        reason = "; ".join(f"{d.model}: {d.reason}" for d in divergences)
+        if refuse:
+            raise ProjectionDiverged(reason)
+        from projections.rebuild import reset  # rebuild builds on the runner
+
+        names = {d.model for d in divergences}
+        for model in self.models:
+            if model.name in names:
+                await reset(self.engine, model)
+        self.rebuilding = reason
+        self.rebuilds += 1
+        await self._remember_cluster()
+        await self._seek_to_stored()
+
+    async def _remember_cluster(self) -> None:
+        cluster = await self._identity.cluster_id()
+        stale = [m.name for m in self.models
+                 if await stored_cluster(self.engine, m.name) != cluster]
+        if stale:
+            await record_cluster(self.engine, stale, cluster)
 
     async def stop(self) -> None:
         """Stop the loop (a batch in flight is rolled back) and disconnect."""
@@ -132,18 +237,54 @@ class ProjectionRunner:
             self._task = None
         await self.close()
 
+    async def _wait_until_followable(self) -> None:
+        """While refused: check again every `verify_seconds` until the log is one the
+        models may follow (a rebuild elsewhere reset them, or the broker came back)."""
+        while isinstance(self.failure, ProjectionDiverged):
+            await asyncio.sleep(self._verify_seconds)
+            try:
+                await self.verify_log()
+            except ProjectionDiverged as still:
+                self.failure = still
+                continue
+            except KafkaError:
+                continue
+            self.failure = None
+            log.warning("projection.following", projection=self.name)
+            await self._seek_to_stored()
+
     async def _run(self) -> None:
         failures = 0
+        out_of_range = False
         while True:
+            await self._wait_until_followable()
             try:
-                await self.step()
+                if out_of_range or time.monotonic() - self._verified_at >= self._verify_seconds:
+                    await self.verify_log()
+                    if out_of_range:
+                        await self._seek_to_stored()
+                    out_of_range = False
+                if not await self.step() and self.rebuilding is not None:
+                    log.warning("projection.rebuilt", projection=self.name,
+                                reason=self.rebuilding, records=self.stats.records)
+                    self.rebuilding = None
+                if failures:
+                    log.info("projection.resumed", projection=self.name, after=failures)
                 failures = 0
-            except (OffsetConflict, DBAPIError) as error:
+            except OffsetOutOfRangeError as error:
+                log.warning("projection.out_of_range", projection=self.name, error=str(error))
+                out_of_range = True
+                await asyncio.sleep(RETRY_SECONDS[0])
+            except ProjectionDiverged as refused:
+                self.failure = refused
+            except (OffsetConflict, DBAPIError, KafkaError) as error:
                 # Transient or concurrent: back off, re-read the stored position, go on.
+                # Logged once per streak: a broker away for a minute is one line, not 60.
                 delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+                if not failures:
+                    log.warning("projection.retry", projection=self.name,
+                                error=str(error)[:300] or type(error).__name__)
                 failures += 1
-                log.warning("projection.retry", projection=self.name, error=str(error)[:300],
-                            delay=delay)
                 await asyncio.sleep(delay)
                 await self._seek_to_stored()
             except Exception as error:
@@ -155,15 +296,20 @@ class ProjectionRunner:
     async def step(self) -> int:
         """Fetch one batch and apply it in one transaction; returns records consumed."""
         assert self._consumer is not None, "runner not open"
-        fetched = await self._consumer.getmany(timeout_ms=self._poll_ms,
-                                               max_records=self._batch_size)
-        if self._pacer is not None:
-            if any(fetched.values()):
-                self._pacer.busy()
-            else:
-                self._pacer.update()
-        batch = [(tp, fetched[tp]) for tp in sorted(fetched, key=lambda t: (t.topic, t.partition))
-                 if fetched[tp]]
+        batch = await self._backfill()
+        backfilled = bool(batch)
+        if not backfilled:
+            fetched = await self._consumer.getmany(timeout_ms=self._poll_ms,
+                                                   max_records=self._batch_size)
+            if self._pacer is not None:
+                if any(fetched.values()):
+                    self._pacer.busy()
+                else:
+                    self._pacer.update()
+            batch = [(tp, fetched[tp])
+                     for tp in sorted(fetched, key=lambda t: (t.topic, t.partition))
+                     if fetched[tp]]
+            await self._note_gaps_passed({tp for tp, _ in batch})
         if not batch:
             return 0
         try:
@@ -175,6 +321,9 @@ class ProjectionRunner:
         async with self._moved:
             self._positions.update(moved)
             self._moved.notify_all()
+        if backfilled:  # the broker's copy of these partitions begins later
+            for tp, _ in batch:
+                self._consumer.seek(tp, self._position(tp) or 0)
         for name, delta in counted.items():  # counted only once committed
             _add(self.model_stats[name], delta)
             self.stats.applied += delta.applied
@@ -183,6 +332,37 @@ class ProjectionRunner:
         self.stats.records += count
         self.stats.batches += 1
         return count
+
+    async def _note_gaps_passed(self, with_records: set[TopicPartition]) -> None:
+        """A partition whose consumer moved over offsets that hold no record (a gap left
+        by a broker that died, or by retention) is that far read, though no row moved."""
+        assert self._consumer is not None
+        moved = False
+        for tp in self._partitions:
+            if tp in with_records or self._highwater(tp) is None:
+                continue
+            position = await self._consumer.position(tp)
+            if position > self._read_up_to(tp):
+                self._passed[tp] = position
+                moved = True
+        if moved:
+            async with self._moved:
+                self._moved.notify_all()
+
+    async def _backfill(self) -> list[tuple[TopicPartition, list[Any]]]:
+        """Records before the broker's retained part, from the archive (if any)."""
+        if self._archive is None:
+            return []
+        batch = []
+        for tp in self._partitions:
+            position = self._position(tp) or 0
+            retained = self._archive.retained_from(tp.topic, tp.partition)
+            if position < retained:
+                records = await asyncio.to_thread(self._archive.read, tp.topic, tp.partition,
+                                                  position, retained, self._batch_size)
+                if records:
+                    batch.append((tp, list(records)))
+        return batch
 
     async def _apply(self, conn: AsyncConnection,
                      batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]
@@ -194,6 +374,7 @@ class ProjectionRunner:
         counted: dict[str, RunnerStats] = {}
         for model in self.models:
             ends: dict[TopicPartition, int] = {}
+            prints: dict[TopicPartition, str] = {}
             mine: list[Record] = []
             delta = counted[model.name] = RunnerStats()
             for tp, records in batch:
@@ -201,6 +382,7 @@ class ProjectionRunner:
                 if tp.topic not in model.topics or records[-1].offset < position:
                     continue  # not this model's, or it has these already
                 ends[tp] = records[-1].offset + 1
+                prints[tp] = record_fingerprint(records[-1].key, records[-1].value)
                 new = [r for r in decoded[tp] if r.offset >= position]
                 taken = sum(1 for r in records if r.offset >= position)
                 mine.extend(new)
@@ -208,7 +390,7 @@ class ProjectionRunner:
                 delta.undecodable += taken - len(new)
             if not ends:
                 continue
-            await self._write_offsets(conn, model.name, ends)
+            await self._write_offsets(conn, model.name, ends, prints)
             fresh = await self._unseen(conn, model.name, mine)
             if fresh:
                 await conn.execute(insert(projection_applied), [
@@ -252,7 +434,8 @@ class ProjectionRunner:
         return fresh
 
     async def _write_offsets(self, conn: AsyncConnection, name: str,
-                             ends: dict[TopicPartition, int]) -> None:
+                             ends: dict[TopicPartition, int],
+                             prints: dict[TopicPartition, str]) -> None:
         table = projection_offsets
         for tp, next_offset in ends.items():
             expected = self._positions.get((name, tp))
@@ -260,14 +443,14 @@ class ProjectionRunner:
                 try:  # the whole transaction rolls back on a conflict: no savepoint needed
                     await conn.execute(insert(table).values(
                         consumer=name, topic=tp.topic, partition=tp.partition,
-                        next_offset=next_offset))
+                        next_offset=next_offset, last_record=prints.get(tp)))
                 except IntegrityError as error:
                     raise OffsetConflict(f"{tp} offset appeared under {name}") from error
                 continue
             result = await conn.execute(update(table).where(and_(
                 table.c.consumer == name, table.c.topic == tp.topic,
                 table.c.partition == tp.partition, table.c.next_offset == expected,
-            )).values(next_offset=next_offset))
+            )).values(next_offset=next_offset, last_record=prints.get(tp)))
             if result.rowcount != 1:
                 raise OffsetConflict(f"{tp} offset of {name} is no longer {expected}")
 
@@ -275,6 +458,7 @@ class ProjectionRunner:
         """Re-read every model's stored positions; seek each partition to the lowest."""
         assert self._consumer is not None
         stored = {m.name: await stored_offsets(self.engine, m.name) for m in self.models}
+        self._passed.clear()
         async with self._moved:
             for tp in self._partitions:
                 for model in self.models:
@@ -321,19 +505,26 @@ class ProjectionRunner:
         """True when every partition's stored position is at or past `ends`, and past
         the high watermark of a fetch answered since the runner last sought."""
         return all(self._highwater(tp) is not None
-                   and (self._position(tp) or 0) >= self._end(tp, end)
+                   and self._read_up_to(tp) >= self._end(tp, end)
                    for tp, end in ends.items())
+
+    def _read_up_to(self, tp: TopicPartition) -> int:
+        return max(self._position(tp) or 0, self._passed.get(tp, 0))
 
     def remaining(self, ends: Mapping[TopicPartition, int]) -> int:
         """Records between the stored positions and `ends` (as far as known now)."""
-        return sum(max(self._end(tp, end) - (self._position(tp) or 0), 0)
+        return sum(max(self._end(tp, end) - self._read_up_to(tp), 0)
                    for tp, end in ends.items())
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:
         """Wait (bounded) until the rows include every record in the log right now."""
         if self._pacer is not None:
             self._pacer.busy()
-        ends = await self.end_offsets()
+        return await self.wait_caught_up_to(await self.end_offsets(), timeout)
+
+    async def wait_caught_up_to(self, ends: Mapping[TopicPartition, int],
+                                timeout: float = 10.0) -> bool:
+        """Wait (bounded) until the rows include every record before `ends`."""
         try:
             async with asyncio.timeout(timeout), self._moved:
                 await self._moved.wait_for(lambda: self.reached(ends) or self.failure is not None)

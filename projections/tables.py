@@ -46,8 +46,19 @@ projection_offsets = Table(
     Column("topic", String(200), primary_key=True),
     Column("partition", Integer, primary_key=True, autoincrement=False),
     Column("next_offset", BigInteger, nullable=False),
+    Column("last_record", String(64)),
 )
-"""Next offset to read per (read model, topic, partition); written with the rows."""
+"""Next offset to read per (read model, topic, partition); written with the rows, with
+the fingerprint of the record just before it (`last_record`): the log still holding
+that record at that offset is what tells a read model it follows the same log."""
+
+projection_sources = Table(
+    "projection_sources", metadata,
+    Column("consumer", String(100), primary_key=True),
+    Column("cluster_id", String(200)),
+    Column("updated_at", String(32), nullable=False),
+)
+"""The cluster id of the log each read model follows: another cluster's log is refused."""
 
 projection_applied = Table(
     "projection_applied", metadata,

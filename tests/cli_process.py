@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from toolexec.broker_control import stop_broker
+from toolexec.settings import Settings
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -35,16 +38,24 @@ def start_up(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
                                env=clean_env(env), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     runtime = cwd / ".toolexec" / "runtime.json"
+    _state_dirs[process.pid] = cwd / ".toolexec"
     deadline = time.monotonic() + timeout
     while not runtime.exists():
         if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
+            stop(process)
             pytest.fail(f"toolexec up did not start: {process.communicate()[1]}")
         time.sleep(0.1)
     return process
 
 
+_state_dirs: dict[int, Path] = {}
+
+
 def stop(process: subprocess.Popen[str]) -> None:
+    """Kill `up` and stop the embedded broker it started (it outlives `up` by design)."""
     if process.poll() is None:
         process.kill()
         process.wait()
+    state_dir = _state_dirs.pop(process.pid, None)
+    if state_dir is not None:
+        stop_broker(Settings(state_dir=state_dir))

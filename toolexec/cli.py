@@ -8,6 +8,7 @@ import typer
 from toolexec import (
     bench,
     cli_authoring,
+    cli_broker,
     cli_cancel,
     cli_lifecycle,
     cli_mcp,
@@ -29,6 +30,7 @@ cli_cancel.register(app)  # cancel
 cli_lifecycle.register(app)  # deprecate, remove, restore
 cli_security.register(app)  # token issue, policy apply, keys
 cli_projections.register(app)  # projections rebuild, search, show, status, audit
+cli_broker.register(app)  # broker status, start, stop
 bench.register(app)  # bench
 cli_mcp.register(app)  # mcp: search, load, execute, help for agents
 

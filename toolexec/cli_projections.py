@@ -78,8 +78,13 @@ def _bootstrap(settings: Settings, as_json: bool) -> str:
         return settings.kafka_bootstrap
     running = read_runtime(settings)
     if running is None:
-        fail("E3801", "no broker: start `toolexec up` or set TOOLEXEC_KAFKA_BOOTSTRAP",
-              as_json)
+        from toolexec.broker_control import running_broker
+
+        broker = running_broker(settings)  # the embedded log, served without `up`
+        if broker is not None and broker.bootstrap:
+            return broker.bootstrap
+        fail("E3801", "no broker: start `toolexec up` or `toolexec broker start`, or set "
+             "TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
     return str(running["kafka_bootstrap"])
 
 
@@ -93,6 +98,7 @@ def rebuild_command(
     """Drop a read model and replay it from offset 0, showing progress and events/s."""
     from projections.catalog import read_models
     from projections.rebuild import rebuild_together
+    from toolexec.read_models import embedded_archive
 
     models = read_models()
     if name is not None and name not in models:
@@ -118,7 +124,7 @@ def rebuild_command(
             # decoded once.
             return await rebuild_together(engine, chosen, bootstrap,
                                           consumer_options=consumer_kwargs(settings),
-                                          progress=update)
+                                          progress=update, archive=embedded_archive(settings))
 
     reports = _with_engine(settings, work, as_json)
     rows = [{"name": r.name, "records": r.records, "applied": r.applied,

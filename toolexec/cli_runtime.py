@@ -20,7 +20,14 @@ from domain.request_limits import (
     check_request_payload,
     strict_json_loads,
 )
-from toolexec.runtime_file import read_runtime, remove_runtime, write_runtime
+from toolexec.runtime_file import (
+    acquire_up_lock,
+    read_runtime,
+    remove_runtime,
+    replace_stale_runtime,
+    runtime_status,
+    write_runtime,
+)
 from toolexec.settings import Settings, fetch_waits
 from toolexec.sources import bash_syntax_check, collect_sources
 
@@ -142,10 +149,29 @@ def up(
 ) -> None:
     """Run the whole system (embedded default: broker, consumers, read models, HTTP
     gateway); Ctrl-C stops it."""
+    from toolexec.broker_control import BrokerUnavailable
+
     settings = Settings()
     if gateway_port is not None:
         settings = settings.model_copy(update={"gateway_port": gateway_port})
-    asyncio.run(_up(settings, tools))
+    lock = acquire_up_lock(settings)
+    if lock is None:
+        status = runtime_status(settings)
+        err.print(f"[red]E3001[/] {escape(status.describe())} for state directory "
+                  f"{escape(str(settings.state_dir.resolve()))}: one toolexec up per state "
+                  "directory (stop it first, or set TOOLEXEC_STATE_DIR)", highlight=False)
+        raise typer.Exit(1)
+    try:
+        stale = replace_stale_runtime(settings)
+        if stale.state == "stale" and stale.info is not None:
+            err.print(f"[yellow]warning[/] {escape(stale.describe())}; replacing its "
+                      f"{escape(str(settings.runtime_file))}", highlight=False)
+        asyncio.run(_up(settings, tools))
+    except BrokerUnavailable as error:
+        err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
+        raise typer.Exit(1) from None
+    finally:
+        lock.release()
 
 
 async def _up(settings: Settings, tools: list[Path]) -> None:
@@ -163,27 +189,34 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
         started.append(await start_read_models(settings, bootstrap))
         return started[-1]
 
-    async with Stack(settings, read_models_factory=read_models) as stack, \
+    async with Stack(settings, read_models_factory=read_models, keep_broker=True) as stack, \
             serve_gateway(stack, started[0], settings) as gateway_url:
         publications = await _publish_to_stack(stack, tools, settings)
         _report_rejections(publications)
+        broker = stack.embedded
         write_runtime(settings, {
             "kafka_bootstrap": stack.bootstrap, "database_url": settings.effective_database_url,
             "gateway_url": gateway_url, "require_auth": settings.auth_required,
-            "broker_pid": stack.embedded.pid if stack.embedded else None})
+            "broker_pid": broker.pid if broker else None,
+            "broker_supervisor_pid": broker.supervisor_pid if broker else None})
         published = sum(1 for p in publications if p.status == "published")
         unchanged = sum(1 for p in publications if p.status == "unchanged")
-        err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] "
-                  f"({'embedded Tansu' if stack.embedded else 'external'}), "
+        where = (f"embedded Tansu, supervisor pid {broker.supervisor_pid}, log archived in "
+                 f"{settings.state_dir / 'log'}" if broker else "external")
+        err.print(f"toolexec up: broker [bold]{stack.bootstrap}[/] ({escape(where)}), "
                   f"{published} tool(s) published ({unchanged} already there), "
-                  "consumers running.")
+                  "consumers running.", highlight=False)
         err.print(f"toolexec up: gateway [bold]{gateway_url}[/] (status page {gateway_url}/, "
                   f"API {gateway_url}/docs). Ctrl-C stops.", highlight=False)
         try:
             await stop.wait()
         finally:
             remove_runtime(settings)
-    err.print("toolexec up: stopped")
+    if broker is not None:
+        err.print("toolexec up: stopped; the embedded broker keeps running with its log "
+                  "(`toolexec broker stop` stops it)")
+    else:
+        err.print("toolexec up: stopped")
 
 
 def _parse_params(pairs: list[str], params_json: str | None,
@@ -239,13 +272,17 @@ def run(
         err.print(f"[red]bad usage:[/] {exc}")
         raise typer.Exit(2) from exc
     tool_id, _, version_range = tool.partition("@")
+    from toolexec.broker_control import BrokerUnavailable
     from toolexec.client import InvocationNotDelivered, InvocationUnresolved
 
+    _warn_if_up_is_gone(settings)
     try:
         terminal = asyncio.run(_run(settings, tool_id, version_range or "*", parameters,
                                     lockfile, token or settings.token, tools, timeout,
                                     quiet=as_json))
-    except (InvocationNotDelivered, InvocationUnresolved, ToolexecError) as error:
+    except (InvocationNotDelivered, InvocationUnresolved,  # E3001 / E3002
+            BrokerUnavailable,  # E3801: the embedded broker did not start
+            ToolexecError) as error:
         if as_json:
             out.print_json(data={"error": error.to_dict()})
         else:
@@ -358,11 +395,15 @@ def publish(
         if not path.exists():
             err.print(f"[red]bad usage:[/] {path} does not exist")
             raise typer.Exit(2)
-    runtime = read_runtime(settings)
-    bootstrap = settings.kafka_bootstrap or (runtime or {}).get("kafka_bootstrap")
+    bootstrap = settings.kafka_bootstrap or _running_bootstrap(settings)
     if not bootstrap:
-        fail("E3001", "no running toolexec found: start `toolexec up` first "
-             "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
+        status = runtime_status(settings)
+        hint = f"{status.describe()}; " if status.state == "stale" else ""
+        fail("E3001", f"no running toolexec found: {hint}start `toolexec up` first or set "
+             "TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
+    runtime = read_runtime(settings)
+    if runtime is None:
+        _warn_if_up_is_gone(settings)
     every = _sources(paths, settings)
     found = _Found([s for s in every.sources if _from_paths(s.origin, paths)], every.known,
                    [p for p in every.unreadable if _from_paths(p.source.origin, paths)])
@@ -374,6 +415,26 @@ def publish(
         fail(error.code, error.message, as_json, error.details)
     _report_publications(publications, as_json)
     raise typer.Exit(1 if any(p.status == "rejected" for p in publications) else 0)
+
+
+def _warn_if_up_is_gone(settings: Settings) -> None:
+    """Say so when the `up` of this state directory ended without stopping cleanly."""
+    status = runtime_status(settings)
+    if status.state == "stale" and not settings.kafka_bootstrap:
+        err.print(f"[yellow]warning[/] {escape(status.describe())}; this command uses the "
+                  "state directory's log without it", highlight=False)
+
+
+def _running_bootstrap(settings: Settings) -> str | None:
+    """The running `up`'s broker, else the state directory's embedded broker if it runs
+    (a published tool waits in its log for the next `up`)."""
+    from toolexec.broker_control import running_broker
+
+    runtime = read_runtime(settings)
+    if runtime is not None:
+        return str(runtime["kafka_bootstrap"])
+    broker = running_broker(settings)
+    return broker.bootstrap if broker is not None else None
 
 
 async def _publish_sources(runtime: dict[str, Any], found: _Found, settings: Settings,

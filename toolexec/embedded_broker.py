@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -73,7 +73,8 @@ def free_port(host: str = HOST) -> int:
 
 
 async def ensure_topics(bootstrap: str, topics: Mapping[str, int], *,
-                        replication_factor: int = 1, timeout: float = 30.0) -> None:
+                        replication_factor: int = 1, timeout: float = 30.0,
+                        client_options: Mapping[str, Any] | None = None) -> None:
     """Create `topics` (name -> partitions) on any Kafka broker; existing ones are kept.
 
     Existing topics are not altered (partition counts are not raised). Retries until
@@ -82,7 +83,7 @@ async def ensure_topics(bootstrap: str, topics: Mapping[str, int], *,
     deadline = time.monotonic() + timeout
     while True:
         try:
-            await _create_topics(bootstrap, topics, replication_factor)
+            await _create_topics(bootstrap, topics, replication_factor, client_options or {})
             return
         except KafkaError:
             if time.monotonic() >= deadline:
@@ -90,9 +91,10 @@ async def ensure_topics(bootstrap: str, topics: Mapping[str, int], *,
             await asyncio.sleep(0.05)
 
 
-async def _create_topics(bootstrap: str, topics: Mapping[str, int],
-                         replication_factor: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+async def _create_topics(bootstrap: str, topics: Mapping[str, int], replication_factor: int,
+                         client_options: Mapping[str, Any]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000,
+                                **client_options)
     try:
         await admin.start()
         if not topics:
@@ -138,6 +140,32 @@ def _stop_process(process: subprocess.Popen[bytes], grace: float) -> None:
 def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signum)  # start_new_session: pgid == pid
+
+
+def broker_argv(binary: str, listener: str, *, storage_engine: str,
+                cluster_id: str) -> list[str]:
+    """The one place that decides how `tansu broker` is launched."""
+    return [binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener,
+            "--storage-engine", storage_engine, "--cluster-id", cluster_id]
+
+
+def proxy_argv(binary: str, listener: str, origin: str) -> list[str]:
+    """The one place that decides how `tansu proxy` (a Kafka-protocol forwarder that
+    advertises itself in metadata) is launched."""
+    return [binary, "proxy", "--listener-url", listener, "--advertised-listener-url", listener,
+            "--origin-url", origin]
+
+
+def spawn_tansu(argv: list[str], log_file: IO[bytes],
+                extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a Tansu process in its own session, output to `log_file`, killed (Linux)
+    when the thread that started it goes away."""
+    env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+    env.update(extra_env or {})
+    env["NO_COLOR"] = "1"  # plain log files
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent(os.getpid()))
 
 
 class EmbeddedBroker:
@@ -306,20 +334,14 @@ class EmbeddedBroker:
         log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # One file per spawn: a retry or a second broker must not read this one's markers.
         self.log_path = log_dir / f"tansu-{self._port}-{secrets.token_hex(3)}.log"
-        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
-        env.update(self.env)
-        env["NO_COLOR"] = "1"  # plain log files
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as log_file:
             self.started_at = time.time()
             began = time.monotonic()
-            self._process = subprocess.Popen(
-                [binary, "broker", "--listener-url", listener,
-                 "--advertised-listener-url", listener, "--storage-engine", self.storage_engine,
-                 "--cluster-id", self.cluster_id],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
-            )
+            self._process = spawn_tansu(
+                broker_argv(binary, listener, storage_engine=self.storage_engine,
+                            cluster_id=self.cluster_id),
+                log_file, self.env)
         self._finalizer = weakref.finalize(self, _stop_process, self._process, self.stop_grace)
         return began
 

@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 import uvicorn
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts import topics
@@ -33,6 +34,8 @@ log = structlog.get_logger(__name__)
 
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
+CATCH_UP_BROKER_SECONDS = 2.0
+"""How long a read waits to learn the log's end before answering from the read model."""
 
 
 class KafkaProbe:
@@ -117,10 +120,8 @@ def consumer_states(stack: Stack, read_models: ReadModels) -> dict[str, str]:
         states[name] = "running" if getattr(subscriber, "running", False) else "stopped"
     if stack.pipeline is not None:
         states[stack.pipeline.group] = "running" if stack.pipeline.running else "stopped"
-    for name, runner in read_models.runners.items():
-        failure = runner.failure
-        states[f"projection.{name}"] = ("running" if failure is None
-                                        else f"failed: {type(failure).__name__}")
+    for name, state in read_models.states().items():
+        states[f"projection.{name}"] = state  # "running", rebuilding, diverged or failed
     return states
 
 
@@ -170,8 +171,18 @@ async def serve_gateway(stack: Stack, read_models: ReadModels,
                         for name, runner in read_models.runners.items()})
 
     async def catch_up(name: str, timeout: float) -> bool:
+        """Read-your-writes for the gateway's reads: bounded, and never an error. With
+        the broker away, the read models answer with what they hold (the broker's
+        state is what /health reports)."""
         runner = read_models.runners.get(name)
-        return await runner.wait_caught_up(timeout) if runner is not None else False
+        if runner is None or runner.failure is not None:
+            return False
+        try:
+            async with asyncio.timeout(min(timeout, CATCH_UP_BROKER_SECONDS)):
+                ends = await runner.end_offsets()
+        except (KafkaError, TimeoutError):
+            return False
+        return await runner.wait_caught_up_to(ends, timeout)
 
     document = asyncapi_document(stack.bootstrap)
     await client.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 import structlog
@@ -52,3 +53,45 @@ def configure_logging(settings: Settings, *, default_level: str | None = None) -
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # aiokafka reports routine rebalances as warnings; keep them out of quiet runs.
     logging.getLogger("aiokafka").setLevel(max(level, logging.ERROR))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_REPEATED)
+
+
+class RepeatedErrors(logging.Filter):
+    """Kafka clients log the same error on every retry while a broker is away (tens
+    of KB a second): let the first of each message through, drop its repeats until
+    `reset()` (the broker is back), with one count line per `summary_seconds`."""
+
+    def __init__(self, prefixes: tuple[str, ...] = ("aiokafka",),
+                 summary_seconds: float = 300.0) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+        self.summary_seconds = summary_seconds
+        self._seen: dict[tuple[str, str], list[float]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen[key] = [0, now]
+            return True
+        seen[0] += 1
+        if now - seen[1] < self.summary_seconds:
+            return False
+        record.msg = f"{record.msg} (and {int(seen[0])} times more in {now - seen[1]:.0f} s)"
+        self._seen[key] = [0, now]
+        return True
+
+    def reset(self) -> None:
+        self._seen.clear()
+
+
+_REPEATED = RepeatedErrors()
+
+
+def reset_repeated_errors() -> None:
+    """A new state (the broker is back): the next error of each kind is logged again."""
+    _REPEATED.reset()

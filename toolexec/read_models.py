@@ -14,7 +14,8 @@ from consumers.fetch_pacing import FetchPacer
 from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.runner import ProjectionRunner
-from toolexec.settings import Settings, fetch_waits
+from toolexec.archive_source import EmbeddedArchive
+from toolexec.settings import Settings, fetch_waits, kafka_client_options
 from toolexec.state_files import ensure_state_dir
 
 log = structlog.get_logger(__name__)
@@ -34,6 +35,10 @@ class ReadModels:
 
     engine: AsyncEngine
     runners: dict[str, ProjectionRunner] = field(default_factory=dict)
+
+    def states(self) -> dict[str, str]:
+        """Read model -> "running", or why it is not following its log."""
+        return {name: runner.state for name, runner in self.runners.items()}
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:
         """True when every read model holds every record in the log as of now."""
@@ -58,14 +63,27 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         for name, model in read_models().items():
             runner = ProjectionRunner(engine, model, bootstrap,
                                       consumer_options=_runner_options(settings),
-                                      pacer=_runner_pacer(settings))
+                                      pacer=_runner_pacer(settings),
+                                      on_divergence=settings.projections_on_divergence,
+                                      verify_seconds=settings.projections_verify_seconds,
+                                      client_options=kafka_client_options(settings),
+                                      archive=embedded_archive(settings))
             await runner.start()
             handle.runners[name] = runner
     except BaseException:
         await handle.stop()
         raise
     log.info("read_models.started", models=sorted(handle.runners))
+    for name, runner in handle.runners.items():
+        if runner.state != "running":  # refused or rebuilding: say so where `up` runs
+            log.error("read_models.not_following", model=name, state=runner.state)
     return handle
+
+
+def embedded_archive(settings: Settings) -> EmbeddedArchive | None:
+    """The embedded log's archive (records retention left out of the broker), None in
+    the production profile (Kafka's retention is Kafka's)."""
+    return EmbeddedArchive(settings.state_dir) if settings.embedded else None
 
 
 def _runner_options(settings: Settings) -> dict[str, int]:

@@ -122,6 +122,43 @@ class Settings(BaseSettings):
     gateway_port: int = Field(default=0, ge=0, le=65535)
     """Port of the HTTP gateway; 0 = a free port (written to runtime.json)."""
 
+    broker_archive_fsync: Literal["always", "never"] = "always"
+    """Embedded profile: when archived records reach the disk. `always`: fsync before a
+    record counts as archived (survives a machine stop); `never`: the OS writes them
+    back (survives process crashes, not a power loss)."""
+    broker_archive_fetch_wait_ms: int = Field(default=5, ge=1, le=1000)
+    """Longest the archiver's fetch waits on the embedded broker: about the window of
+    acknowledged records a broker killed with SIGKILL can take with it."""
+    broker_start_timeout_seconds: float = 120.0
+    """How long a command waits for the embedded broker to be ready (its restore from
+    the archive included)."""
+    broker_crash_offset_gap: int = Field(default=10_000, ge=1)
+    """After the embedded broker died, the log resumes this many offsets past the
+    highest offset it may have handed out, so an offset lost with it is never reused."""
+    broker_retain_records: int = Field(default=20_000, ge=0)
+    """Embedded profile: records per partition of `broker_trim_topics` the broker keeps
+    in memory when it (re)starts; older ones stay in the archive (read models read them
+    there). 0 keeps everything in the broker."""
+    broker_trim_topics: list[str] = Field(default_factory=lambda: [
+        "toolexec.invocations", "toolexec.requests", "toolexec.deadletter"])
+    """Topics whose oldest records may be left out of the embedded broker. The registry,
+    policies and circuits topics are folded from their first record by every process:
+    they stay whole."""
+    broker_compact_after_records: int = Field(default=50_000, ge=0)
+    """Records the embedded broker may take after it (re)started before it is restarted
+    from the archive (retention applied, history in compressed batches) at the next
+    quiet moment: what bounds its memory. 0 = never."""
+    broker_compact_quiet_seconds: float = Field(default=5.0, ge=0)
+    """How long nothing must have been written before that restart (it is forced, quiet
+    or not, at four times `broker_compact_after_records`)."""
+    projections_on_divergence: Literal["rebuild", "refuse"] = "rebuild"
+    """A read model whose stored position does not match its log (past the end, or
+    another record there): rebuild it from the log, or refuse to follow it. A read
+    model of another cluster's log is always refused."""
+    projections_verify_seconds: float = Field(default=5.0, gt=0)
+    """How often a running read model checks that its log still holds the record it
+    applied last."""
+
     registry_wait_seconds: float = 5.0
     """Read-your-writes bound: how long the resolver waits for the registry view."""
     max_message_bytes: int = MIB
@@ -283,3 +320,10 @@ def consumer_kwargs(settings: Settings) -> dict[str, Any]:
         # The client rejects a heartbeat not below the session timeout; keep the ratio sane.
         tuning["heartbeat_interval_ms"] = max(tuning["session_timeout_ms"] // 3, 1)
     return tuning
+
+
+def kafka_client_options(settings: Settings) -> dict[str, Any]:
+    """Connection options every Kafka client of toolexec passes besides its bootstrap
+    servers (security protocol and credentials belong here); none are needed yet."""
+    del settings  # the embedded broker and PLAINTEXT Kafka need none
+    return {}

@@ -1,7 +1,8 @@
 """Composition root of a running system: broker, registry view, pipeline consumers.
 
 `Stack` wires adapters into the consumers' ports. With `TOOLEXEC_KAFKA_BOOTSTRAP`
-set it joins that broker; otherwise it starts the embedded Tansu broker.
+set it joins that broker; otherwise it uses the state directory's embedded broker
+(a supervised Tansu whose log is archived on disk), starting it when none runs.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ from projections.circuit_view import CircuitView
 from projections.policy_view import PolicyView
 from projections.registry_view import RegistryView
 from toolexec import keys
-from toolexec.embedded_broker import EmbeddedBroker, ensure_topics
+from toolexec.broker_control import BrokerWatch, SupervisedBroker, ensure_broker
+from toolexec.embedded_broker import ensure_topics
+from toolexec.logs import reset_repeated_errors
+from toolexec.runtime_file import up_running
 from toolexec.settings import Settings, consumer_kwargs, fetch_waits
 from toolexec.state_files import ensure_state_dir
 
@@ -113,7 +117,11 @@ class Stack:
     circuits: CircuitView = field(init=False)
     policies: PolicyView = field(init=False)
     decisions: DecisionStore = field(init=False)
-    embedded: EmbeddedBroker | None = field(default=None, init=False)
+    keep_broker: bool = False
+    """Leave the embedded broker running at stop even when this stack started it
+    (`toolexec up`); otherwise a broker started for this stack alone is stopped."""
+    embedded: SupervisedBroker | None = field(default=None, init=False)
+    _broker_watch: BrokerWatch | None = field(default=None, init=False)
     broker: KafkaBroker | None = field(default=None, init=False)
     pipeline: Pipeline | None = field(default=None, init=False)
     verifier: FactVerifier = field(init=False)
@@ -161,10 +169,11 @@ class Stack:
         state = Path(self.settings.state_dir).resolve()  # bwrap binds absolute paths
         ensure_state_dir(state)
         if not self.settings.kafka_bootstrap:
-            self.embedded = EmbeddedBroker(topics=TOPIC_PARTITIONS, log_dir=state / "logs")
-            await self.embedded.start()
-        else:
-            await ensure_topics(self.bootstrap, TOPIC_PARTITIONS)
+            self.embedded = await ensure_broker(self.settings)
+            self._broker_watch = BrokerWatch(self.settings, self.embedded,
+                                             on_change=self._broker_changed)
+            self._broker_watch.start()
+        await ensure_topics(self.bootstrap, TOPIC_PARTITIONS)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0,
                                           max_request_size=self.settings.max_message_bytes)
         await self._producer.start()
@@ -235,9 +244,21 @@ class Stack:
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
+        if self._broker_watch is not None:
+            await self._broker_watch.stop()
+            self.embedded = self._broker_watch.broker  # the one watched last
+            self._broker_watch = None
         if self.embedded is not None:
-            await self.embedded.stop()
+            if self.embedded.started_here and not self.keep_broker \
+                    and not up_running(self.settings):
+                await self.embedded.stop()  # archives what is left first
             self.embedded = None
+
+    def _broker_changed(self, status: str) -> None:
+        """The embedded broker changed state (logged once by the watch): after it is
+        back, aiokafka's repeated errors of the outage may be reported again."""
+        if status == "ready":
+            reset_repeated_errors()
 
     def _decision_store(self) -> DecisionStore:
         """Decisions shared by every replica through Redis when it is configured,

@@ -71,6 +71,10 @@ def test_up_serves_runs_and_publishes_then_stops_cleanly(running_up) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
     assert not (cwd / ".toolexec" / "runtime.json").exists()
+    os.kill(info["broker_pid"], 0)  # the embedded broker keeps the log for the next `up`
+    stopped = toolexec("broker", "stop", "--json", cwd=cwd)
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout)["clean_stop"] is True
     with pytest.raises(ProcessLookupError):
         os.kill(info["broker_pid"], 0)
 

@@ -15,6 +15,8 @@ from tests.log_reading import pretend_pipeline_key, put_facts, request_on_the_lo
 from tests.s3_store import s3_store, tansu_s3_env
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
 from toolexec.embedded_broker import EmbeddedBroker
+from toolexec.runtime_file import acquire_up_lock
+from toolexec.settings import Settings
 from toolexec.stack import TOPIC_PARTITIONS
 
 pytestmark = pytest.mark.integration
@@ -68,9 +70,14 @@ async def test_run_reports_e3002_when_no_result_arrives_in_time(tmp_path: Path) 
         # A "running system" whose pipeline never answers: the broker, no consumers.
         state = tmp_path / ".toolexec"
         state.mkdir()
+        lock = acquire_up_lock(Settings(state_dir=state))  # held by a running `up`
+        assert lock is not None
         (state / "runtime.json").write_text(json.dumps(
             {"kafka_bootstrap": broker.bootstrap, "pid": os.getpid()}))
-        run = await asyncio.to_thread(toolexec, "run", "echo", "--timeout", "1", "--json",
-                                      cwd=tmp_path)
+        try:
+            run = await asyncio.to_thread(toolexec, "run", "echo", "--timeout", "1", "--json",
+                                          cwd=tmp_path)
+        finally:
+            lock.release()
     assert run.returncode == 1, run.stderr
     assert json.loads(run.stdout)["error"]["code"] == "E3002"

@@ -1,0 +1,179 @@
+"""The embedded broker's supervisor: restarts with the log, cold starts from the archive
+alone, one per state directory, refuses a damaged archive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from tests.cli_process import toolexec
+from tests.integration.test_durable_log_restore import read_log
+from toolexec.broker_control import (
+    BrokerState,
+    BrokerUnavailable,
+    ensure_broker,
+    read_state,
+    stop_broker,
+)
+from toolexec.embedded_broker import ensure_topics
+from toolexec.log_archive import SEGMENT_MAGIC, LogArchive
+from toolexec.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+TOPICS = {"orders": 2}
+WAIT = 60.0  # bounds a hang; the conditions below normally hold within a second or two
+
+
+@pytest.fixture
+async def settings(tmp_path: Path) -> AsyncIterator[Settings]:
+    configured = Settings(state_dir=tmp_path / ".toolexec")
+    yield configured
+    await asyncio.to_thread(stop_broker, configured)
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    async with asyncio.timeout(WAIT):
+        while not condition():
+            await asyncio.sleep(0.05)
+    assert condition(), what
+
+
+def state(settings: Settings) -> BrokerState:
+    current = read_state(settings.state_dir)
+    assert current is not None
+    return current
+
+
+async def write_records(bootstrap: str, count: int = 30) -> None:
+    await ensure_topics(bootstrap, TOPICS)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for n in range(count):
+            await producer.send_and_wait("orders", b"order %d" % n, key=b"k%d" % n,
+                                         partition=n % 2, headers=[("n", b"%d" % n)])
+    finally:
+        await producer.stop()
+
+
+async def archived(settings: Settings, ends: dict[str, int]) -> None:
+    await until(lambda: all(state(settings).data.get("archived", {}).get(k, 0) >= v
+                            for k, v in ends.items()), f"archived {ends}")
+
+
+async def append(bootstrap: str) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        return (await producer.send_and_wait("orders", b"later", partition=0)).offset
+    finally:
+        await producer.stop()
+
+
+async def test_a_broker_killed_with_sigkill_comes_back_with_its_log_on_the_same_port(
+        settings: Settings) -> None:
+    broker = await ensure_broker(settings)
+    await write_records(broker.bootstrap)
+    tp = TopicPartition("orders", 1)
+    committer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="billing",
+                                 enable_auto_commit=False)
+    await committer.start()
+    committer.assign([tp])
+    await committer.commit({tp: 9})
+    await committer.stop()
+    before = await read_log(broker.bootstrap, TOPICS)
+    await archived(settings, {"orders/0": 15, "orders/1": 15})
+    archive = LogArchive(settings.state_dir / "log", read_only=True)
+    await until(lambda: "billing" in archive.groups(), "the commit archived")
+
+    os.kill(state(settings).data["broker_pid"], signal.SIGKILL)
+    await until(lambda: state(settings).incarnation == 2 and state(settings).status == "ready",
+                "the broker restarted")
+
+    after = await read_log(broker.bootstrap, TOPICS)
+    reader = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="billing",
+                              enable_auto_commit=False)
+    await reader.start()
+    committed = await reader.committed(tp)
+    await reader.stop()
+    assert state(settings).bootstrap == broker.bootstrap
+    assert after == before
+    assert committed == 9
+    # offsets the dead broker may have acknowledged past the archive are never reused
+    assert await append(broker.bootstrap) >= 15 + settings.broker_crash_offset_gap
+    status = toolexec("broker", "status", "--json", cwd=settings.state_dir.parent)
+    report = json.loads(status.stdout)
+    assert report["running"] and report["restarts"] == 1 and report["mode"] == "gated"
+    assert "exited" in report["last_restart_reason"]
+
+
+async def test_a_stopped_broker_starts_again_from_the_state_directory_alone(
+        settings: Settings) -> None:
+    broker = await ensure_broker(settings)
+    await write_records(broker.bootstrap)
+    before = await read_log(broker.bootstrap, TOPICS)
+
+    stopped = await asyncio.to_thread(stop_broker, settings)
+    assert stopped is not None and stopped.data["clean_stop"] is True
+    again = await ensure_broker(settings)
+
+    assert await read_log(again.bootstrap, TOPICS) == before
+    assert await append(again.bootstrap) == 15  # a clean stop leaves no gap
+    assert state(settings).data["restore"]["records"] == 30
+
+
+async def test_a_killed_supervisor_leaves_a_log_that_resumes_past_a_gap(
+        settings: Settings) -> None:
+    broker = await ensure_broker(settings)
+    await write_records(broker.bootstrap)
+    before = await read_log(broker.bootstrap, TOPICS)
+    await archived(settings, {"orders/0": 15, "orders/1": 15})
+    supervisor = state(settings).supervisor_pid
+    assert supervisor is not None
+
+    os.kill(supervisor, signal.SIGKILL)  # its Tansu dies with it
+    await until(lambda: _gone(broker.process), "the supervisor is gone")
+    again = await ensure_broker(settings)
+
+    assert await read_log(again.bootstrap, TOPICS) == before
+    assert await append(again.bootstrap) >= 15 + settings.broker_crash_offset_gap
+
+
+async def test_one_supervisor_per_state_directory(settings: Settings) -> None:
+    broker = await ensure_broker(settings)
+    second = subprocess.run(
+        [sys.executable, "-m", "toolexec.broker_supervisor", "--state-dir",
+         str(settings.state_dir)], capture_output=True, text=True, timeout=60)
+
+    assert second.returncode == 3
+    assert f"pid {broker.supervisor_pid}" in second.stderr
+    assert state(settings).supervisor_pid == broker.supervisor_pid
+
+
+async def test_a_damaged_archive_is_refused_not_served(settings: Settings) -> None:
+    broker = await ensure_broker(settings)
+    await write_records(broker.bootstrap)
+    await asyncio.to_thread(stop_broker, settings)
+    segment = next((settings.state_dir / "log" / "topics" / "orders" / "0").glob("*.seg"))
+    data = bytearray(segment.read_bytes())
+    data[len(SEGMENT_MAGIC) + 12] ^= 0xFF  # inside the first record
+    segment.write_bytes(bytes(data))
+
+    with pytest.raises(BrokerUnavailable, match="damaged"):
+        await ensure_broker(settings)
+    assert state(settings).status == "failed"
+    assert segment.name in state(settings).data["error"]
+
+
+def _gone(process: subprocess.Popen[bytes] | None) -> bool:
+    return process is None or process.poll() is not None

@@ -1,0 +1,108 @@
+"""One `toolexec up` per state directory; what is left by one that was killed is
+detected, reported and replaced; `run` and `publish` say when `up` is gone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli_process import REPO, clean_env, start_up, stop, toolexec
+from toolexec.broker_control import stop_broker
+from toolexec.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+ENV = {"TOOLEXEC_SANDBOX": "rlimits"}
+TOOLS = Path(__file__).parent / "tools"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    stop_broker(Settings(state_dir=tmp_path / ".toolexec"))
+
+
+def runtime(cwd: Path) -> dict[str, object]:
+    return json.loads((cwd / ".toolexec" / "runtime.json").read_text())
+
+
+def test_a_second_up_refuses_and_names_the_running_one(project: Path) -> None:
+    first = start_up(project, env=ENV)
+    try:
+        info = runtime(project)
+        second = subprocess.run([sys.executable, "-m", "toolexec.cli", "up"], cwd=project,
+                                env=clean_env(ENV), capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        message = " ".join(second.stderr.split())
+        assert "E3001" in message
+        assert f"pid {info['pid']}" in message and str(info["gateway_url"]) in message
+        assert runtime(project)["pid"] == info["pid"]  # the first one's file is untouched
+        assert first.poll() is None
+    finally:
+        stop(first)
+
+
+def test_a_killed_ups_runtime_file_is_reported_and_replaced(project: Path) -> None:
+    first = start_up(project, env=ENV)
+    old = runtime(project)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+
+    second = start_up(project, env=ENV)  # returns at once: the old file is there
+    try:
+        deadline = time.monotonic() + 60
+        while not (project / ".toolexec" / "runtime.json").exists() \
+                or runtime(project)["pid"] != second.pid:  # removed, then written anew
+            assert time.monotonic() < deadline and second.poll() is None
+            time.sleep(0.1)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        _, stderr = second.communicate(timeout=60)
+    message = " ".join(stderr.split())
+    assert f"pid {old['pid']}" in message and "is not running any more" in message
+    assert "replacing" in message
+
+
+def test_run_and_publish_say_when_up_is_gone_and_use_the_log_without_it(project: Path) -> None:
+    up = start_up(project, "--tools", str(REPO / "examples" / "tools"), env=ENV)
+    old = runtime(project)
+    source = project / "sources" / "shout"
+    shutil.copytree(TOOLS / "py_echo", source)
+    manifest = (source / "tool.yaml").read_text().replace("tool_id: py_echo", "tool_id: shout")
+    (source / "tool.yaml").write_text(manifest)
+    up.send_signal(signal.SIGKILL)
+    up.wait(timeout=30)
+    try:
+        published = toolexec("publish", str(source), "--json", cwd=project, env=ENV)
+        ran = toolexec("run", "shout", "--params", '{"text": "still here"}', "--json",
+                       cwd=project, env=ENV)
+    finally:
+        stop(up)
+
+    for done in (published, ran):
+        assert done.returncode == 0, done.stderr
+        message = " ".join(done.stderr.split())
+        assert f"pid {old['pid']}" in message and "is not running any more" in message
+    assert json.loads(ran.stdout)["result"] == {"echo": "still here", "keys": 1}
+
+
+def test_publish_with_no_up_and_no_broker_says_what_to_start(project: Path) -> None:
+    up = start_up(project, env=ENV)
+    up.send_signal(signal.SIGKILL)
+    up.wait(timeout=30)
+    stop(up)  # and its broker
+
+    published = toolexec("publish", str(TOOLS / "py_echo"), cwd=project, env=ENV)
+
+    assert published.returncode == 1
+    message = " ".join(published.stderr.split())
+    assert "E3001" in message and "is not running any more" in message
+    assert "toolexec up" in message

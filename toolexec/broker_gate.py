@@ -1,0 +1,126 @@
+"""The gate in front of a restarted broker: `tansu proxy` on the public port.
+
+A broker restarted under connected clients comes back empty and is refilled from the
+archive; a client reconnecting in the middle would write at offsets the restore has
+not reached yet. So after a restart the broker listens on a private port, the
+restore runs there, and only then does the gate open: a Tansu proxy on the public
+port (the one clients know), forwarding to the broker and advertising itself in
+metadata. While the gate is closed, clients see the port refuse connections, exactly
+as while the broker is down. The forwarding costs a hop per request, which is why a
+broker started with no client around (a cold start) listens on the public port
+itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from toolexec.embedded_broker import (
+    HOST,
+    EmbeddedBrokerError,
+    _port_open,
+    _resolve_binary,
+    _signal_group,
+    _stop_process,
+    _tail,
+    proxy_argv,
+    spawn_tansu,
+)
+
+log = structlog.get_logger(__name__)
+
+READY_TIMEOUT = 20.0
+
+
+class BrokerGate:
+    """`tansu proxy` listening on `port`, forwarding to `origin` (`host:port`)."""
+
+    def __init__(self, port: int, origin: str, *, log_dir: Path, binary: str | None = None,
+                 stop_grace: float = 5.0,
+                 client_options: Mapping[str, Any] | None = None) -> None:
+        self.port = port
+        self.client_options = dict(client_options or {})
+        self.origin = origin
+        self.log_dir = log_dir
+        self.stop_grace = stop_grace
+        self._binary = binary
+        self._process: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    async def open(self) -> None:
+        """Start the proxy and wait until a metadata request through it is answered."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.log_dir / f"tansu-proxy-{self.port}-{secrets.token_hex(3)}.log"
+        listener = f"tcp://{HOST}:{self.port}"
+        with self.log_path.open("wb") as log_file:
+            self._process = spawn_tansu(
+                proxy_argv(self._binary or _resolve_binary(), listener, f"tcp://{self.origin}"),
+                log_file)
+        deadline = time.monotonic() + READY_TIMEOUT
+        try:
+            while not await _port_open(self.port):
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise self._failure("the gate did not listen")
+                await asyncio.sleep(0.01)
+            await self._metadata_round_trip(deadline)
+        except BaseException:
+            self.close()
+            raise
+        log.info("broker_gate.open", port=self.port, origin=self.origin, pid=self.pid)
+
+    async def _metadata_round_trip(self, deadline: float) -> None:
+        while True:
+            self._check_alive()
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000,
+                                        **self.client_options)
+            try:
+                await admin.start()
+                await admin.list_topics()
+                return
+            except KafkaError as error:
+                if time.monotonic() > deadline:
+                    raise self._failure(f"no metadata through the gate: {error}") from error
+                await asyncio.sleep(0.05)
+            finally:
+                await admin.close()
+
+    def _check_alive(self) -> None:
+        if self._process is not None and self._process.poll() is not None:
+            raise self._failure(f"the gate exited with {self._process.returncode}")
+
+    def _failure(self, reason: str) -> EmbeddedBrokerError:
+        return EmbeddedBrokerError(f"{reason} (port {self.port}); log {self.log_path}:\n"
+                                   f"{_tail(self.log_path)}")
+
+    def close(self) -> None:
+        """Stop forwarding: clients see the port refuse connections."""
+        process, self._process = self._process, None
+        if process is not None:
+            if process.poll() is None:
+                _signal_group(process, signal.SIGTERM)
+            _stop_process(process, self.stop_grace)
+            log.info("broker_gate.closed", port=self.port, pid=process.pid)
