@@ -163,6 +163,7 @@ class BenchEnvironment:
         self.bootstrap = ""
         self.tools_dir = self.root / "tools"
         self.client: InvocationClient | None = None
+        self.broker_pids: list[int] = []
 
     async def __aenter__(self) -> BenchEnvironment:
         try:
@@ -177,7 +178,9 @@ class BenchEnvironment:
         self.tools_dir = write_bench_tools(self.root, self.http_host)
         self.stack.argv = python_module("toolexec.bench_stack", str(self.root / "state"),
                                         str(self.tools_dir), str(self.execute_workers))
-        self.bootstrap = json.loads(await self.stack.start())["bootstrap"]
+        announced = json.loads(await self.stack.start())
+        self.bootstrap = announced["bootstrap"]
+        self.broker_pids: list[int] = announced.get("broker_pids", [])
         verify_keys = keys.fact_verify_keys(bench_settings(self.root / "state"))
         self.client = InvocationClient(self.bootstrap, verifier=FactVerifier(verify_keys))
         await self.client.start()
@@ -203,35 +206,30 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
-def child_pids(pid: int | None) -> list[int]:
-    """Direct children of `pid` (Linux /proc), e.g. the stack's broker."""
-    if pid is None:
-        return []
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
 class CpuMeter:
-    """CPU seconds the stack process and its broker spend between `start()` and
-    `figures(calls)`: cost per invocation whatever else the machine is doing."""
+    """CPU seconds the stack process and its broker (Tansu and the supervisor that
+    archives its log) spend between `start()` and `figures(calls)`: cost per
+    invocation whatever else the machine is doing."""
 
     def __init__(self, env: BenchEnvironment) -> None:
-        self._pids = {"stack": env.stack.pid}
-        brokers = child_pids(env.stack.pid)
-        if brokers:
-            self._pids["broker"] = brokers[0]
+        self._pids: dict[str, list[int]] = {"stack": [env.stack.pid] if env.stack.pid else []}
+        if env.broker_pids:
+            self._pids["broker"] = list(env.broker_pids)
         self._began: dict[str, float | None] = {}
 
     def start(self) -> None:
-        self._began = {name: cpu_seconds(pid) for name, pid in self._pids.items()}
+        self._began = {name: processes_cpu(pids) for name, pids in self._pids.items()}
 
     def figures(self, calls: int) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, pid in self._pids.items():
-            now, began = cpu_seconds(pid), self._began.get(name)
+        for name, pids in self._pids.items():
+            now, began = processes_cpu(pids), self._began.get(name)
             if now is not None and began is not None and calls:
                 out[f"{name} CPU ms/invocation"] = round((now - began) / calls * 1000, 3)
         return out
+
+
+def processes_cpu(pids: list[int]) -> float | None:
+    """CPU seconds of all of `pids` so far; None when one cannot be read."""
+    seconds = [cpu_seconds(pid) for pid in pids]
+    return None if not seconds or None in seconds else sum(s for s in seconds if s)

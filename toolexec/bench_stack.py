@@ -49,7 +49,10 @@ async def run_stack(state_dir: Path, tools_dir: Path, workers: int) -> None:
             raise SystemExit(f"bench tools rejected: {rejected}")
         await stack.publish_all(events)
         await stack.registry.catch_up(REGISTRY_WAIT_SECONDS)
-        print(json.dumps({"bootstrap": stack.bootstrap, "published": len(events)}), flush=True)
+        broker = stack.embedded
+        pids = [p for p in ((broker.pid, broker.supervisor_pid) if broker else ()) if p]
+        print(json.dumps({"bootstrap": stack.bootstrap, "published": len(events),
+                          "broker_pids": pids}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 

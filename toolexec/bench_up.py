@@ -20,10 +20,12 @@ from types import TracebackType
 
 import httpx
 
-from toolexec.bench_env import SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment, cpu_seconds
+from toolexec.bench_env import SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment, processes_cpu
 from toolexec.bench_env import script_plan as build_script_plan
 from toolexec.bench_pipeline import OVERHEAD_TARGET_MS, DirectSpawn, sequential
 from toolexec.bench_report import Figure, ScenarioResult, latency_figures, percentile
+from toolexec.broker_control import stop_broker
+from toolexec.settings import Settings
 
 UP_START_SECONDS = 90.0
 UP_STOP_SECONDS = 30.0
@@ -69,21 +71,24 @@ class UpProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             await asyncio.to_thread(self.process.wait)
+        # `up` leaves its embedded broker running (with its log); the bench's is done.
+        await asyncio.to_thread(stop_broker, Settings(state_dir=self.root / "up-state"))
 
     @property
     def gateway_url(self) -> str:
         assert self.runtime is not None
         return str(self.runtime["gateway_url"])
 
-    def pids(self) -> dict[str, int | None]:
-        """`up` and its broker."""
+    def pids(self) -> dict[str, list[int]]:
+        """`up`, and its broker: Tansu and the supervisor archiving its log."""
         assert self.process is not None and self.runtime is not None
-        broker = self.runtime.get("broker_pid")
-        return {"up": self.process.pid, "broker": int(broker) if broker else None}
+        broker = [int(pid) for name in ("broker_pid", "broker_supervisor_pid")
+                  if (pid := self.runtime.get(name))]
+        return {"up": [self.process.pid], "broker": broker}
 
 
-def _cpu(pids: dict[str, int | None]) -> dict[str, float | None]:
-    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
+    return {name: processes_cpu(group) for name, group in pids.items()}
 
 
 async def gateway_overhead(env: BenchEnvironment, *, calls: int,

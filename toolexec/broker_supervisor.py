@@ -207,6 +207,7 @@ class Supervisor:
             report = await self._restore(broker.bootstrap)
             archiver = LogArchiver(self.archive, broker.bootstrap,
                                    fetch_wait_ms=self.settings.broker_archive_fetch_wait_ms,
+                                   idle_wait_ms=self.settings.broker_archive_idle_wait_ms,
                                    client_options=self.options)
             await archiver.start()
             if gated:

@@ -9,8 +9,10 @@ all-partitions form) and archived when they changed.
 
 A record is archived once the fetch that returned it is written (and fsynced, with
 the `always` policy): the loss window of a broker killed with SIGKILL is what it
-acknowledged since the archiver's last fetch (at most about one `fetch_max_wait_ms`
-plus a write and an fsync while it keeps up).
+acknowledged since the archiver's last fetch — at most about one fetch wait plus a
+write and an fsync while it keeps up. The fetch wait is short while records flow and
+for a few seconds after, long once the log is quiet (consumers.fetch_pacing): the
+first records after a quiet spell may wait up to the long one.
 """
 
 from __future__ import annotations
@@ -26,23 +28,28 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
+from consumers.fetch_pacing import FetchPacer
 from toolexec.log_archive import ArchivedRecord, LogArchive
 
 log = structlog.get_logger(__name__)
 
 MAX_RECORDS_PER_FETCH = 5000
 INTERNAL_PREFIX = "__"
+IDLE_SLOWDOWN = 10
+"""How much less often topics and group commits are looked at while nothing flows."""
 
 
 class LogArchiver:
     """Follows the broker at `bootstrap` and appends what it reads to `archive`."""
 
     def __init__(self, archive: LogArchive, bootstrap: str, *, fetch_wait_ms: int = 5,
+                 idle_wait_ms: int | None = None,
                  discover_seconds: float = 1.0, groups_seconds: float = 1.0,
                  client_options: Mapping[str, Any] | None = None) -> None:
         self.archive = archive
         self.bootstrap = bootstrap
         self.fetch_wait_ms = fetch_wait_ms
+        self._pacer = FetchPacer(fetch_wait_ms, idle_wait_ms or fetch_wait_ms)
         self.discover_seconds = discover_seconds
         self.groups_seconds = groups_seconds
         self._options = dict(client_options or {})
@@ -69,6 +76,7 @@ class LogArchiver:
             bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
             auto_offset_reset="none", fetch_max_wait_ms=self.fetch_wait_ms, **self._options)
         await self._consumer.start()
+        self._pacer.attach(self._consumer)
         self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self._options)
         await self._admin.start()
         await self._discover()
@@ -93,12 +101,13 @@ class LogArchiver:
         while True:
             try:
                 now = time.monotonic()
+                slower = 1 if self._pacer.wait_ms == self._pacer.short_ms else IDLE_SLOWDOWN
                 if now >= next_discovery:
                     await self._discover()
-                    next_discovery = now + self.discover_seconds
+                    next_discovery = now + self.discover_seconds * slower
                 if now >= next_groups:
                     await self.archive_groups()
-                    next_groups = now + self.groups_seconds
+                    next_groups = now + self.groups_seconds * slower
                 await self.step()
             except asyncio.CancelledError:
                 raise
@@ -122,7 +131,7 @@ class LogArchiver:
         if not self._assigned:
             await asyncio.sleep(self.fetch_wait_ms / 1000)
             return 0
-        fetched = await self._consumer.getmany(timeout_ms=max(self.fetch_wait_ms, 1) * 4,
+        fetched = await self._consumer.getmany(timeout_ms=max(self._pacer.wait_ms, 1) * 4,
                                                max_records=MAX_RECORDS_PER_FETCH)
         count = 0
         touched = []
@@ -143,6 +152,9 @@ class LogArchiver:
         self.archived_records += count
         if count:
             self.last_archived_at = time.monotonic()
+            self._pacer.busy()
+        else:
+            self._pacer.update()
         async with self._progress:
             self._progress.notify_all()
         return count

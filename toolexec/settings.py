@@ -127,8 +127,11 @@ class Settings(BaseSettings):
     record counts as archived (survives a machine stop); `never`: the OS writes them
     back (survives process crashes, not a power loss)."""
     broker_archive_fetch_wait_ms: int = Field(default=5, ge=1, le=1000)
-    """Longest the archiver's fetch waits on the embedded broker: about the window of
-    acknowledged records a broker killed with SIGKILL can take with it."""
+    """Longest the archiver's fetch waits on the embedded broker while records flow:
+    about the window of acknowledged records a broker killed with SIGKILL can take."""
+    broker_archive_idle_wait_ms: int = Field(default=100, ge=1, le=5000)
+    """The archiver's fetch wait once the log has been quiet for a few seconds: what
+    its idle polling costs, and the window of the first records after a quiet spell."""
     broker_start_timeout_seconds: float = 120.0
     """How long a command waits for the embedded broker to be ready (its restore from
     the archive included)."""
