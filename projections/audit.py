@@ -13,50 +13,80 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, insert, select, tuple_
+from sqlalchemy import and_, delete, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts import topics
-from projections.audit_document import GENESIS, AuditEntry, audit_entry, chain_hash
-from projections.store import Record
+from projections.audit_document import GENESIS, audit_entry, chain_hash
+from projections.bulk_rows import insert_tuples
+from projections.store import Changes, Record
 from projections.tables import audit_heads, audit_log, invocations, iso
 
 NAME = "audit"
+ROW_COLUMNS = ("topic", "partition", "offset", "event_id", "type", "time", "invocation_id",
+               "tool_id", "document", "redactions", "prev_hash", "hash")
+"""`audit_log`'s columns, the order `AuditModel` writes its row tuples in."""
 
 
 class AuditModel:
-    """Read model of the audit trail (all topics)."""
+    """Read model of the audit trail (all topics): one row per log record, keyed by its
+    log position, so a record is never applied twice and needs no applied-ids row (an
+    event written twice to the log is two records, and the trail shows both)."""
 
     name = NAME
     tables = (audit_log, audit_heads)
+    deduplicates = True
 
-    def __init__(self, topic_names: tuple[str, ...] = topics.ALL_TOPICS) -> None:
+    def __init__(self, topic_names: tuple[str, ...] = topics.ALL_TOPICS, *,
+                 keep_heads: bool = False) -> None:
         self.topics = topic_names
+        self._heads: dict[tuple[str, int], tuple[int, str, int]] | None = (
+            {} if keep_heads else None)
 
-    async def apply(self, conn: AsyncConnection, records: Sequence[Record]) -> None:
+    def rebuilding(self) -> AuditModel:
+        """A copy for one rebuild worker: it owns its partitions' chains, so their heads
+        stay in memory instead of being read back every batch."""
+        return AuditModel(self.topics, keep_heads=True)
+
+    async def prepare(self, conn: AsyncConnection, records: Sequence[Record]) -> Changes:
         if not records:
-            return
-        heads = await _heads(conn, {(r.topic, r.partition) for r in records})
-        entries: list[AuditEntry] = []
+            return Changes()
+        places = {(r.topic, r.partition) for r in records}
+        heads = self._heads
+        if heads is None or not places <= heads.keys():
+            heads = {**(heads or {}), **await _heads(conn, places - (heads or {}).keys())}
+        heads = dict(heads)
+        rows: list[tuple[object, ...]] = []
         for record in records:
             place = (record.topic, record.partition)
-            last_offset, prev, count = heads.get(place, (-1, GENESIS, 0))
+            count = heads[place][2] if place in heads else 0
+            prev = heads[place][1] if place in heads else GENESIS
             entry = audit_entry(record.envelope, topic=record.topic,
                                 partition=record.partition, offset=record.offset,
                                 prev_hash=prev)
-            entries.append(entry)
+            rows.append((entry.topic, entry.partition, entry.offset, entry.event_id,
+                         entry.type, entry.time, entry.invocation_id, entry.tool_id,
+                         entry.document, entry.redactions, entry.prev_hash, entry.hash))
             heads[place] = (record.offset, entry.hash, count + 1)
-        await conn.execute(insert(audit_log), [e.as_row() for e in entries])
-        touched = sorted({(e.topic, e.partition) for e in entries})
-        await conn.execute(delete(audit_heads).where(
-            tuple_(audit_heads.c.topic, audit_heads.c.partition).in_(touched)))
-        await conn.execute(insert(audit_heads), [
-            {"topic": t, "partition": p, "last_offset": heads[(t, p)][0],
-             "hash": heads[(t, p)][1], "records": heads[(t, p)][2]} for t, p in touched])
+        touched = sorted(places)
+
+        async def write(target: AsyncConnection) -> None:
+            await insert_tuples(target, audit_log, rows)
+            await target.execute(delete(audit_heads).where(
+                tuple_(audit_heads.c.topic, audit_heads.c.partition).in_(touched)))
+            await insert_tuples(target, audit_heads, [
+                (t, p, heads[(t, p)][0], heads[(t, p)][1], heads[(t, p)][2])
+                for t, p in touched])
+            if self._heads is not None:
+                self._heads.update(heads)
+
+        return Changes(write)
 
 
 async def _heads(conn: AsyncConnection,
                  places: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, str, int]]:
+    if not places:
+        return {}
     result = await conn.execute(select(audit_heads))
     return {(r.topic, r.partition): (r.last_offset, r.hash, r.records)
             for r in result if (r.topic, r.partition) in places}

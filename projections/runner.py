@@ -9,15 +9,24 @@ second runner or a rebuild working on the same read model makes one of them back
 and re-read its position instead of applying a batch twice.
 
 A runner can feed several read models (a rebuild of all of them does): each record is
-then fetched and decoded once; every model keeps its own offsets and applied ids in
-the same transaction, and a model already past a record skips it.
+then fetched and decoded once; every model keeps its own offsets in the same
+transaction, and a model already past a record skips it. A record is identified by
+its log position: the stored offsets are the de-duplication. Models that cannot tell
+a repeated event (same id, another position) from a new one by their own rows
+(`ReadModel.deduplicates` false: registry, circuits) also get their applied event ids
+kept; the invocations and audit models need no such row per event.
+
+Every model computes its changes before the first write (`ReadModel.prepare`), so the
+transaction holds the database's write lock only while rows are written.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -27,13 +36,18 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts.kafka_binding import UndecodableRecord, decode
-from projections.store import ReadModel, Record, chunks
+from projections.store import Changes, ReadModel, Record, chunks
 from projections.tables import projection_applied, projection_offsets
 
 log = structlog.get_logger(__name__)
 
 BATCH_SIZE = 500
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
+FETCH_OPTIONS = frozenset({"fetch_max_wait_ms", "fetch_max_bytes", "max_partition_fetch_bytes"})
+"""Consumer options a runner takes from its caller (a rebuild fetches larger batches)."""
+LAG_SAMPLES = 100_000
+"""Most recent per-record lags a runner keeps (seconds from a record's log timestamp to
+the commit of the batch that applied it)."""
 
 
 class OffsetConflict(Exception):
@@ -49,17 +63,21 @@ class RunnerStats:
     duplicates: int = 0
     undecodable: int = 0
     batches: int = 0
+    lags: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
+    """Seconds from each record's log timestamp to its batch's commit (recent ones)."""
 
 
 class ProjectionRunner:
     """Consumes the topics of one read model (or several: each record is then fetched
     and decoded once for all of them) into `engine`; `start()` runs it in the
     background. Every model keeps its own offsets and applied ids, written in the
-    batch's one transaction."""
+    batch's one transaction. With `partitions`, only those (topic, partition) pairs
+    of the models' topics are read (a worker of a parallel rebuild)."""
 
     def __init__(self, engine: AsyncEngine, model: ReadModel | Sequence[ReadModel],
                  bootstrap: str, *, consumer_options: Mapping[str, Any] | None = None,
-                 batch_size: int = BATCH_SIZE, poll_ms: int = 100) -> None:
+                 batch_size: int = BATCH_SIZE, poll_ms: int = 100,
+                 partitions: Collection[tuple[str, int]] | None = None) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -68,9 +86,10 @@ class ProjectionRunner:
         self.model_stats = {m.name: RunnerStats() for m in self.models}
         self._bootstrap = bootstrap
         self._options = {"fetch_max_wait_ms": 100, **{
-            k: v for k, v in (consumer_options or {}).items() if k == "fetch_max_wait_ms"}}
+            k: v for k, v in (consumer_options or {}).items() if k in FETCH_OPTIONS}}
         self._batch_size = batch_size
         self._poll_ms = poll_ms
+        self._only = None if partitions is None else frozenset(partitions)
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: list[TopicPartition] = []
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
@@ -94,7 +113,8 @@ class ProjectionRunner:
         wanted = {topic for m in self.models for topic in m.topics}
         self._partitions = sorted(
             (TopicPartition(topic, p) for topic in wanted if topic in known
-             for p in consumer.partitions_for_topic(topic) or ()),
+             for p in consumer.partitions_for_topic(topic) or ()
+             if self._only is None or (topic, p) in self._only),
             key=lambda tp: (tp.topic, tp.partition))
         consumer.assign(self._partitions)
         await self._seek_to_stored()
@@ -152,6 +172,7 @@ class ProjectionRunner:
         except BaseException:
             await self._seek_to_stored()
             raise
+        committed = time.time()
         async with self._moved:
             self._positions.update(moved)
             self._moved.notify_all()
@@ -162,16 +183,20 @@ class ProjectionRunner:
         count = sum(len(records) for _, records in batch)
         self.stats.records += count
         self.stats.batches += 1
+        self.stats.lags.extend(committed - r.timestamp / 1000 for _, records in batch
+                               for r in records if r.timestamp is not None and r.timestamp > 0)
         return count
 
     async def _apply(self, conn: AsyncConnection,
                      batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]
                      ) -> tuple[dict[tuple[str, TopicPartition], int], dict[str, RunnerStats]]:
         """Apply `batch` to every model; returns the models' new positions and what
-        each applied."""
+        each applied. Every model prepares its changes first; then offsets, applied ids
+        and rows are written."""
         decoded = {tp: self._decoded(tp, records) for tp, records in batch}
         moved: dict[tuple[str, TopicPartition], int] = {}
         counted: dict[str, RunnerStats] = {}
+        planned: list[tuple[ReadModel, dict[TopicPartition, int], list[Record], Changes]] = []
         for model in self.models:
             ends: dict[TopicPartition, int] = {}
             mine: list[Record] = []
@@ -188,16 +213,19 @@ class ProjectionRunner:
                 delta.undecodable += taken - len(new)
             if not ends:
                 continue
-            await self._write_offsets(conn, model.name, ends)
-            fresh = await self._unseen(conn, model.name, mine)
-            if fresh:
-                await conn.execute(insert(projection_applied), [
-                    {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
-                await model.apply(conn, fresh)
-            delta.duplicates += len(mine) - len(fresh)
-            delta.applied += len(fresh)
+            fresh = mine if model.deduplicates else await self._unseen(conn, model.name, mine)
+            changes = await model.prepare(conn, fresh) if fresh else Changes()
+            planned.append((model, ends, fresh, changes))
+            delta.duplicates += len(mine) - len(fresh) + changes.duplicates
+            delta.applied += len(fresh) - changes.duplicates
             delta.batches += 1
             moved.update({(model.name, tp): end for tp, end in ends.items()})
+        for model, ends, fresh, changes in planned:
+            await self._write_offsets(conn, model.name, ends)
+            if fresh and not model.deduplicates:
+                await conn.execute(insert(projection_applied), [
+                    {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
+            await changes.write(conn)
         return moved, counted
 
     def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
@@ -326,6 +354,7 @@ def _add(total: RunnerStats, delta: RunnerStats) -> None:
     total.duplicates += delta.duplicates
     total.undecodable += delta.undecodable
     total.batches += delta.batches
+    total.lags.extend(delta.lags)
 
 
 async def stored_offsets(engine: AsyncEngine, consumer: str) -> dict[tuple[str, int], int]:
