@@ -10,23 +10,20 @@ by any of them read back identically.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any
 
+import orjson
 import psycopg
 from sqlalchemy import JSON, Table
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-_DUMP_JSON: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
-                                     allow_nan=False).encode
-
 
 def json_text(value: Any) -> str | None:
     """The stored text of a JSON column's value (None stays SQL NULL)."""
-    return None if value is None else _DUMP_JSON(value)
+    return None if value is None else orjson.dumps(value).decode()
 
 
 @lru_cache(maxsize=64)

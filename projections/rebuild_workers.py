@@ -11,6 +11,8 @@ a fork of that process) and reports their progress and results through one queue
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import multiprocessing
 import queue as queues
 import time
@@ -29,6 +31,11 @@ Place = tuple[str, int]
 PROGRESS_EVERY_SECONDS = 0.2
 REBUILD_FETCH = {"fetch_max_bytes": 16 * 1024 * 1024, "max_partition_fetch_bytes": 4 * 1024 * 1024}
 """A rebuild reads the log as fast as it can: large fetches, few batches."""
+REBUILD_GC_THRESHOLD = 20_000
+"""Allocations between young collections while a share runs (700 by default). A
+rebuild allocates a few dozen objects per record and keeps thousands of aggregates in
+memory; with the default the collector re-scanned them so often that it took a quarter
+of the CPU (measured: 77 -> 57 us per event)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,31 @@ async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
     """Replay `partitions` (None: all of the models' topics) of `models` into `engine`
     until `ends` (None: the log end now)."""
     cpu = time.process_time()
+    with _rare_collections():
+        runner = await _replay(engine, models, bootstrap, partitions, ends, consumer_options,
+                               batch_size, progress)
+    per_model = {name: (s.records, s.applied, s.undecodable, s.duplicates)
+                 for name, s in runner.model_stats.items()}
+    return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu)
+
+
+@contextlib.contextmanager
+def _rare_collections() -> Any:
+    """Objects alive now are left out of collections, young ones collected rarely."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(REBUILD_GC_THRESHOLD, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+async def _replay(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
+                  partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
+                  consumer_options: Mapping[str, Any] | None, batch_size: int,
+                  progress: Progress | None) -> ProjectionRunner:
     runner = ProjectionRunner(engine, [rebuilding(m) for m in models], bootstrap,
                               consumer_options={**REBUILD_FETCH, **(consumer_options or {})},
                               batch_size=batch_size,
@@ -85,9 +117,7 @@ async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
                 progress(runner.stats.records)
     finally:
         await runner.close()
-    per_model = {name: (s.records, s.applied, s.undecodable, s.duplicates)
-                 for name, s in runner.model_stats.items()}
-    return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu)
+    return runner
 
 
 # --- worker processes ------------------------------------------------------------------
