@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, case, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -220,8 +220,8 @@ class ProjectionRunner:
             delta.applied += len(fresh) - changes.duplicates
             delta.batches += 1
             moved.update({(model.name, tp): end for tp, end in ends.items()})
-        for model, ends, fresh, changes in planned:
-            await self._write_offsets(conn, model.name, ends)
+        await self._write_offsets(conn, {model.name: ends for model, ends, _, _ in planned})
+        for model, _ends, fresh, changes in planned:
             if fresh and not model.deduplicates:
                 await conn.execute(insert(projection_applied), [
                     {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
@@ -259,25 +259,33 @@ class ProjectionRunner:
             fresh.append(record)
         return fresh
 
-    async def _write_offsets(self, conn: AsyncConnection, name: str,
-                             ends: dict[TopicPartition, int]) -> None:
+    async def _write_offsets(self, conn: AsyncConnection,
+                             ends: Mapping[str, Mapping[TopicPartition, int]]) -> None:
+        """Move every model's offsets to `ends` if they still hold what this runner read:
+        one UPDATE for the positions it had, one INSERT for the first ones."""
         table = projection_offsets
-        for tp, next_offset in ends.items():
-            expected = self._positions.get((name, tp))
-            if expected is None:
-                try:  # the whole transaction rolls back on a conflict: no savepoint needed
-                    await conn.execute(insert(table).values(
-                        consumer=name, topic=tp.topic, partition=tp.partition,
-                        next_offset=next_offset))
-                except IntegrityError as error:
-                    raise OffsetConflict(f"{tp} offset appeared under {name}") from error
-                continue
-            result = await conn.execute(update(table).where(and_(
-                table.c.consumer == name, table.c.topic == tp.topic,
-                table.c.partition == tp.partition, table.c.next_offset == expected,
-            )).values(next_offset=next_offset))
-            if result.rowcount != 1:
-                raise OffsetConflict(f"{tp} offset of {name} is no longer {expected}")
+        moving = [(name, tp, expected, end) for name, by_tp in ends.items()
+                  for tp, end in by_tp.items()
+                  if (expected := self._positions.get((name, tp))) is not None]
+        first = [{"consumer": name, "topic": tp.topic, "partition": tp.partition,
+                  "next_offset": end} for name, by_tp in ends.items()
+                 for tp, end in by_tp.items() if self._positions.get((name, tp)) is None]
+        if moving:
+            def place(name: str, tp: TopicPartition) -> Any:
+                return and_(table.c.consumer == name, table.c.topic == tp.topic,
+                            table.c.partition == tp.partition)
+
+            result = await conn.execute(update(table).where(or_(*(
+                and_(place(name, tp), table.c.next_offset == expected)
+                for name, tp, expected, _ in moving))).values(next_offset=case(
+                    *((place(name, tp), end) for name, tp, _, end in moving))))
+            if result.rowcount != len(moving):
+                raise OffsetConflict(f"offsets of {self.name} moved under this runner")
+        if first:
+            try:  # the whole transaction rolls back on a conflict: no savepoint needed
+                await conn.execute(insert(table), first)
+            except IntegrityError as error:
+                raise OffsetConflict(f"offsets of {self.name} appeared under it") from error
 
     async def _seek_to_stored(self) -> None:
         """Re-read every model's stored positions; seek each partition to the lowest."""
