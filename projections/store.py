@@ -140,17 +140,24 @@ class AggregateModel:
         if not keyed:
             return Changes()
         states, existing = await self._current(conn, {key for key, _ in keyed})
+        duplicates = self.fold_all(states, keyed)
+
+        async def write(target: AsyncConnection) -> None:
+            await self._save(target, states, existing)
+
+        return Changes(write, duplicates)
+
+    def fold_all(self, states: dict[str, Rows],
+                 keyed: Iterable[tuple[str, Envelope]]) -> int:
+        """Fold `keyed` (aggregate id, event), in order, into `states` (pure apart from
+        updating `states`); returns how many were skipped as repeated events."""
         duplicates = 0
         for key, envelope in keyed:
             if self.event_ids is not None and envelope.id in self.event_ids(states[key]):
                 duplicates += 1
                 continue
             states[key] = self.fold(states[key], envelope)
-
-        async def write(target: AsyncConnection) -> None:
-            await self._save(target, states, existing)
-
-        return Changes(write, duplicates)
+        return duplicates
 
     async def load(self, conn: AsyncConnection, keys: Iterable[str]) -> dict[str, Rows]:
         """Current rows of each aggregate in `keys` (empty lists for new ones)."""
