@@ -98,6 +98,8 @@ def rebuild_command(
     """Drop a read model and replay it from offset 0, showing progress and events/s."""
     from projections.catalog import read_models
     from projections.rebuild import default_workers, rebuild_together
+    from projections.rebuild_workers import WorkerFailed
+    from projections.runner import OffsetConflict
 
     models = read_models()
     if name is not None and name not in models:
@@ -112,9 +114,16 @@ def rebuild_command(
         with _progress(" + ".join(m.name for m in chosen), "events", as_json) as update:
             # One pass over the log for every chosen model: each record fetched and
             # decoded once, partitions shared among the worker processes.
-            return await rebuild_together(engine, chosen, bootstrap,
-                                          consumer_options=consumer_kwargs(settings),
-                                          progress=update, workers=processes)
+            try:
+                return await rebuild_together(engine, chosen, bootstrap,
+                                              consumer_options=consumer_kwargs(settings),
+                                              progress=update, workers=processes)
+            except (OffsetConflict, WorkerFailed) as error:
+                if isinstance(error, OffsetConflict) or error.kind == "OffsetConflict":
+                    fail("E3001", "another runner is writing these read models (a running "
+                         "`toolexec up`?): stop it, then rebuild", as_json,
+                         {"reason": str(error)[:500]})
+                fail("E3000", f"rebuild failed: {error}"[:1000], as_json)
 
     reports = _with_engine(settings, work, as_json)
     rows = [{"name": r.name, "records": r.records, "applied": r.applied,
