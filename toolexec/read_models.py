@@ -2,11 +2,13 @@
 
 `Stack(read_models_factory=start_read_models)` calls this once its consumers run.
 
-One runner feeds every read model: each record is fetched and decoded once, and each
-batch is one transaction for all of them. With a runner per model, the models' writers
-queued behind each other's SQLite write lock and paid a thread round trip per statement
-on an event loop shared with the pipeline: under the bench's API load their lag reached
-2 s. Every model still keeps its own stored offsets (a rebuild of one resets only it).
+One runner feeds every read model, on an event loop and a thread of its own
+(`read_model_thread`): each record is fetched and decoded once, and each batch is one
+transaction for all of them. With a runner per model on the pipeline's loop, the
+models' writers queued behind each other's SQLite write lock and every statement
+waited for a turn of a loop kept busy by the pipeline: under the bench's API load
+their lag reached 2 s. Every model still keeps its own stored offsets (a rebuild of
+one resets only it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.rebuild import restore_indexes
-from projections.runner import ProjectionRunner
+from toolexec.read_model_thread import ThreadedRunner
 from toolexec.settings import Settings, consumer_kwargs
 
 log = structlog.get_logger(__name__)
@@ -33,14 +35,14 @@ idle."""
 
 @dataclass
 class ReadModels:
-    """The running read models: the engine, the runner of each model (one runner feeds
-    them all) and each model's topics."""
+    """The running read models: the engine readers use, the runner of each model (one
+    runner feeds them all) and each model's topics."""
 
     engine: AsyncEngine
-    runners: dict[str, ProjectionRunner] = field(default_factory=dict)
+    runners: dict[str, ThreadedRunner] = field(default_factory=dict)
     topics: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def _distinct(self) -> list[ProjectionRunner]:
+    def _distinct(self) -> list[ThreadedRunner]:
         return list({id(runner): runner for runner in self.runners.values()}.values())
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:
@@ -66,10 +68,10 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         await migrate(engine)
         await restore_indexes(engine)
         models = read_models()
-        runner = ProjectionRunner(engine, list(models.values()), bootstrap,
-                                  consumer_options=_runner_options(settings))
-        await runner.start()
+        runner = ThreadedRunner(settings.effective_database_url, list(models.values()),
+                                bootstrap, consumer_options=_runner_options(settings))
         handle.runners = dict.fromkeys(models, runner)
+        await runner.start()
         handle.topics = {name: tuple(model.topics) for name, model in models.items()}
     except BaseException:
         await handle.stop()
