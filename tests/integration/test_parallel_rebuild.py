@@ -8,6 +8,7 @@ import dataclasses
 import random
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -155,3 +156,16 @@ async def test_requests_in_other_partitions_than_their_facts_fall_back_to_one_pr
     reports = await rebuild_together(engine, models, kafka_bootstrap, workers=2)
     assert await _snapshots(engine, models) == incremental
     assert reports[0].workers == 1
+
+
+async def test_a_failing_worker_stops_the_rebuild_and_says_why(kafka_bootstrap: str,
+                                                               tmp_path: Path) -> None:
+    from projections.rebuild_workers import RebuildShare, WorkerFailed, run_workers
+
+    shares = [RebuildShare(index=i, database_url=f"sqlite:///{tmp_path}/missing/{i}.db",
+                           bootstrap=kafka_bootstrap, models=(("no-such-model", ("t",)),),
+                           partitions=(("t", i),), ends=((("t", i), 1),))
+              for i in range(2)]
+    with pytest.raises(WorkerFailed) as failure:
+        await asyncio.wait_for(run_workers(shares), 120)
+    assert failure.value.kind == "KeyError" and "no-such-model" in str(failure.value)
