@@ -1,4 +1,4 @@
-"""Wire contracts: one frozen pydantic model per CloudEvent type (DESIGN.md catalog).
+"""Wire contracts: one frozen pydantic model per CloudEvent type (the event catalog: contracts/schemas/).
 
 Each model is the `data` of a CloudEvent whose `type` is the model's `EVENT_TYPE`.
 Contracts are versioned: a model's shape is fixed once released. A compatible

@@ -42,6 +42,13 @@ _DATASCHEMAS: Final = {t: dataschema_uri(t, m.SCHEMA_VERSION) for t, m in EVENT_
 _READABLE_DATASCHEMAS: Final = {
     t: frozenset(dataschema_uri(t, v) for v in (m.SCHEMA_VERSION, *m.READABLE_SCHEMA_VERSIONS))
     for t, m in EVENT_MODELS.items()}
+_KNOWN_HEADERS: Final = {
+    **{CE_PREFIX + name: name for name in (
+        "specversion", "id", "source", "type", "subject", "time", "dataschema",
+        "correlationid", "causationid", "partitionkey", "captoken", "traceparent",
+        "tracestate")},
+    CONTENT_TYPE_HEADER: "datacontenttype"}
+"""Lower-case header names toolexec writes -> attribute (the decoder's fast lookup)."""
 _ENVELOPE_ATTRIBUTES: Final = frozenset(
     {"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "dataschema",
      "correlationid", "causationid", "partitionkey"}
@@ -214,18 +221,24 @@ def _media_type(content_type: str) -> str:
 
 
 def _decode_fast(key: bytes | None, value: bytes, headers: Any) -> Envelope:
-    # One inlined pass over the headers: this runs for every consumed record.
+    # One inlined pass over the headers: this runs for every consumed record. Header
+    # names as toolexec writes them are looked up directly; others (bytes, upper case,
+    # unknown extensions) take the general path.
     attrs: dict[str, Any] = {}
     binary = False
     for name, raw in headers or ():
-        name = (name.decode() if isinstance(name, bytes) else name).lower()
-        if name[:3] == CE_PREFIX:
-            attribute = name[3:]
-            binary = True
-        elif name == CONTENT_TYPE_HEADER:
-            attribute = "datacontenttype"
+        attribute = _KNOWN_HEADERS.get(name) if type(name) is str else None
+        if attribute is not None:
+            binary = binary or name != CONTENT_TYPE_HEADER
         else:
-            continue
+            name = (name.decode() if isinstance(name, bytes) else name).lower()
+            if name[:3] == CE_PREFIX:
+                attribute = name[3:]
+                binary = True
+            elif name == CONTENT_TYPE_HEADER:
+                attribute = "datacontenttype"
+            else:
+                continue
         if attribute in attrs:
             raise UndecodableRecord("header repeated", header=name)
         if type(raw) is not bytes:

@@ -1,7 +1,7 @@
 """Kafka topic names and which topic carries each event type.
 
-Topics are per aggregate and keyed by the aggregate id (see DESIGN.md, "Topics and
-events"), so every event of one invocation, tool, circuit or policy set lands in one
+Topics are per aggregate and keyed by the aggregate id (see docs/architecture.md,
+"Topics"), so every event of one invocation, tool, circuit or policy set lands in one
 partition, in order.
 """
 

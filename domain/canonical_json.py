@@ -2,10 +2,11 @@
 
 `rfc8785.dumps` is the reference; it serialises in Python, character by character,
 and dominated the audit projection's profile. For the values events actually carry,
-the C JSON encoder of the standard library writes the very same bytes (same escapes,
-same separators, keys sorted): `canonical_json` checks that a value is such a value
-and falls back to `rfc8785.dumps` — which also raises the reference's errors — when
-it is not. The checks, each a place where the two disagree:
+orjson (Rust; keys sorted) writes the very same bytes (same escapes, same separators,
+shortest round-trip floats), several times faster than the standard library's C
+encoder with sorted keys: `canonical_json` checks that a value is such a value and
+falls back to `rfc8785.dumps` — which also raises the reference's errors — when it is
+not. The checks, each a place where the two disagree:
 
 - object keys must be `str` without characters beyond U+FFFF (JCS sorts by UTF-16
   code units, Python by code points; the orders differ only for those);
@@ -19,14 +20,13 @@ it is not. The checks, each a place where the two disagree:
 
 from __future__ import annotations
 
-import json
 from typing import Any, Final
 
+import orjson
 import rfc8785
 
 _INT_MAX: Final = 2**53 - 1
-_ENCODE = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"),
-                           allow_nan=False, check_circular=False).encode
+_SORTED: Final = orjson.OPT_SORT_KEYS
 
 _SAME, _INTEGRAL_FLOATS, _REFERENCE = 0, 1, 2
 _INF: Final = float("inf")
@@ -41,8 +41,8 @@ def canonical_json(value: Any) -> bytes:
     elif verdict == _REFERENCE:
         return rfc8785.dumps(value)
     try:
-        return _ENCODE(value).encode("utf-8")
-    except (UnicodeEncodeError, ValueError, TypeError):
+        return orjson.dumps(value, option=_SORTED)
+    except (orjson.JSONEncodeError, ValueError, TypeError):
         return rfc8785.dumps(value)  # lone surrogates and the like: the reference decides
 
 

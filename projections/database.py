@@ -62,7 +62,12 @@ def _private_sqlite_file(url: str) -> None:
         return
     path = Path(database)
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    # Never open an existing database here: POSIX locks belong to the process, and
+    # closing any descriptor of the file drops the locks of this process's live SQLite
+    # connections. Another process would then take the database for unused,
+    # checkpoint it and delete the WAL that those connections go on committing into.
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     with contextlib.suppress(PermissionError):  # another user's file: SQLite decides
         os.chmod(path, 0o600)
 

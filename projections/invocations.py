@@ -29,7 +29,7 @@ from contracts.events import (
 )
 from domain.redaction import redact, redact_secrets
 from projections.audit_document import captoken_identity
-from projections.store import AggregateModel, Row, field_of, single_row
+from projections.store import AggregateModel, Row, Rows, field_of, single_row
 from projections.tables import invocations, iso
 
 NAME = "invocations"
@@ -142,9 +142,17 @@ def _invocation_of(envelope: Envelope) -> str | None:
     return field_of(envelope.data, "invocation_id")
 
 
+def folded_event_ids(rows: Rows) -> frozenset[str]:
+    """Ids of the events already in an invocation's row (its timeline): a repeated
+    event (same id at another log position) is skipped, with no applied-ids table."""
+    found = rows[invocations.name]
+    return frozenset(entry["id"] for entry in found[0]["timeline"]) if found else frozenset()
+
+
 def invocations_model() -> AggregateModel:
     """The invocations read model, ready for a runner."""
     return AggregateModel(name=NAME, topics=(topics.REQUESTS, topics.INVOCATIONS),
                           tables=(invocations,),
                           key_column="invocation_id", aggregate_of=_invocation_of,
-                          fold=single_row(invocations, evolve_invocation))
+                          fold=single_row(invocations, evolve_invocation),
+                          event_ids=folded_event_ids)

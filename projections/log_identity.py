@@ -105,15 +105,18 @@ class LogIdentity:
         consumer.seek(tp, min(offset, max(listed - 1, 0)))
         deadline = time.monotonic() + PROBE_SECONDS
         high = listed
-        while time.monotonic() < deadline:
-            fetched = await consumer.getmany(tp, timeout_ms=200, max_records=50)
-            high = max(high, consumer.highwater(tp) or 0)
-            found = [r for r in fetched.get(tp, []) if r.offset >= offset]
-            if found:
-                return Probe(found[0], high, start)
-            if consumer.highwater(tp) is not None and await consumer.position(tp) >= high:
-                break
-        return Probe(None, high, start)
+        try:
+            while time.monotonic() < deadline:
+                fetched = await consumer.getmany(tp, timeout_ms=200, max_records=50)
+                high = max(high, consumer.highwater(tp) or 0)
+                found = [r for r in fetched.get(tp, []) if r.offset >= offset]
+                if found:
+                    return Probe(found[0], high, start)
+                if consumer.highwater(tp) is not None and await consumer.position(tp) >= high:
+                    break
+            return Probe(None, high, start)
+        finally:
+            consumer.pause(tp)  # no fetching between checks (the next probe assigns anew)
 
     async def check(self, engine: AsyncEngine, models: Sequence[ReadModel],
                     partitions: Collection[TopicPartition]) -> list[Divergence]:

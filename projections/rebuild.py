@@ -1,24 +1,47 @@
-"""Rebuild: drop a read model's rows and position, replay its topics from offset 0.
+"""Rebuild: drop read models' rows and positions, replay their topics from offset 0.
 
 The replay stops at the log end seen when it began; records arriving later are left
-to the incremental runner. Rebuild while a runner of the same read model is live is
-safe (the offsets' optimistic check makes one of them back off) but wasteful: stop
-`toolexec up` first for a clean measurement.
+to the incremental runner. It writes rows and offsets batch by batch exactly as the
+runner does (with the models' rebuild copies, which keep what they own in memory), so
+an interrupted rebuild is finished by the runner. Secondary indexes of the rebuilt
+tables are dropped first and built once at the end (cheaper than maintaining them row
+by row); `restore_indexes` puts back any that an interrupted rebuild left out.
+
+With `workers` > 1 the partitions are shared among worker processes
+(`rebuild_plan`): invocations partitions are independent and audit chains are per
+partition, so the rows are the same as those of a one-process rebuild. Rebuild while a
+runner of the same read model is live is safe (the offsets' optimistic check makes one
+of them back off) but wasteful: stop `toolexec up` first for a clean measurement.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from sqlalchemy import Connection, Table, delete
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from projections.runner import ArchivedLog, ProjectionRunner
+from projections.catalog import co_partitioned_topics
+from projections.log_identity import LogIdentity, record_cluster
+from projections.rebuild_plan import Place, assign_units, rebuild_units
+from projections.rebuild_workers import (
+    RebuildShare,
+    ShareResult,
+    WorkerFailed,
+    run_share,
+    run_workers,
+)
+from projections.runner import FETCH_OPTIONS, ArchivedLog
 from projections.store import ReadModel
-from projections.tables import projection_applied, projection_offsets
+from projections.tables import metadata, projection_applied, projection_offsets
+
+log = structlog.get_logger(__name__)
 
 BATCH_SIZE = 2000
 """Records per transaction of a rebuild (larger than the incremental runner's: fewer
@@ -28,15 +51,24 @@ Progress = Callable[[int, int], None]
 """Called after each batch with (records done, records in total)."""
 
 
+def default_workers() -> int:
+    """One worker per core."""
+    return max(os.cpu_count() or 1, 1)
+
+
 @dataclass(frozen=True, slots=True)
 class RebuildReport:
-    """What one rebuild did."""
+    """What one rebuild did for one read model."""
 
     name: str
     records: int
     applied: int
     undecodable: int
     seconds: float
+    workers: int = 1
+    duplicates: int = 0
+    cpu_seconds: float = 0.0
+    """CPU seconds of every process of the rebuild (shared by the models rebuilt)."""
 
     @property
     def events_per_second(self) -> float:
@@ -58,40 +90,150 @@ async def reset(engine: AsyncEngine, model: ReadModel) -> None:
 async def rebuild(engine: AsyncEngine, model: ReadModel, bootstrap: str, *,
                   consumer_options: Mapping[str, Any] | None = None,
                   progress: Progress | None = None, batch_size: int = BATCH_SIZE,
-                  archive: ArchivedLog | None = None) -> RebuildReport:
+                  workers: int = 1, archive: ArchivedLog | None = None) -> RebuildReport:
     """Reset `model` and replay its topics up to the current log end."""
     reports = await rebuild_together(engine, [model], bootstrap,
                                      consumer_options=consumer_options, progress=progress,
-                                     batch_size=batch_size, archive=archive)
+                                     batch_size=batch_size, workers=workers, archive=archive)
     return reports[0]
 
 
 async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str, *,
                            consumer_options: Mapping[str, Any] | None = None,
                            progress: Progress | None = None, batch_size: int = BATCH_SIZE,
+                           workers: int = 1,
                            archive: ArchivedLog | None = None) -> list[RebuildReport]:
     """Reset `models` and replay their topics up to the current log end in one pass:
-    each record is fetched and decoded once, whichever models read it. The reports
+    each record is fetched and decoded once, whichever models read it; with `workers`
+    > 1 in that many processes at most, each reading its own partitions. The reports
     share the pass's seconds. `archive` holds the records the broker no longer has
-    (the embedded log's retention)."""
+    (the embedded log's retention): a log partly in the archive is replayed by one
+    process, which reads the archive first."""
+    options = dict(consumer_options or {})
+    sizes, ends = await _log_extent(bootstrap, {t for m in models for t in m.topics}, options,
+                                    archive)
+    total = sum(sizes.values())
+    archived = archive is not None and any(
+        archive.retained_from(topic, partition) > 0 for topic, partition in sizes)
+    shares = assign_units(rebuild_units(sizes, [co_partitioned_topics(m) for m in models]),
+                          sizes, 1 if archived else max(workers, 1))
     for model in models:
         await reset(engine, model)
-    runner = ProjectionRunner(engine, models, bootstrap, consumer_options=consumer_options,
-                              batch_size=batch_size, poll_ms=50, archive=archive)
-    await runner.open()
+    await _record_log(engine, models, bootstrap, options)
+    tables = [table for model in models for table in model.tables]
+    await _drop_indexes(engine, tables)
+    started = time.perf_counter()
+    if progress is not None:
+        progress(0, total)
     try:
-        ends = await runner.end_offsets()
-        total = runner.remaining(ends)
-        started = time.perf_counter()
-        if progress is not None:
-            progress(0, total)
-        while not runner.reached(ends):
-            await runner.step()
-            if progress is not None:
-                progress(total - runner.remaining(ends), total)
-        seconds = time.perf_counter() - started
+        if len(shares) > 1:
+            try:
+                results = await _parallel(engine, models, bootstrap, shares, ends, options,
+                                          batch_size, progress, total)
+            except WorkerFailed as failure:
+                if failure.kind != "MisalignedPartitions":
+                    raise
+                log.warning("rebuild.misaligned_partitions", error=str(failure))
+                for model in models:  # rows of one aggregate are in several partitions
+                    await reset(engine, model)
+                shares = [sorted(sizes)]
+                results = []
+        if len(shares) <= 1:
+            results = [await run_share(
+                engine, models, bootstrap, partitions=None, ends=ends,
+                consumer_options=options, batch_size=batch_size, archive=archive,
+                progress=None if progress is None else lambda done: progress(done, total))]
     finally:
-        await runner.close()
-    stats = runner.model_stats
-    return [RebuildReport(m.name, stats[m.name].records, stats[m.name].applied,
-                          stats[m.name].undecodable, seconds) for m in models]
+        await restore_indexes(engine, tables)
+    seconds = time.perf_counter() - started
+    return _reports(models, results, seconds, len(shares))
+
+
+async def _record_log(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
+                      options: Mapping[str, Any]) -> None:
+    """Remember which cluster's log the rebuilt models fold (once, before the workers
+    start: they do not check the log's identity themselves)."""
+    identity = LogIdentity(bootstrap, {k: v for k, v in options.items()
+                                       if k not in FETCH_OPTIONS})
+    try:
+        cluster = await identity.cluster_id()
+    finally:
+        await identity.close()
+    await record_cluster(engine, [m.name for m in models], cluster)
+
+
+async def _parallel(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
+                    shares: list[list[Place]], ends: Mapping[Place, int],
+                    options: dict[str, Any], batch_size: int, progress: Progress | None,
+                    total: int) -> list[ShareResult]:
+    url = engine.url.render_as_string(hide_password=False)
+    jobs = [RebuildShare(index=i, database_url=url, bootstrap=bootstrap,
+                         models=tuple((m.name, tuple(m.topics)) for m in models),
+                         partitions=tuple(share),
+                         ends=tuple((place, ends[place]) for place in share if place in ends),
+                         consumer_options=options, batch_size=batch_size)
+            for i, share in enumerate(shares)]
+    return await run_workers(jobs, None if progress is None
+                             else lambda done: progress(done, total))
+
+
+def _reports(models: Sequence[ReadModel], results: Sequence[ShareResult], seconds: float,
+             workers: int) -> list[RebuildReport]:
+    cpu = sum(r.cpu_seconds for r in results)
+    reports = []
+    for model in models:
+        counts = [r.per_model.get(model.name, (0, 0, 0, 0)) for r in results]
+        reports.append(RebuildReport(
+            model.name, records=sum(c[0] for c in counts), applied=sum(c[1] for c in counts),
+            undecodable=sum(c[2] for c in counts), seconds=seconds, workers=workers,
+            duplicates=sum(c[3] for c in counts), cpu_seconds=cpu))
+    return reports
+
+
+async def _log_extent(bootstrap: str, topics: set[str], options: Mapping[str, Any],
+                      archive: ArchivedLog | None = None
+                      ) -> tuple[dict[Place, int], dict[Place, int]]:
+    """(records per partition, end offset per partition) of `topics` now; a partition
+    the archive holds earlier records of counts from its start."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                enable_auto_commit=False,
+                                **{k: v for k, v in options.items()
+                                   if k in ("request_timeout_ms", "metadata_max_age_ms")})
+    await consumer.start()
+    try:
+        known = await consumer.topics()
+        tps = [TopicPartition(t, p) for t in sorted(topics & known)
+               for p in sorted(consumer.partitions_for_topic(t) or ())]
+        if not tps:
+            return {}, {}
+        beginnings = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+    if archive is not None:
+        beginnings = {tp: 0 if archive.retained_from(tp.topic, tp.partition) > 0 else begin
+                      for tp, begin in beginnings.items()}
+    return ({(tp.topic, tp.partition): max(ends[tp] - beginnings[tp], 0) for tp in tps},
+            {(tp.topic, tp.partition): ends[tp] for tp in tps})
+
+
+# --- secondary indexes -------------------------------------------------------------------
+
+async def _drop_indexes(engine: AsyncEngine, tables: Sequence[Table]) -> None:
+    async with engine.begin() as conn:
+        await conn.run_sync(_each_index, tables, "drop")
+
+
+async def restore_indexes(engine: AsyncEngine, tables: Sequence[Table] | None = None) -> None:
+    """Create every secondary index of `tables` (all read-model tables) that is missing."""
+    async with engine.begin() as conn:
+        await conn.run_sync(_each_index, tables or list(metadata.tables.values()), "create")
+
+
+def _each_index(conn: Connection, tables: Sequence[Table], action: str) -> None:
+    for table in tables:
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            if action == "drop":
+                index.drop(conn, checkfirst=True)
+            else:
+                index.create(conn, checkfirst=True)

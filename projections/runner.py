@@ -9,8 +9,15 @@ second runner or a rebuild working on the same read model makes one of them back
 and re-read its position instead of applying a batch twice.
 
 A runner can feed several read models (a rebuild of all of them does): each record is
-then fetched and decoded once; every model keeps its own offsets and applied ids in
-the same transaction, and a model already past a record skips it.
+then fetched and decoded once; every model keeps its own offsets in the same
+transaction, and a model already past a record skips it. A record is identified by
+its log position: the stored offsets are the de-duplication. Models that cannot tell
+a repeated event (same id, another position) from a new one by their own rows
+(`ReadModel.deduplicates` false: registry, circuits) also get their applied event ids
+kept; the invocations and audit models need no such row per event.
+
+Every model computes its changes before the first write (`ReadModel.prepare`), so the
+transaction holds the database's write lock only while rows are written.
 
 A read model never silently follows another log than the one its rows come from
 (`projections.log_identity`): at open, whenever its position is out of the log's
@@ -25,14 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, case, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -44,7 +52,7 @@ from projections.log_identity import (
     record_fingerprint,
     stored_cluster,
 )
-from projections.store import ReadModel, Record, chunks
+from projections.store import Changes, ReadModel, Record, chunks
 from projections.tables import projection_applied, projection_offsets
 
 log = structlog.get_logger(__name__)
@@ -53,6 +61,11 @@ BATCH_SIZE = 500
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
 VERIFY_SECONDS = 5.0
 OnDivergence = Literal["rebuild", "refuse"]
+FETCH_OPTIONS = frozenset({"fetch_max_wait_ms", "fetch_max_bytes", "max_partition_fetch_bytes"})
+"""Consumer options a runner takes from its caller (a rebuild fetches larger batches)."""
+LAG_SAMPLES = 100_000
+"""Most recent per-record lags a runner keeps (seconds from a record's log timestamp to
+the commit of the batch that applied it)."""
 
 
 class ArchivedLog(Protocol):
@@ -85,6 +98,8 @@ class RunnerStats:
     duplicates: int = 0
     undecodable: int = 0
     batches: int = 0
+    lags: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
+    """Seconds from each record's log timestamp to its batch's commit (recent ones)."""
 
 
 class Pacer(Protocol):
@@ -102,7 +117,10 @@ class ProjectionRunner:
     """Consumes the topics of one read model (or several: each record is then fetched
     and decoded once for all of them) into `engine`; `start()` runs it in the
     background. Every model keeps its own offsets and applied ids, written in the
-    batch's one transaction."""
+    batch's one transaction. With `partitions`, only those (topic, partition) pairs
+    of the models' topics are read (a worker of a parallel rebuild). Without
+    `check_log`, the log's identity is not checked: a rebuild that has just reset the
+    models (and recorded the log it folds) runs so."""
 
     def __init__(self, engine: AsyncEngine, model: ReadModel | Sequence[ReadModel],
                  bootstrap: str, *, consumer_options: Mapping[str, Any] | None = None,
@@ -111,7 +129,9 @@ class ProjectionRunner:
                  on_divergence: OnDivergence = "rebuild",
                  verify_seconds: float = VERIFY_SECONDS,
                  client_options: Mapping[str, Any] | None = None,
-                 archive: ArchivedLog | None = None) -> None:
+                 archive: ArchivedLog | None = None,
+                 partitions: Collection[tuple[str, int]] | None = None,
+                 check_log: bool = True) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -120,10 +140,11 @@ class ProjectionRunner:
         self.model_stats = {m.name: RunnerStats() for m in self.models}
         self._bootstrap = bootstrap
         self._options = {"fetch_max_wait_ms": 100, **{
-            k: v for k, v in (consumer_options or {}).items() if k == "fetch_max_wait_ms"}}
+            k: v for k, v in (consumer_options or {}).items() if k in FETCH_OPTIONS}}
         self._batch_size = batch_size
         self._poll_ms = poll_ms
         self._pacer = pacer
+        self._only = None if partitions is None else frozenset(partitions)
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: list[TopicPartition] = []
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
@@ -139,6 +160,7 @@ class ProjectionRunner:
         self._client_options = dict(client_options or {})
         self._archive = archive
         self._identity = LogIdentity(bootstrap, self._client_options, archive=archive)
+        self._check_log = check_log
         self._verified_at = 0.0
 
     @property
@@ -161,11 +183,13 @@ class ProjectionRunner:
         wanted = {topic for m in self.models for topic in m.topics}
         self._partitions = sorted(
             (TopicPartition(topic, p) for topic in wanted if topic in known
-             for p in consumer.partitions_for_topic(topic) or ()),
+             for p in consumer.partitions_for_topic(topic) or ()
+             if self._only is None or (topic, p) in self._only),
             key=lambda tp: (tp.topic, tp.partition))
         consumer.assign(self._partitions)
         await self._seek_to_stored()
-        await self.verify_log()
+        if self._check_log:
+            await self.verify_log()
 
     async def close(self) -> None:
         if self._consumer is not None:
@@ -259,7 +283,8 @@ class ProjectionRunner:
         while True:
             await self._wait_until_followable()
             try:
-                if out_of_range or time.monotonic() - self._verified_at >= self._verify_seconds:
+                if self._check_log and (out_of_range or time.monotonic() - self._verified_at
+                                        >= self._verify_seconds):
                     await self.verify_log()
                     if out_of_range:
                         await self._seek_to_stored()
@@ -318,6 +343,7 @@ class ProjectionRunner:
         except BaseException:
             await self._seek_to_stored()
             raise
+        committed = time.time()
         async with self._moved:
             self._positions.update(moved)
             self._moved.notify_all()
@@ -331,6 +357,8 @@ class ProjectionRunner:
         count = sum(len(records) for _, records in batch)
         self.stats.records += count
         self.stats.batches += 1
+        self.stats.lags.extend(committed - r.timestamp / 1000 for _, records in batch
+                               for r in records if r.timestamp is not None and r.timestamp > 0)
         return count
 
     async def _note_gaps_passed(self, with_records: set[TopicPartition]) -> None:
@@ -368,10 +396,13 @@ class ProjectionRunner:
                      batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]
                      ) -> tuple[dict[tuple[str, TopicPartition], int], dict[str, RunnerStats]]:
         """Apply `batch` to every model; returns the models' new positions and what
-        each applied."""
+        each applied. Every model prepares its changes first; then offsets, applied ids
+        and rows are written."""
         decoded = {tp: self._decoded(tp, records) for tp, records in batch}
         moved: dict[tuple[str, TopicPartition], int] = {}
         counted: dict[str, RunnerStats] = {}
+        planned: list[tuple[ReadModel, dict[TopicPartition, int], dict[TopicPartition, str],
+                            list[Record], Changes]] = []
         for model in self.models:
             ends: dict[TopicPartition, int] = {}
             prints: dict[TopicPartition, str] = {}
@@ -390,16 +421,20 @@ class ProjectionRunner:
                 delta.undecodable += taken - len(new)
             if not ends:
                 continue
-            await self._write_offsets(conn, model.name, ends, prints)
-            fresh = await self._unseen(conn, model.name, mine)
-            if fresh:
-                await conn.execute(insert(projection_applied), [
-                    {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
-                await model.apply(conn, fresh)
-            delta.duplicates += len(mine) - len(fresh)
-            delta.applied += len(fresh)
+            fresh = mine if model.deduplicates else await self._unseen(conn, model.name, mine)
+            changes = await model.prepare(conn, fresh) if fresh else Changes()
+            planned.append((model, ends, prints, fresh, changes))
+            delta.duplicates += len(mine) - len(fresh) + changes.duplicates
+            delta.applied += len(fresh) - changes.duplicates
             delta.batches += 1
             moved.update({(model.name, tp): end for tp, end in ends.items()})
+        await self._write_offsets(conn, {model.name: ends for model, ends, _, _, _ in planned},
+                                  {model.name: prints for model, _, prints, _, _ in planned})
+        for model, _ends, _prints, fresh, changes in planned:
+            if fresh and not model.deduplicates:
+                await conn.execute(insert(projection_applied), [
+                    {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
+            await changes.write(conn)
         return moved, counted
 
     def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
@@ -433,26 +468,38 @@ class ProjectionRunner:
             fresh.append(record)
         return fresh
 
-    async def _write_offsets(self, conn: AsyncConnection, name: str,
-                             ends: dict[TopicPartition, int],
-                             prints: dict[TopicPartition, str]) -> None:
+    async def _write_offsets(self, conn: AsyncConnection,
+                             ends: Mapping[str, Mapping[TopicPartition, int]],
+                             prints: Mapping[str, Mapping[TopicPartition, str]]) -> None:
+        """Move every model's offsets to `ends` (with the fingerprint of the record
+        before each, for the log identity check) if they still hold what this runner
+        read: one UPDATE for the positions it had, one INSERT for the first ones."""
         table = projection_offsets
-        for tp, next_offset in ends.items():
-            expected = self._positions.get((name, tp))
-            if expected is None:
-                try:  # the whole transaction rolls back on a conflict: no savepoint needed
-                    await conn.execute(insert(table).values(
-                        consumer=name, topic=tp.topic, partition=tp.partition,
-                        next_offset=next_offset, last_record=prints.get(tp)))
-                except IntegrityError as error:
-                    raise OffsetConflict(f"{tp} offset appeared under {name}") from error
-                continue
-            result = await conn.execute(update(table).where(and_(
-                table.c.consumer == name, table.c.topic == tp.topic,
-                table.c.partition == tp.partition, table.c.next_offset == expected,
-            )).values(next_offset=next_offset, last_record=prints.get(tp)))
-            if result.rowcount != 1:
-                raise OffsetConflict(f"{tp} offset of {name} is no longer {expected}")
+        moving = [(name, tp, expected, end) for name, by_tp in ends.items()
+                  for tp, end in by_tp.items()
+                  if (expected := self._positions.get((name, tp))) is not None]
+        first = [{"consumer": name, "topic": tp.topic, "partition": tp.partition,
+                  "next_offset": end, "last_record": prints[name].get(tp)}
+                 for name, by_tp in ends.items()
+                 for tp, end in by_tp.items() if self._positions.get((name, tp)) is None]
+        if moving:
+            def place(name: str, tp: TopicPartition) -> Any:
+                return and_(table.c.consumer == name, table.c.topic == tp.topic,
+                            table.c.partition == tp.partition)
+
+            result = await conn.execute(update(table).where(or_(*(
+                and_(place(name, tp), table.c.next_offset == expected)
+                for name, tp, expected, _ in moving))).values(
+                    next_offset=case(*((place(name, tp), end) for name, tp, _, end in moving)),
+                    last_record=case(*((place(name, tp), prints[name].get(tp))
+                                       for name, tp, _, _ in moving))))
+            if result.rowcount != len(moving):
+                raise OffsetConflict(f"offsets of {self.name} moved under this runner")
+        if first:
+            try:  # the whole transaction rolls back on a conflict: no savepoint needed
+                await conn.execute(insert(table), first)
+            except IntegrityError as error:
+                raise OffsetConflict(f"offsets of {self.name} appeared under it") from error
 
     async def _seek_to_stored(self) -> None:
         """Re-read every model's stored positions; seek each partition to the lowest."""
@@ -539,6 +586,7 @@ def _add(total: RunnerStats, delta: RunnerStats) -> None:
     total.duplicates += delta.duplicates
     total.undecodable += delta.undecodable
     total.batches += delta.batches
+    total.lags.extend(delta.lags)
 
 
 async def stored_offsets(engine: AsyncEngine, consumer: str) -> dict[tuple[str, int], int]:

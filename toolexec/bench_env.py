@@ -133,6 +133,16 @@ class ChildProcess:
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
+    async def ask(self, line: str) -> str:
+        """Send `line` on the child's stdin and return the line it answers."""
+        assert self.process is not None and self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(line.encode() + b"\n")
+        self.process.stdin.flush()
+        answer = await asyncio.wait_for(asyncio.to_thread(self.process.stdout.readline),
+                                        CHILD_START_SECONDS)
+        return answer.decode().strip()
+
     async def stop(self) -> None:
         if self.process is None:
             return
@@ -184,6 +194,10 @@ class BenchEnvironment:
         verify_keys = keys.fact_verify_keys(bench_settings(self.root / "state"))
         self.client = InvocationClient(self.bootstrap, verifier=FactVerifier(verify_keys))
         await self.client.start()
+
+    async def read_model_lag(self) -> dict[str, dict[str, float]]:
+        """The stack's read models' lag since the last call (see `bench_stack`)."""
+        return json.loads(await self.stack.ask("lag"))["lag"]
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:

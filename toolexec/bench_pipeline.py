@@ -40,6 +40,7 @@ OVERHEAD_TARGET_MS = 5.0
 THROUGHPUT_TARGET = 1000.0
 THROUGHPUT_RATIO_TARGET = 0.5
 SCRIPT_RATIO_TARGET = 0.90
+READ_MODEL_LAG_TARGET_MS = 1000.0
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -225,10 +226,12 @@ async def api_throughput(env: BenchEnvironment, *, concurrency: int,
         lean = await closed_loop(direct_aiohttp, concurrency=concurrency, seconds=seconds)
     pipeline = pipeline_call(env, API_TOOL, API_PARAMS)
     await closed_loop(pipeline, concurrency=concurrency, seconds=min(1.0, seconds))
+    await env.read_model_lag()  # forget the warm-up's
     meter = CpuMeter(env)
     meter.start()
     measured = await closed_loop(pipeline, concurrency=concurrency, seconds=seconds)
     cpu = meter.figures(measured.calls)
+    lag = await env.read_model_lag()
     figures: dict[str, Figure] = {
         "pipeline invocations/s": round(measured.rate, 1),
         "httpx direct calls/s": round(base.rate, 1),
@@ -237,7 +240,7 @@ async def api_throughput(env: BenchEnvironment, *, concurrency: int,
         "ratio to aiohttp": round(measured.rate / lean.rate, 4) if lean.rate else 0.0,
         **latency_figures("pipeline", measured.latencies),
         **latency_figures("direct", base.latencies),
-        **cpu, "concurrency": concurrency, "seconds": seconds,
+        **cpu, **lag_figures(lag), "concurrency": concurrency, "seconds": seconds,
         "invocations": measured.calls, "errors": measured.errors + base.errors + lean.errors,
     }
     holds = measured.rate >= THROUGHPUT_TARGET or (
@@ -246,7 +249,22 @@ async def api_throughput(env: BenchEnvironment, *, concurrency: int,
         "throughput", f"2. API-tool throughput ({concurrency} producers)", figures,
         f">= {THROUGHPUT_TARGET:,.0f} invocations/s or >= {THROUGHPUT_RATIO_TARGET:g} of "
         "direct httpx", holds,
-        ["one producer process (this one), pipeline and HTTP server in processes of their own"])
+        ["one producer process (this one), pipeline and HTTP server in processes of their own",
+         "read models lag = from a record's log timestamp to the commit of the read-model "
+         f"batch holding it, every record of the measured run (target <= "
+         f"{READ_MODEL_LAG_TARGET_MS:g} ms at p99)"])
+
+
+def lag_figures(lag: dict[str, dict[str, float]]) -> dict[str, Figure]:
+    """The slowest read-model runner's lag percentiles, and which one it is."""
+    if not lag:
+        return {}
+    worst = max(lag, key=lambda name: lag[name]["p99"])
+    return {"read models lag p50 ms": max(m["p50"] for m in lag.values()),
+            "read models lag p99 ms": lag[worst]["p99"],
+            "read models lag max ms": max(m["max"] for m in lag.values()),
+            "read models lag p99 <= 1 s": "yes" if lag[worst]["p99"] <= READ_MODEL_LAG_TARGET_MS
+            else "no", "read-model runner": worst}
 
 
 async def script_throughput(env: BenchEnvironment, *, concurrency: int,

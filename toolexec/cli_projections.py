@@ -8,8 +8,10 @@ uses (`TOOLEXEC_DATABASE_URL`, else SQLite under the state directory).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -93,11 +95,17 @@ def _bootstrap(settings: Settings, as_json: bool) -> str:
 @projections_app.command("rebuild")
 def rebuild_command(
     name: Annotated[str | None, typer.Argument(help="read model; all when omitted")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, max=64,
+        help="worker processes (default: one per core); partitions are shared among them")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Drop a read model and replay it from offset 0, showing progress and events/s."""
     from projections.catalog import read_models
-    from projections.rebuild import rebuild_together
+    from projections.rebuild import default_workers, rebuild_together
+    from projections.rebuild_workers import WorkerFailed
+    from projections.runner import OffsetConflict
     from toolexec.read_models import embedded_archive
 
     models = read_models()
@@ -107,35 +115,56 @@ def rebuild_command(
     chosen = [models[name]] if name else list(models.values())
     settings = Settings()
     bootstrap = _bootstrap(settings, as_json)
+    processes = workers or default_workers()
 
     async def work(engine: AsyncEngine) -> list[RebuildReport]:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[rate]:>8.0f} events/s"), TimeElapsedColumn(),
-                      console=err, disable=as_json or not err.is_terminal) as progress:
-            task = progress.add_task(" + ".join(m.name for m in chosen), total=None, rate=0.0)
-            started = asyncio.get_running_loop().time()
-
-            def update(done: int, total: int) -> None:
-                elapsed = asyncio.get_running_loop().time() - started
-                progress.update(task, completed=done, total=max(total, done),
-                                rate=done / elapsed if elapsed > 0 else 0.0)
-
+        with _progress(" + ".join(m.name for m in chosen), "events", as_json) as update:
             # One pass over the log for every chosen model: each record fetched and
-            # decoded once.
-            return await rebuild_together(engine, chosen, bootstrap,
-                                          consumer_options=consumer_kwargs(settings),
-                                          progress=update, archive=embedded_archive(settings))
+            # decoded once, partitions shared among the worker processes.
+            try:
+                return await rebuild_together(engine, chosen, bootstrap,
+                                              consumer_options=consumer_kwargs(settings),
+                                              progress=update, workers=processes,
+                                              archive=embedded_archive(settings))
+            except (OffsetConflict, WorkerFailed) as error:
+                if isinstance(error, OffsetConflict) or error.kind == "OffsetConflict":
+                    fail("E3001", "another runner is writing these read models (a running "
+                         "`toolexec up`?): stop it, then rebuild", as_json,
+                         {"reason": str(error)[:500]})
+                fail("E3000", f"rebuild failed: {error}"[:1000], as_json)
 
     reports = _with_engine(settings, work, as_json)
     rows = [{"name": r.name, "records": r.records, "applied": r.applied,
-             "undecodable": r.undecodable, "seconds": round(r.seconds, 3),
-             "events_per_second": round(r.events_per_second, 1)} for r in reports]
+             "duplicates": r.duplicates, "undecodable": r.undecodable,
+             "seconds": round(r.seconds, 3), "events_per_second": round(r.events_per_second, 1),
+             "workers": r.workers} for r in reports]
     if as_json:
         echo_json({"rebuilt": rows})
         return
     for row in rows:
         out.print(f"{row['name']}: {row['records']} records in {row['seconds']} s "
-                  f"({row['events_per_second']:.0f} events/s), {row['undecodable']} undecodable")
+                  f"({row['events_per_second']:.0f} events/s, {row['workers']} worker(s)), "
+                  f"{row['undecodable']} undecodable")
+
+
+@contextlib.contextmanager
+def _progress(description: str, unit: str,
+              as_json: bool) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr when it is a terminal (never with --json); yields
+    the `update(done, total)` to call as work goes."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]:>9,.0f} " + unit + "/s"),
+                  TimeElapsedColumn(), console=err,
+                  disable=as_json or not err.is_terminal) as progress:
+        task = progress.add_task(escape(description), total=None, rate=0.0)
+        started = time.perf_counter()
+
+        def update(done: int, total: int) -> None:
+            elapsed = time.perf_counter() - started
+            progress.update(task, completed=done, total=max(total, done),
+                            rate=done / elapsed if elapsed > 0 else 0.0)
+
+        yield update
 
 
 # --- audit -------------------------------------------------------------------------------
@@ -165,23 +194,37 @@ def replay(
     """Stream matching audit records (redacted CloudEvents) in time order."""
     if output not in ("jsonl", "table"):
         fail("usage", "--format is jsonl or table", as_json, exit_code=2)
-    from projections.audit import AuditQuery, audit_records
+    from projections.audit import (
+        AuditQuery,
+        audit_documents,
+        audit_records,
+        count_audit_records,
+    )
 
     query = AuditQuery(since=_moment(since, as_json), until=_moment(until, as_json),
                        type=event_type, invocation_id=invocation, tool_id=tool)
     table = Table("time", "type", "invocation", "tool", "topic/partition@offset")
+    shown = not as_json and err.is_terminal
 
     async def work(engine: AsyncEngine) -> int:
         count = 0
         async with engine.connect() as conn:
-            async for record in audit_records(conn, query):
-                count += 1
+            total = await count_audit_records(conn, query) if shown else 0
+            with _progress("audit replay", "records", as_json) as update:
                 if output == "jsonl" or as_json:
-                    sys.stdout.write(record["document"] + "\n")
-                else:
+                    async for documents in audit_documents(conn, query):
+                        sys.stdout.write("\n".join(documents) + "\n")
+                        count += len(documents)
+                        update(count, total)
+                    return count
+                async for record in audit_records(conn, query):
+                    count += 1
                     table.add_row(record["time"], record["type"], record["invocation_id"] or "",
                                   record["tool_id"] or "",
                                   f"{record['topic']}/{record['partition']}@{record['offset']}")
+                    if count % 1000 == 0:
+                        update(count, total)
+                update(count, total)
         return count
 
     count = _with_engine(Settings(), work, as_json)
@@ -197,21 +240,26 @@ def verify(as_json: JsonFlag = False) -> None:
 
     async def work(engine: AsyncEngine) -> Any:
         async with engine.connect() as conn:
-            return await verify_audit(conn)
+            with _progress("audit verify", "records", as_json) as update:
+                return await verify_audit(conn, update)
 
+    started = time.perf_counter()
     result = _with_engine(Settings(), work, as_json)
+    seconds = time.perf_counter() - started
     broken = None if result.broken is None else {
         "topic": result.broken.topic, "partition": result.broken.partition,
         "offset": result.broken.offset, "event_id": result.broken.event_id,
         "reason": result.broken.reason}
     if as_json:
         echo_json({"ok": result.ok, "records": result.records, "chains": result.chains,
-                    "broken": broken})
+                    "broken": broken, "seconds": round(seconds, 3)})
     elif broken is None:
-        out.print(f"audit verified: {result.records} record(s) in {result.chains} chain(s)")
+        out.print(f"audit verified: {result.records} record(s) in {result.chains} chain(s) "
+                  f"({seconds:.1f} s)")
     else:
-        err.print(f"[red]audit broken[/] at {broken['topic']}/{broken['partition']}"
-                  f"@{broken['offset']} (event {broken['event_id']}): {broken['reason']}")
+        err.print(f"[red]audit broken[/] at {escape(broken['topic'])}/{broken['partition']}"
+                  f"@{broken['offset']} (event {escape(str(broken['event_id']))}): "
+                  f"{escape(broken['reason'])}")
     raise typer.Exit(0 if result.ok else 1)
 
 

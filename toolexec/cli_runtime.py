@@ -108,16 +108,14 @@ async def _publish_to_stack(stack: Any, tool_dirs: list[Path], settings: Setting
 async def _publish_to_running(client: InvocationClient, runtime: dict[str, Any],
                               found: _Found, settings: Settings,
                               token: str | None) -> list[Publication]:
-    """Plan `sources` against the running system's registry read model, check the
+    """Plan `sources` against the running system's registry as its log holds it, check the
     caller's publish rights when authorization is on, then send what is new."""
     from toolexec import rights
-    from toolexec.publishing import planned_tool_ids
     from toolexec.registry_reads import published_versions
 
     capability = rights.caller(settings, token, runtime)
-    database_url = runtime.get("database_url") or settings.effective_database_url
-    registry = await published_versions(str(database_url), str(runtime["kafka_bootstrap"]),
-                                        planned_tool_ids(found.sources))
+    registry = await published_versions(str(runtime["kafka_bootstrap"]),
+                                        settings.publication_limits)
     publications = found.unreadable + _publications(
         found.sources, found.known, registry, settings,
         published_by=capability.subject if capability else None)

@@ -166,9 +166,7 @@ async def serve_gateway(stack: Stack, read_models: ReadModels,
               if (g := getattr(s, "group_id", None))}
     if stack.pipeline is not None:
         groups[stack.pipeline.group] = (topics.REQUESTS,)
-    probe = KafkaProbe(stack.bootstrap, read_models.engine, groups,
-                       {name: tuple(runner.model.topics)
-                        for name, runner in read_models.runners.items()})
+    probe = KafkaProbe(stack.bootstrap, read_models.engine, groups, dict(read_models.topics))
 
     async def catch_up(name: str, timeout: float) -> bool:
         """Read-your-writes for the gateway's reads: bounded, and never an error. With

@@ -1,6 +1,14 @@
-"""Start the SQL read models of a running system: migrate, then one runner per model.
+"""Start the SQL read models of a running system: migrate, then one runner feeding them all.
 
 `Stack(read_models_factory=start_read_models)` calls this once its consumers run.
+
+One runner feeds every read model, on an event loop and a thread of its own
+(`read_model_thread`): each record is fetched and decoded once, and each batch is one
+transaction for all of them. With a runner per model on the pipeline's loop, the
+models' writers queued behind each other's SQLite write lock and every statement
+waited for a turn of a loop kept busy by the pipeline: under the bench's API load
+their lag reached 2 s. Every model still keeps its own stored offsets (a rebuild of
+one resets only it).
 """
 
 from __future__ import annotations
@@ -13,8 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from consumers.fetch_pacing import FetchPacer
 from projections.catalog import read_models
 from projections.database import make_engine, migrate
+from projections.rebuild import restore_indexes
 from projections.runner import ProjectionRunner
 from toolexec.archive_source import EmbeddedArchive
+from toolexec.read_model_thread import ThreadedRunner
 from toolexec.settings import Settings, fetch_waits, kafka_client_options
 from toolexec.state_files import ensure_state_dir
 
@@ -22,19 +32,24 @@ log = structlog.get_logger(__name__)
 
 PROJECTION_BUSY_WAIT_MS = 20
 PROJECTION_IDLE_WAIT_MS = 250
-"""The projection runners' fetch waits while records flow and while idle. Read models
+"""The projection runner's fetch waits while records flow and while idle. Read models
 are eventually consistent and nobody waits hop by hop on them; on a broker that holds
-every fetch for the full wait (Tansu), a short wait would make four more consumers
-poll hundreds of times a second. A read-your-writes wait (`wait_caught_up`) moves a
+every fetch for the full wait (Tansu), a short wait would make the runner poll
+hundreds of times a second. A read-your-writes wait (`wait_caught_up`) moves the
 runner to its busy wait at once."""
 
 
 @dataclass
 class ReadModels:
-    """The running read models: the engine and one runner per model."""
+    """The running read models: the engine readers use, the runner of each model (one
+    runner feeds them all) and each model's topics."""
 
     engine: AsyncEngine
-    runners: dict[str, ProjectionRunner] = field(default_factory=dict)
+    runners: dict[str, ThreadedRunner] = field(default_factory=dict)
+    topics: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def _distinct(self) -> list[ThreadedRunner]:
+        return list({id(runner): runner for runner in self.runners.values()}.values())
 
     def states(self) -> dict[str, str]:
         """Read model -> "running", or why it is not following its log."""
@@ -42,34 +57,42 @@ class ReadModels:
 
     async def wait_caught_up(self, timeout: float = 10.0) -> bool:
         """True when every read model holds every record in the log as of now."""
-        results = [await runner.wait_caught_up(timeout) for runner in self.runners.values()]
+        results = [await runner.wait_caught_up(timeout) for runner in self._distinct()]
         return all(results)
 
     async def stop(self) -> None:
-        """Stop every runner (batches in flight roll back) and close the engine."""
-        for runner in self.runners.values():
+        """Stop the runners (batches in flight roll back) and close the engine."""
+        for runner in self._distinct():
             await runner.stop()
         self.runners.clear()
         await self.engine.dispose()
 
 
 async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
-    """Migrate the store to head, then start one projection runner per read model."""
+    """Migrate the store to head (and put back secondary indexes an interrupted rebuild
+    left out), then start the runner of every read model."""
     ensure_state_dir(settings.state_dir)
     engine = make_engine(settings.effective_database_url)
     handle = ReadModels(engine)
     try:
         await migrate(engine)
-        for name, model in read_models().items():
-            runner = ProjectionRunner(engine, model, bootstrap,
-                                      consumer_options=_runner_options(settings),
-                                      pacer=_runner_pacer(settings),
-                                      on_divergence=settings.projections_on_divergence,
-                                      verify_seconds=settings.projections_verify_seconds,
-                                      client_options=kafka_client_options(settings),
-                                      archive=embedded_archive(settings))
-            await runner.start()
-            handle.runners[name] = runner
+        await restore_indexes(engine)
+        models = read_models()
+
+        def runner_of(runner_engine: AsyncEngine) -> ProjectionRunner:
+            return ProjectionRunner(runner_engine, list(models.values()), bootstrap,
+                                    consumer_options=_runner_options(settings),
+                                    pacer=_runner_pacer(settings),
+                                    on_divergence=settings.projections_on_divergence,
+                                    verify_seconds=settings.projections_verify_seconds,
+                                    client_options=kafka_client_options(settings),
+                                    archive=embedded_archive(settings))
+
+        runner = ThreadedRunner(settings.effective_database_url, runner_of,
+                                name="+".join(models))
+        handle.runners = dict.fromkeys(models, runner)
+        await runner.start()
+        handle.topics = {name: tuple(model.topics) for name, model in models.items()}
     except BaseException:
         await handle.stop()
         raise

@@ -1,27 +1,33 @@
 """Reading the registry of a running system from a CLI process, reading its own writes.
 
-The registry read model (SQL) of the running `toolexec up` is what `toolexec publish`
-plans against and what `deprecate`/`remove`/`restore` check against. Before reading,
-`registry_caught_up` waits (bounded) until the read model has folded the registry
-topic up to its end offsets as they are now, so a tool published just before is seen.
+`toolexec publish` plans against the registry topic itself, folded here to its end
+(`published_versions`). `deprecate`/`remove`/`restore` check against the registry
+read model (SQL) of the running `toolexec up`; before reading, `registry_caught_up`
+waits (bounded) until it has folded the registry topic up to its end offsets as they
+are now, so a tool published just before is seen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from typing import Any
 
+import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from contracts.kafka_binding import UndecodableRecord, decode, header_type
 from contracts.topics import REGISTRY
-from domain.registry import InMemoryRegistry
-from projections.database import make_engine
-from projections.registry_snapshot import registry_snapshot
+from domain.publication_limits import PublicationLimits
 from projections.registry_table import NAME
+from projections.registry_view import RegistryView
 from projections.runner import stored_offsets
 
+log = structlog.get_logger(__name__)
+
+REGISTRY_TYPES = ("tool.published", "tool.lifecycle.changed")
+LOG_READ_SECONDS = 60.0
 READ_MODEL_WAIT_SECONDS = 5.0  # a tool published just before may not be folded yet
 POLL_SECONDS = 0.1
 
@@ -48,14 +54,46 @@ async def registry_caught_up(engine: AsyncEngine, bootstrap: str,
     return False
 
 
-async def published_versions(database_url: str, bootstrap: str,
-                             tool_ids: Iterable[str]) -> InMemoryRegistry:
-    """Every published version of `tool_ids` in the running system's registry read
-    model, once it holds every registry record in the log now (bounded wait)."""
-    engine = make_engine(database_url)
+async def published_versions(bootstrap: str, limits: PublicationLimits,
+                             timeout: float = LOG_READ_SECONDS) -> RegistryView:
+    """The registry as the log holds it now: every record of the registry topic up to
+    its end offsets, folded the way a running system folds it (the same limits).
+
+    `toolexec publish` plans against this rather than the SQL read model, which may
+    not have folded the last publications yet (or at all, when `up` stopped early)."""
+    view = RegistryView(limits=limits)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
     try:
-        await registry_caught_up(engine, bootstrap)
-        async with engine.connect() as conn:
-            return await registry_snapshot(conn, tool_ids)
+        async with asyncio.timeout(timeout):
+            await consumer.topics()
+            partitions = [TopicPartition(REGISTRY, p)
+                          for p in consumer.partitions_for_topic(REGISTRY) or ()]
+            ends = await consumer.end_offsets(partitions) if partitions else {}
+            pending = {tp: end for tp, end in ends.items() if end > 0}
+            consumer.assign(list(pending))
+            for tp in pending:
+                consumer.seek(tp, 0)  # the beginning of what is kept (earliest)
+            while pending:
+                batches = await consumer.getmany(timeout_ms=int(POLL_SECONDS * 1000))
+                for tp, records in batches.items():
+                    for record in records:
+                        if record.offset < pending.get(tp, 0):
+                            _fold(view, record)
+                    if tp in pending and await consumer.position(tp) >= pending[tp]:
+                        del pending[tp]
+                        consumer.pause(tp)
     finally:
-        await engine.dispose()
+        await consumer.stop()
+    return view
+
+
+def _fold(view: RegistryView, record: Any) -> None:
+    if header_type(record.headers) not in REGISTRY_TYPES:
+        return
+    try:
+        view.apply(decode(record.key, record.value, record.headers),
+                   partition=record.partition, offset=record.offset)
+    except UndecodableRecord as bad:
+        log.warning("registry.undecodable", offset=record.offset, error=bad.error.code)

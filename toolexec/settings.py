@@ -3,7 +3,7 @@
 Built once at start (`Settings()` reads `TOOLEXEC_*` environment variables) and passed
 down; nothing here connects, creates files or reads the environment at import time.
 
-Two profiles (DESIGN.md, "Profiles"): with `kafka_bootstrap` unset the process runs
+Two profiles (docs/architecture.md): with `kafka_bootstrap` unset the process runs
 the embedded profile (Tansu child process, SQLite under `state_dir`); with it set, the
 production profile (any Kafka, plus `database_url` / `redis_url`).
 """

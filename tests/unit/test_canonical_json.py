@@ -41,3 +41,9 @@ def test_canonical_json_equals_the_reference_for_any_json_value(value: Any) -> N
 ])
 def test_canonical_json_equals_the_reference_on_its_edge_cases(value: Any) -> None:
     assert _fast(value) == _reference(value)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats() | st.integers(-(2**54), 2**54))
+def test_canonical_json_writes_every_number_as_the_reference(value: float | int) -> None:
+    assert _fast([value, {"n": value}]) == _reference([value, {"n": value}])

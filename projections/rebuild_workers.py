@@ -1,0 +1,233 @@
+"""One share of a rebuild: a runner over some partitions, in this process or another.
+
+`run_share` replays the given partitions of the given read models up to the given end
+offsets with the models' rebuild copies (`catalog.rebuilding`), writing rows and
+offsets batch by batch exactly as the incremental runner does, so an interrupted
+rebuild is resumed by the runner from the stored offsets. `start_workers` runs several
+shares in worker processes (forkserver: the modules are imported once, each worker is
+a fork of that process) and reports their progress and results through one queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import multiprocessing
+import queue as queues
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from projections.catalog import model_named, rebuilding
+from projections.runner import ArchivedLog, ProjectionRunner
+from projections.store import ReadModel
+
+Place = tuple[str, int]
+PROGRESS_EVERY_SECONDS = 0.2
+REBUILD_FETCH = {"fetch_max_bytes": 16 * 1024 * 1024, "max_partition_fetch_bytes": 4 * 1024 * 1024}
+"""A rebuild reads the log as fast as it can: large fetches, few batches."""
+REBUILD_GC_THRESHOLD = 20_000
+"""Allocations between young collections while a share runs (700 by default). A
+rebuild allocates a few dozen objects per record and keeps thousands of aggregates in
+memory; with the default the collector re-scanned them so often that it took a quarter
+of the CPU (measured: 77 -> 57 us per event)."""
+
+
+@dataclass(frozen=True)
+class RebuildShare:
+    """What one worker rebuilds: models by (name, topics), its partitions and where to
+    stop (the log end seen when the rebuild began)."""
+
+    index: int
+    database_url: str
+    bootstrap: str
+    models: tuple[tuple[str, tuple[str, ...]], ...]
+    partitions: tuple[Place, ...]
+    ends: tuple[tuple[Place, int], ...]
+    consumer_options: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 2000
+
+
+@dataclass(frozen=True)
+class ShareResult:
+    """What one share did, per model: (records, applied, undecodable, duplicates)."""
+
+    index: int
+    per_model: dict[str, tuple[int, int, int, int]]
+    records: int
+    cpu_seconds: float
+
+
+Progress = Callable[[int], None]
+"""Called with the records this share has consumed so far."""
+
+
+async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str, *,
+                    partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
+                    consumer_options: Mapping[str, Any] | None = None,
+                    batch_size: int = 2000, progress: Progress | None = None,
+                    index: int = 0, archive: ArchivedLog | None = None) -> ShareResult:
+    """Replay `partitions` (None: all of the models' topics) of `models` into `engine`
+    until `ends` (None: the log end now), reading first from `archive` what the broker
+    no longer holds."""
+    cpu = time.process_time()
+    with _rare_collections():
+        runner = await _replay(engine, models, bootstrap, partitions, ends, consumer_options,
+                               batch_size, progress, archive)
+    per_model = {name: (s.records, s.applied, s.undecodable, s.duplicates)
+                 for name, s in runner.model_stats.items()}
+    return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu)
+
+
+@contextlib.contextmanager
+def _rare_collections() -> Any:
+    """Objects alive now are left out of collections, young ones collected rarely."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(REBUILD_GC_THRESHOLD, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+async def _replay(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
+                  partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
+                  consumer_options: Mapping[str, Any] | None, batch_size: int,
+                  progress: Progress | None,
+                  archive: ArchivedLog | None = None) -> ProjectionRunner:
+    runner = ProjectionRunner(engine, [rebuilding(m) for m in models], bootstrap,
+                              consumer_options={**REBUILD_FETCH, **(consumer_options or {})},
+                              batch_size=batch_size, poll_ms=50, partitions=partitions,
+                              archive=archive, check_log=False)
+    await runner.open()
+    try:
+        if ends is None:
+            targets = await runner.end_offsets()
+        else:
+            targets = {TopicPartition(t, p): end for (t, p), end in ends.items()
+                       if partitions is None or (t, p) in partitions}
+        while not runner.reached(targets):
+            await runner.step()
+            if progress is not None:
+                progress(runner.stats.records)
+    finally:
+        await runner.close()
+    return runner
+
+
+# --- worker processes ------------------------------------------------------------------
+
+def _worker_main(share: RebuildShare, reports: Any) -> None:
+    """Entry point of a worker process: run `share`, report progress and the result."""
+    from projections.database import make_engine
+
+    last = [0.0]
+
+    def progress(records: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY_SECONDS:
+            last[0] = now
+            reports.put(("progress", share.index, records))
+
+    async def work() -> ShareResult:
+        engine = make_engine(share.database_url)
+        try:
+            models = [model_named(name, topics) for name, topics in share.models]
+            return await run_share(engine, models, share.bootstrap,
+                                   partitions=share.partitions, ends=dict(share.ends),
+                                   consumer_options=share.consumer_options,
+                                   batch_size=share.batch_size, progress=progress,
+                                   index=share.index)
+        finally:
+            await engine.dispose()
+
+    try:
+        result = asyncio.run(work())
+    except BaseException as error:  # boundary: the parent reports it and stops the rest
+        reports.put(("failed", share.index, type(error).__name__, str(error)[:2000]))
+        raise SystemExit(1) from None
+    reports.put(("progress", share.index, result.records))
+    reports.put(("done", share.index, result))
+
+
+class WorkerFailed(Exception):
+    """A rebuild worker stopped with an error (`kind` is the exception's class name)."""
+
+    def __init__(self, index: int, kind: str, message: str) -> None:
+        super().__init__(f"rebuild worker {index} failed: {kind}: {message}")
+        self.kind = kind
+
+
+def _context() -> Any:
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["projections.rebuild_workers"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+async def run_workers(shares: Sequence[RebuildShare],
+                      progress: Progress | None = None) -> list[ShareResult]:
+    """Run every share in a process of its own; `progress` gets the records consumed by
+    all of them. The first failure stops the others and is raised as `WorkerFailed`."""
+    context = _context()
+    reports = context.Queue()
+    processes = [context.Process(target=_worker_main, args=(share, reports),
+                                 name=f"toolexec-rebuild-{share.index}", daemon=True)
+                 for share in shares]
+    for process in processes:
+        process.start()
+    done: dict[int, ShareResult] = {}
+    seen = {share.index: 0 for share in shares}
+    try:
+        while len(done) < len(shares):
+            try:
+                message = await asyncio.to_thread(reports.get, True, 0.2)
+            except queues.Empty:
+                if not _all_alive(processes, shares, done):
+                    try:  # its last words, if it said any
+                        message = await asyncio.to_thread(reports.get, True, 1.0)
+                    except queues.Empty:
+                        index = _dead(processes, shares, done)
+                        raise WorkerFailed(index, "WorkerDied",
+                                           "worker process exited without a result") from None
+                else:
+                    continue
+            if message[0] == "progress":
+                seen[message[1]] = message[2]
+                if progress is not None:
+                    progress(sum(seen.values()))
+            elif message[0] == "done":
+                done[message[1]] = message[2]
+            else:
+                raise WorkerFailed(message[1], message[2], message[3])
+    finally:
+        for process in processes:
+            if process.is_alive() and (process.pid is not None):
+                process.terminate()
+        for process in processes:
+            await asyncio.to_thread(process.join, 10)
+        reports.close()
+    return [done[share.index] for share in shares]
+
+
+def _all_alive(processes: Sequence[Any], shares: Sequence[RebuildShare],
+               done: Mapping[int, ShareResult]) -> bool:
+    return _dead(processes, shares, done) < 0
+
+
+def _dead(processes: Sequence[Any], shares: Sequence[RebuildShare],
+          done: Mapping[int, ShareResult]) -> int:
+    """Index of a share whose process ended without its result, else -1."""
+    for process, share in zip(processes, shares, strict=True):
+        if share.index not in done and not process.is_alive():
+            return share.index
+    return -1
