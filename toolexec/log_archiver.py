@@ -36,7 +36,9 @@ log = structlog.get_logger(__name__)
 MAX_RECORDS_PER_FETCH = 5000
 INTERNAL_PREFIX = "__"
 IDLE_SLOWDOWN = 10
-"""How much less often topics and group commits are looked at while nothing flows."""
+"""How much less often group commits are looked at while nothing flows (topics are
+looked for at the same pace always: records of a topic created during a quiet spell
+must not wait for it to end)."""
 
 
 class LogArchiver:
@@ -102,9 +104,9 @@ class LogArchiver:
             try:
                 now = time.monotonic()
                 slower = 1 if self._pacer.wait_ms == self._pacer.short_ms else IDLE_SLOWDOWN
-                if now >= next_discovery:
+                if now >= next_discovery:  # never slowed: a new topic is archived at once
                     await self._discover()
-                    next_discovery = now + self.discover_seconds * slower
+                    next_discovery = now + self.discover_seconds
                 if now >= next_groups:
                     await self.archive_groups()
                     next_groups = now + self.groups_seconds * slower
