@@ -101,6 +101,16 @@ class FactVerifier:
     def key_ids(self) -> frozenset[str]:
         return frozenset(self._keys)
 
+    def raw_keys(self) -> tuple[bytes, ...]:
+        """The trusted public keys as raw bytes (to hand to another process)."""
+        return tuple(key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+                     for key in self._keys.values())
+
+    @classmethod
+    def from_raw(cls, raw_keys: Iterable[bytes]) -> FactVerifier:
+        """A verifier trusting the raw public keys `raw_keys` (see `raw_keys`)."""
+        return cls(Ed25519PublicKey.from_public_bytes(raw) for raw in raw_keys)
+
     def verify(self, headers: Iterable[tuple[str, Any]], value: bytes | None) -> Verdict:
         """The verdict on the record with `headers` and `value`."""
         headers = list(headers)

@@ -2,7 +2,9 @@
 
 `AuditModel` appends one row per record and moves each partition's chain head in the
 same transaction. `verify_audit` re-walks every chain and names the first broken
-record; `audit_records` is the replay query shared by the CLI and compliance tooling.
+record; `audit_findings` names the records no honest pipeline wrote (facts whose
+signature did not verify, facts of invocations never requested, second terminal
+events); `audit_records` is the replay query shared by the CLI and compliance tooling.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from projections.tables import audit_heads, audit_log, invocations, iso
 
 NAME = "audit"
 ROW_COLUMNS = ("topic", "partition", "offset", "event_id", "type", "time", "invocation_id",
-               "tool_id", "document", "redactions", "prev_hash", "hash")
+               "tool_id", "document", "redactions", "prev_hash", "hash", "signature")
 """`audit_log`'s columns, the order `AuditModel` writes its row tuples in."""
 
 
@@ -67,7 +69,8 @@ class AuditModel:
                                 prev_hash=prev)
             rows.append((entry.topic, entry.partition, entry.offset, entry.event_id,
                          entry.type, entry.time, entry.invocation_id, entry.tool_id,
-                         entry.document, entry.redactions, entry.prev_hash, entry.hash))
+                         entry.document, entry.redactions, entry.prev_hash, entry.hash,
+                         record.signature))
             heads[place] = (record.offset, entry.hash, count + 1)
         touched = sorted(places)
 
@@ -91,6 +94,90 @@ async def _heads(conn: AsyncConnection,
     result = await conn.execute(select(audit_heads))
     return {(r.topic, r.partition): (r.last_offset, r.hash, r.records)
             for r in result if (r.topic, r.partition) in places}
+
+
+# --- forgeries -----------------------------------------------------------------------------
+
+TERMINAL_TYPES = ("tool.invoke.completed", "tool.invoke.failed")
+FACT_TYPES = tuple(t for t, topic in topics.TOPIC_OF_TYPE.items() if topic == topics.INVOCATIONS)
+FINDINGS_SHOWN = 100
+"""Records named per kind of finding (the counts are always complete)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlaggedRecord:
+    """One audit record a finding names."""
+
+    topic: str
+    partition: int
+    offset: int
+    event_id: str
+    type: str
+    invocation_id: str | None
+    signature: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset,
+                "event_id": self.event_id, "type": self.type,
+                "invocation_id": self.invocation_id, "signature": self.signature}
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFindings:
+    """Records of the trail that no honest pipeline wrote, or that contradict each other:
+    facts whose signature did not verify when folded (`untrusted`), facts of an
+    invocation that was never requested (`orphaned`), and every terminal record of an
+    invocation that has more than one (`double_terminal`). Each list names at most
+    `FINDINGS_SHOWN` records; the counts are complete."""
+
+    untrusted: tuple[FlaggedRecord, ...]
+    untrusted_count: int
+    orphaned: tuple[FlaggedRecord, ...]
+    orphaned_count: int
+    double_terminal: tuple[FlaggedRecord, ...]
+    double_terminal_invocations: int
+
+    @property
+    def clean(self) -> bool:
+        return not (self.untrusted_count or self.orphaned_count
+                    or self.double_terminal_invocations)
+
+
+_FLAGGED = (audit_log.c.topic, audit_log.c.partition, audit_log.c.offset, audit_log.c.event_id,
+            audit_log.c.type, audit_log.c.invocation_id, audit_log.c.signature)
+_ORDER = (audit_log.c.topic, audit_log.c.partition, audit_log.c.offset)
+
+
+async def audit_findings(conn: AsyncConnection) -> AuditFindings:
+    """What `AuditFindings` lists, read from the trail."""
+    untrusted = and_(audit_log.c.signature.is_not(None), audit_log.c.signature != "valid")
+    request, end = audit_log.alias("request"), audit_log.alias("terminal")
+    requested = select(request.c.invocation_id).where(and_(
+        request.c.type == "tool.invoke.requested", request.c.invocation_id.is_not(None)))
+    orphaned = and_(audit_log.c.type.in_(FACT_TYPES), audit_log.c.invocation_id.is_not(None),
+                    audit_log.c.invocation_id.not_in(requested.scalar_subquery()))
+    doubled = (select(end.c.invocation_id)
+               .where(and_(end.c.type.in_(TERMINAL_TYPES), end.c.invocation_id.is_not(None)))
+               .group_by(end.c.invocation_id).having(func.count() > 1))
+    doubled_ids = doubled.scalar_subquery()
+    terminal = and_(audit_log.c.type.in_(TERMINAL_TYPES),
+                    audit_log.c.invocation_id.in_(doubled_ids))
+
+    async def flagged(condition: Any) -> tuple[FlaggedRecord, ...]:
+        result = await conn.execute(select(*_FLAGGED).where(condition)
+                                    .order_by(*_ORDER).limit(FINDINGS_SHOWN))
+        return tuple(FlaggedRecord(*row) for row in result)
+
+    async def count(condition: Any) -> int:
+        return int((await conn.execute(
+            select(func.count()).select_from(audit_log).where(condition))).scalar_one())
+
+    return AuditFindings(
+        untrusted=await flagged(untrusted), untrusted_count=await count(untrusted),
+        orphaned=await flagged(orphaned), orphaned_count=await count(orphaned),
+        double_terminal=await flagged(terminal),
+        double_terminal_invocations=int((await conn.execute(
+            select(func.count()).select_from(doubled.subquery()))).scalar_one()))
 
 
 # --- verify ------------------------------------------------------------------------------

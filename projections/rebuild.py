@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from sqlalchemy import Connection, Table, delete
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from contracts.fact_signature import FactVerifier
 from projections.catalog import co_partitioned_topics
 from projections.log_identity import LogIdentity, record_cluster
 from projections.rebuild_plan import Place, assign_units, rebuild_units
@@ -90,11 +91,14 @@ async def reset(engine: AsyncEngine, model: ReadModel) -> None:
 async def rebuild(engine: AsyncEngine, model: ReadModel, bootstrap: str, *,
                   consumer_options: Mapping[str, Any] | None = None,
                   progress: Progress | None = None, batch_size: int = BATCH_SIZE,
-                  workers: int = 1, archive: ArchivedLog | None = None) -> RebuildReport:
+                  workers: int = 1, archive: ArchivedLog | None = None,
+                  verifier: FactVerifier | None = None,
+                  signed_topics: Sequence[str] = ()) -> RebuildReport:
     """Reset `model` and replay its topics up to the current log end."""
     reports = await rebuild_together(engine, [model], bootstrap,
                                      consumer_options=consumer_options, progress=progress,
-                                     batch_size=batch_size, workers=workers, archive=archive)
+                                     batch_size=batch_size, workers=workers, archive=archive,
+                                     verifier=verifier, signed_topics=signed_topics)
     return reports[0]
 
 
@@ -102,13 +106,16 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
                            consumer_options: Mapping[str, Any] | None = None,
                            progress: Progress | None = None, batch_size: int = BATCH_SIZE,
                            workers: int = 1,
-                           archive: ArchivedLog | None = None) -> list[RebuildReport]:
+                           archive: ArchivedLog | None = None,
+                           verifier: FactVerifier | None = None,
+                           signed_topics: Sequence[str] = ()) -> list[RebuildReport]:
     """Reset `models` and replay their topics up to the current log end in one pass:
     each record is fetched and decoded once, whichever models read it; with `workers`
     > 1 in that many processes at most, each reading its own partitions. The reports
     share the pass's seconds. `archive` holds the records the broker no longer has
     (the embedded log's retention): a log partly in the archive is replayed by one
-    process, which reads the archive first."""
+    process, which reads the archive first. With `verifier`, the records of
+    `signed_topics` are checked as the live runner checks them."""
     options = dict(consumer_options or {})
     sizes, ends = await _log_extent(bootstrap, {t for m in models for t in m.topics}, options,
                                     archive)
@@ -129,7 +136,8 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
         if len(shares) > 1:
             try:
                 results = await _parallel(engine, models, bootstrap, shares, ends, options,
-                                          batch_size, progress, total)
+                                          batch_size, progress, total, verifier,
+                                          tuple(signed_topics))
             except WorkerFailed as failure:
                 if failure.kind != "MisalignedPartitions":
                     raise
@@ -142,6 +150,7 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
             results = [await run_share(
                 engine, models, bootstrap, partitions=None, ends=ends,
                 consumer_options=options, batch_size=batch_size, archive=archive,
+                verifier=verifier, signed_topics=signed_topics,
                 progress=None if progress is None else lambda done: progress(done, total))]
     finally:
         await restore_indexes(engine, tables)
@@ -165,13 +174,16 @@ async def _record_log(engine: AsyncEngine, models: Sequence[ReadModel], bootstra
 async def _parallel(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
                     shares: list[list[Place]], ends: Mapping[Place, int],
                     options: dict[str, Any], batch_size: int, progress: Progress | None,
-                    total: int) -> list[ShareResult]:
+                    total: int, verifier: FactVerifier | None,
+                    signed_topics: tuple[str, ...]) -> list[ShareResult]:
     url = engine.url.render_as_string(hide_password=False)
     jobs = [RebuildShare(index=i, database_url=url, bootstrap=bootstrap,
                          models=tuple((m.name, tuple(m.topics)) for m in models),
                          partitions=tuple(share),
                          ends=tuple((place, ends[place]) for place in share if place in ends),
-                         consumer_options=options, batch_size=batch_size)
+                         consumer_options=options, batch_size=batch_size,
+                         fact_keys=None if verifier is None else verifier.raw_keys(),
+                         signed_topics=signed_topics)
             for i, share in enumerate(shares)]
     return await run_workers(jobs, None if progress is None
                              else lambda done: progress(done, total))

@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from contracts.fact_signature import FactVerifier
 from projections.catalog import model_named, rebuilding
 from projections.runner import ArchivedLog, ProjectionRunner
 from projections.store import ReadModel
@@ -51,6 +52,9 @@ class RebuildShare:
     ends: tuple[tuple[Place, int], ...]
     consumer_options: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 2000
+    fact_keys: tuple[bytes, ...] | None = None
+    """Raw public keys of the pipeline's fact signatures (None: facts unchecked)."""
+    signed_topics: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,14 +75,16 @@ async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
                     partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
                     consumer_options: Mapping[str, Any] | None = None,
                     batch_size: int = 2000, progress: Progress | None = None,
-                    index: int = 0, archive: ArchivedLog | None = None) -> ShareResult:
+                    index: int = 0, archive: ArchivedLog | None = None,
+                    verifier: FactVerifier | None = None,
+                    signed_topics: Sequence[str] = ()) -> ShareResult:
     """Replay `partitions` (None: all of the models' topics) of `models` into `engine`
     until `ends` (None: the log end now), reading first from `archive` what the broker
     no longer holds."""
     cpu = time.process_time()
     with _rare_collections():
         runner = await _replay(engine, models, bootstrap, partitions, ends, consumer_options,
-                               batch_size, progress, archive)
+                               batch_size, progress, archive, verifier, signed_topics)
     per_model = {name: (s.records, s.applied, s.undecodable, s.duplicates)
                  for name, s in runner.model_stats.items()}
     return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu)
@@ -101,11 +107,13 @@ async def _replay(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: s
                   partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
                   consumer_options: Mapping[str, Any] | None, batch_size: int,
                   progress: Progress | None,
-                  archive: ArchivedLog | None = None) -> ProjectionRunner:
+                  archive: ArchivedLog | None = None, verifier: FactVerifier | None = None,
+                  signed_topics: Sequence[str] = ()) -> ProjectionRunner:
     runner = ProjectionRunner(engine, [rebuilding(m) for m in models], bootstrap,
                               consumer_options={**REBUILD_FETCH, **(consumer_options or {})},
                               batch_size=batch_size, poll_ms=50, partitions=partitions,
-                              archive=archive, check_log=False)
+                              archive=archive, check_log=False, verifier=verifier,
+                              signed_topics=signed_topics)
     await runner.open()
     try:
         if ends is None:
@@ -144,7 +152,9 @@ def _worker_main(share: RebuildShare, reports: Any) -> None:
                                    partitions=share.partitions, ends=dict(share.ends),
                                    consumer_options=share.consumer_options,
                                    batch_size=share.batch_size, progress=progress,
-                                   index=share.index)
+                                   index=share.index, verifier=None if share.fact_keys is None
+                                   else FactVerifier.from_raw(share.fact_keys),
+                                   signed_topics=share.signed_topics)
         finally:
             await engine.dispose()
 

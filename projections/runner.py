@@ -44,6 +44,7 @@ from sqlalchemy import and_, case, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from contracts.fact_signature import FactVerifier
 from contracts.kafka_binding import UndecodableRecord, decode
 from projections.log_identity import (
     LogIdentity,
@@ -97,6 +98,8 @@ class RunnerStats:
     applied: int = 0
     duplicates: int = 0
     undecodable: int = 0
+    untrusted: int = 0
+    """Records of a signed topic whose signature did not verify (kept out of state)."""
     batches: int = 0
     lags: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     """Seconds from each record's log timestamp to its batch's commit (recent ones)."""
@@ -120,7 +123,10 @@ class ProjectionRunner:
     batch's one transaction. With `partitions`, only those (topic, partition) pairs
     of the models' topics are read (a worker of a parallel rebuild). Without
     `check_log`, the log's identity is not checked: a rebuild that has just reset the
-    models (and recorded the log it folds) runs so."""
+    models (and recorded the log it folds) runs so. With `verifier`, every record of
+    `signed_topics` (the pipeline's facts) carries its signature verdict to the models:
+    one that does not verify becomes no state (counted in `stats.untrusted`, logged
+    with E3804) but is kept in the audit trail, marked."""
 
     def __init__(self, engine: AsyncEngine, model: ReadModel | Sequence[ReadModel],
                  bootstrap: str, *, consumer_options: Mapping[str, Any] | None = None,
@@ -131,7 +137,9 @@ class ProjectionRunner:
                  client_options: Mapping[str, Any] | None = None,
                  archive: ArchivedLog | None = None,
                  partitions: Collection[tuple[str, int]] | None = None,
-                 check_log: bool = True) -> None:
+                 check_log: bool = True,
+                 verifier: FactVerifier | None = None,
+                 signed_topics: Collection[str] = ()) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -161,6 +169,8 @@ class ProjectionRunner:
         self._archive = archive
         self._identity = LogIdentity(bootstrap, self._client_options, archive=archive)
         self._check_log = check_log
+        self._verifier = verifier
+        self._signed_topics = frozenset(signed_topics) if verifier is not None else frozenset()
         self._verified_at = 0.0
 
     @property
@@ -448,7 +458,16 @@ class ProjectionRunner:
                             partition=tp.partition, offset=record.offset, code=bad.error.code,
                             reason=bad.error.message)
                 continue
-            out.append(Record(tp.topic, tp.partition, record.offset, envelope))
+            verdict = None
+            if tp.topic in self._signed_topics:
+                assert self._verifier is not None
+                verdict = self._verifier.verify(record.headers, record.value).value
+                if verdict != "valid":
+                    self.stats.untrusted += 1
+                    log.warning("projection.untrusted_fact", projection=self.name,
+                                topic=tp.topic, partition=tp.partition, offset=record.offset,
+                                type=envelope.type, verdict=verdict, code="E3804")
+            out.append(Record(tp.topic, tp.partition, record.offset, envelope, verdict))
         return out
 
     @staticmethod

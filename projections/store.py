@@ -43,6 +43,14 @@ class Record:
     partition: int
     offset: int
     envelope: Envelope
+    signature: str | None = None
+    """The pipeline signature's verdict (`contracts.fact_signature.Verdict`) on a record
+    of a signed topic; None where no signature is checked."""
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the record may become state: unchecked, or validly signed."""
+        return self.signature is None or self.signature == "valid"
 
 
 async def _nothing(_conn: AsyncConnection) -> None:
@@ -135,8 +143,8 @@ class AggregateModel:
         return replace(self, cache=AggregateCache())
 
     async def prepare(self, conn: AsyncConnection, records: Sequence[Record]) -> Changes:
-        keyed = [(key, r.envelope) for r in records
-                 if (key := self.aggregate_of(r.envelope)) is not None]
+        keyed = [(key, r.envelope) for r in records  # a fact we did not sign is no state
+                 if r.trusted and (key := self.aggregate_of(r.envelope)) is not None]
         if not keyed:
             return Changes()
         states, existing = await self._current(conn, {key for key, _ in keyed})

@@ -159,12 +159,14 @@ audit_log = Table(
     Column("redactions", Integer, nullable=False),
     Column("prev_hash", String(64), nullable=False),
     Column("hash", String(64), nullable=False),
+    Column("signature", String(16)),
     Index("ix_audit_log_time", "time"),
     Index("ix_audit_log_invocation", "invocation_id"),
     Index("ix_audit_log_tool", "tool_id"),
     Index("ix_audit_log_type", "type"),
 )
-"""One row per log record: the redacted CloudEvent (canonical JSON) in a hash chain."""
+"""One row per log record: the redacted CloudEvent (canonical JSON) in a hash chain,
+and (facts) how its pipeline signature checked out, outside the chain."""
 
 audit_heads = Table(
     "audit_heads", metadata,

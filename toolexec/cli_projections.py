@@ -106,7 +106,7 @@ def rebuild_command(
     from projections.rebuild import default_workers, rebuild_together
     from projections.rebuild_workers import WorkerFailed
     from projections.runner import OffsetConflict
-    from toolexec.read_models import embedded_archive
+    from toolexec.read_models import SIGNED_TOPICS, embedded_archive, fact_verifier
 
     models = read_models()
     if name is not None and name not in models:
@@ -125,7 +125,9 @@ def rebuild_command(
                 return await rebuild_together(engine, chosen, bootstrap,
                                               consumer_options=consumer_kwargs(settings),
                                               progress=update, workers=processes,
-                                              archive=embedded_archive(settings))
+                                              archive=embedded_archive(settings),
+                                              verifier=fact_verifier(settings),
+                                              signed_topics=SIGNED_TOPICS)
             except (OffsetConflict, WorkerFailed) as error:
                 if isinstance(error, OffsetConflict) or error.kind == "OffsetConflict":
                     fail("E3001", "another runner is writing these read models (a running "
@@ -235,32 +237,59 @@ def replay(
 
 @audit_app.command("verify")
 def verify(as_json: JsonFlag = False) -> None:
-    """Re-walk every hash chain of the audit trail; name the first broken record."""
-    from projections.audit import verify_audit
+    """Re-walk every hash chain of the audit trail and name the first broken record;
+    name every fact whose pipeline signature did not verify, every fact of an
+    invocation never requested and every terminal event of an invocation that has
+    two. Exit 1 when any is found."""
+    from projections.audit import audit_findings, verify_audit
 
     async def work(engine: AsyncEngine) -> Any:
         async with engine.connect() as conn:
             with _progress("audit verify", "records", as_json) as update:
-                return await verify_audit(conn, update)
+                return await verify_audit(conn, update), await audit_findings(conn)
 
     started = time.perf_counter()
-    result = _with_engine(Settings(), work, as_json)
+    result, findings = _with_engine(Settings(), work, as_json)
     seconds = time.perf_counter() - started
     broken = None if result.broken is None else {
         "topic": result.broken.topic, "partition": result.broken.partition,
         "offset": result.broken.offset, "event_id": result.broken.event_id,
         "reason": result.broken.reason}
+    ok = result.ok and findings.clean
     if as_json:
-        echo_json({"ok": result.ok, "records": result.records, "chains": result.chains,
-                    "broken": broken, "seconds": round(seconds, 3)})
-    elif broken is None:
-        out.print(f"audit verified: {result.records} record(s) in {result.chains} chain(s) "
-                  f"({seconds:.1f} s)")
+        echo_json({"ok": ok, "records": result.records, "chains": result.chains,
+                   "broken": broken, "seconds": round(seconds, 3),
+                   "untrusted": [r.as_dict() for r in findings.untrusted],
+                   "untrusted_count": findings.untrusted_count,
+                   "orphaned": [r.as_dict() for r in findings.orphaned],
+                   "orphaned_count": findings.orphaned_count,
+                   "double_terminal": [r.as_dict() for r in findings.double_terminal],
+                   "double_terminal_invocations": findings.double_terminal_invocations})
+        raise typer.Exit(0 if ok else 1)
+    if broken is None:
+        out.print(f"audit chains verified: {result.records} record(s) in {result.chains} "
+                  f"chain(s) ({seconds:.1f} s)")
     else:
         err.print(f"[red]audit broken[/] at {escape(broken['topic'])}/{broken['partition']}"
                   f"@{broken['offset']} (event {escape(str(broken['event_id']))}): "
                   f"{escape(broken['reason'])}")
-    raise typer.Exit(0 if result.ok else 1)
+    for title, records, count in (
+            ("facts whose pipeline signature did not verify", findings.untrusted,
+             findings.untrusted_count),
+            ("facts of an invocation that was never requested", findings.orphaned,
+             findings.orphaned_count),
+            ("terminal events of invocations that have more than one",
+             findings.double_terminal, len(findings.double_terminal))):
+        if not count:
+            continue
+        err.print(f"[red]{count} {title}[/]:")
+        for r in records:
+            err.print(f"  {escape(r.topic)}/{r.partition}@{r.offset} {escape(r.type)} "
+                      f"invocation {escape(str(r.invocation_id))} event "
+                      f"{escape(r.event_id)} signature {r.signature or '-'}")
+    if findings.clean and broken is None:
+        out.print("no forged, orphaned or doubled facts")
+    raise typer.Exit(0 if ok else 1)
 
 
 # --- registry ----------------------------------------------------------------------------

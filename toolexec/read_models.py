@@ -19,10 +19,13 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.fetch_pacing import FetchPacer
+from contracts import topics
+from contracts.fact_signature import FactVerifier
 from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.rebuild import restore_indexes
 from projections.runner import ProjectionRunner
+from toolexec import keys
 from toolexec.archive_source import EmbeddedArchive
 from toolexec.read_model_thread import ThreadedRunner
 from toolexec.settings import Settings, fetch_waits, kafka_client_options
@@ -78,6 +81,7 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         await migrate(engine)
         await restore_indexes(engine)
         models = read_models()
+        verifier = fact_verifier(settings)
 
         def runner_of(runner_engine: AsyncEngine) -> ProjectionRunner:
             return ProjectionRunner(runner_engine, list(models.values()), bootstrap,
@@ -86,7 +90,8 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
                                     on_divergence=settings.projections_on_divergence,
                                     verify_seconds=settings.projections_verify_seconds,
                                     client_options=kafka_client_options(settings),
-                                    archive=embedded_archive(settings))
+                                    archive=embedded_archive(settings),
+                                    verifier=verifier, signed_topics=SIGNED_TOPICS)
 
         runner = ThreadedRunner(settings.effective_database_url, runner_of,
                                 name="+".join(models))
@@ -101,6 +106,24 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         if runner.state != "running":  # refused or rebuilding: say so where `up` runs
             log.error("read_models.not_following", model=name, state=runner.state)
     return handle
+
+
+SIGNED_TOPICS = (topics.INVOCATIONS, topics.CIRCUITS)
+"""Topics whose records the pipeline signs (facts, breaker transitions)."""
+
+
+def fact_verifier(settings: Settings) -> FactVerifier | None:
+    """The pipeline's trusted fact keys as a verifier (the embedded key is made now if
+    this is the first start); None, with a warning, when no key is configured at all
+    (a reader without `TOOLEXEC_FACT_PUBLIC_KEYS`: facts then go unchecked)."""
+    if settings.embedded:
+        keys.fact_signing_key(settings)
+    trusted = keys.fact_verify_keys(settings)
+    if not trusted:
+        log.warning("read_models.facts_unverified",
+                    hint="set TOOLEXEC_FACT_PUBLIC_KEYS to the pipeline's public key(s)")
+        return None
+    return FactVerifier(trusted)
 
 
 def embedded_archive(settings: Settings) -> EmbeddedArchive | None:

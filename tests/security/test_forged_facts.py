@@ -2,7 +2,8 @@
 an allow decision for a request the pipeline would deny, an allow for an invocation
 nobody requested, a completion raced against the real one. Only facts the pipeline
 signed count: a forgery never runs a tool, never reaches a caller, and is
-dead-lettered (E3804). Forgeries come unsigned and signed with an attacker's key."""
+dead-lettered (E3804), never becomes read-model state, and the audit names it.
+Forgeries come unsigned and signed with an attacker's key."""
 
 from __future__ import annotations
 
@@ -17,23 +18,30 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.events import derive
 from consumers.resolve import chain_links
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import ChainResolved, InvokeCompleted, InvokeRequested, PermissionDecided
-from contracts.fact_signature import FactSigner
+from contracts.fact_signature import FactSigner, FactVerifier
 from contracts.kafka_binding import decode
 from domain.chain import resolve_chain
 from domain.integrity import seal
 from domain.registry import InMemoryRegistry
+from projections.audit import audit_findings, verify_audit
+from projections.catalog import read_models
+from projections.database import make_engine, migrate
+from projections.queries import invocation_status
+from projections.runner import ProjectionRunner
 from tests.chaos.up_process import signing_key
 from tests.log_reading import pretend_pipeline_key, put_facts, request_on_the_log
 from toolexec import keys
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
 from toolexec.publishing import publish_event
+from toolexec.read_models import SIGNED_TOPICS
 from toolexec.settings import Settings
 from toolexec.sources import load_builtin_sources, load_source
 from toolexec.stack import TOPIC_PARTITIONS, Stack
@@ -124,6 +132,28 @@ async def dead_letter_codes(bootstrap: str, key: str, at_least: int) -> list[str
     return codes
 
 
+async def folded(bootstrap: str, verifier: FactVerifier, database: Path) -> AsyncEngine:
+    """Every read model folded from the log as `toolexec up` folds it (facts checked
+    against the pipeline's keys), into a fresh SQLite database."""
+    engine = make_engine(f"sqlite:///{database}")
+    await migrate(engine)
+    runner = ProjectionRunner(engine, list(read_models().values()), bootstrap,
+                              verifier=verifier, signed_topics=SIGNED_TOPICS)
+    await runner.open()
+    try:
+        ends = await runner.end_offsets()
+        async with asyncio.timeout(60):
+            while not runner.reached(ends):
+                await runner.step()
+    finally:
+        await runner.close()
+    return engine
+
+
+def places(records: Any) -> set[tuple[str, str | None]]:
+    return {(r.type, r.invocation_id) for r in records}
+
+
 @pytest.mark.parametrize("attacker", ATTACKERS.values(), ids=ATTACKERS.keys())
 async def test_a_forged_allow_on_the_log_never_runs_a_request_the_pipeline_denies(
         broker: EmbeddedBroker, tmp_path: Path, attacker: str | None) -> None:
@@ -155,8 +185,20 @@ async def test_an_allow_for_an_invocation_nobody_requested_runs_nothing(
         await put_facts(broker.bootstrap, forged_allow(request(invocation, ledger)),
                         signer=attacker_signer(attacker), partition=partition_of(invocation))
         codes = await dead_letter_codes(broker.bootstrap, invocation, at_least=2)
+        engine = await folded(broker.bootstrap, stack.verifier, tmp_path / "views.db")
     assert codes == ["E3804", "E3804"]
     assert not ledger.exists()
+    try:
+        async with engine.connect() as conn:
+            assert await invocation_status(conn, invocation) is None  # no state from it
+            findings = await audit_findings(conn)
+    finally:
+        await engine.dispose()
+    forged = {("tool.chain.resolved", invocation), ("tool.permission.decided", invocation)}
+    assert places(findings.untrusted) == forged
+    assert {r.signature for r in findings.untrusted} == {
+        "unsigned" if attacker is None else "unknown_key"}
+    assert places(findings.orphaned) == forged  # and nobody requested it
 
 
 @pytest.mark.parametrize("attacker", ATTACKERS.values(), ids=ATTACKERS.keys())
@@ -183,5 +225,23 @@ async def test_a_forged_completion_never_reaches_the_caller(
                             partition=partition_of(invocation))
             terminal = await real
         assert client.untrusted >= 1  # it saw the forgery, and left it
+        engine = await folded(broker.bootstrap, stack.verifier, tmp_path / "views.db")
     assert terminal.data.result == {"ok": True}
     assert ledger.read_text().split() == [invocation]
+    try:
+        async with engine.connect() as conn:
+            shown = await invocation_status(conn, invocation)
+            findings = await audit_findings(conn)
+            verified = await verify_audit(conn)
+    finally:
+        await engine.dispose()
+    assert shown is not None and shown["status"] == "completed"
+    assert shown["result_summary"] == '{"ok": true}'  # the read model shows the real run
+    assert forged.id not in {entry["id"] for entry in shown["timeline"]}
+    assert verified.ok  # the chain holds: the forgery is in the trail, marked
+    assert [(r.type, r.event_id) for r in findings.untrusted] == [
+        ("tool.invoke.completed", forged.id)]
+    assert findings.double_terminal_invocations == 1
+    assert {(r.event_id == forged.id, r.signature) for r in findings.double_terminal} == {
+        (True, "unsigned" if attacker is None else "unknown_key"), (False, "valid")}
+    assert not findings.orphaned
