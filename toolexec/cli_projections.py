@@ -1,4 +1,5 @@
-"""CLI over the SQL read models: projections rebuild, audit replay|verify, search, show.
+"""CLI over the SQL read models: projections rebuild, audit replay|verify|export|
+verify-export|public-key, search, show.
 
 Every command takes --json and exits 0 on success, 1 on a failure carrying an E3xxx
 code (or a broken audit chain), 2 on bad usage. The database is the one `toolexec up`
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
@@ -40,7 +43,8 @@ T = TypeVar("T")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 projections_app = typer.Typer(help="SQL read models folded from the log.", no_args_is_help=True)
-audit_app = typer.Typer(help="The audit trail: replay and verify.", no_args_is_help=True)
+audit_app = typer.Typer(help="The audit trail: replay, verify, and export for a third party.",
+                        no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -290,6 +294,135 @@ def verify(as_json: JsonFlag = False) -> None:
     if findings.clean and broken is None:
         out.print("no forged, orphaned or doubled facts")
     raise typer.Exit(0 if ok else 1)
+
+
+# --- audit export -----------------------------------------------------------------------
+
+def _pipeline_key(settings: Settings, as_json: bool) -> Any:
+    from toolexec import keys
+
+    try:
+        return keys.fact_signing_key(settings)
+    except (OSError, ValueError) as error:
+        fail("E3805", f"no pipeline signing key: {error}"[:1000], as_json)
+
+
+@audit_app.command("export")
+def export(
+    signed: Annotated[bool, typer.Option(
+        "--signed", help="sign the checkpoint with the pipeline's Ed25519 key")] = False,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="write to FILE (atomically) instead of stdout")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Export the whole trail as JSON Lines: a header, every record in chain order, and
+    a checkpoint (each chain's end, a digest of the lines; signed with --signed) that
+    `toolexec audit verify-export` checks offline. A broken chain is not exported."""
+    from projections.audit_export import ExportBroken, export_audit
+    from projections.tables import iso
+
+    settings = Settings()
+    key = _pipeline_key(settings, as_json) if signed else None
+    target = None if output is None else output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    sink = sys.stdout.buffer if target is None else target.open("wb")
+    exported_at = iso(datetime.now(UTC))
+
+    async def work(engine: AsyncEngine) -> tuple[int, str | None]:
+        async with engine.connect() as conn:
+            with _progress("audit export", "records", as_json) as update:
+                last = b""
+                async for block in export_audit(conn, exported_at, signing_key=key,
+                                                progress=update):
+                    sink.write(block)
+                    last = block
+        import orjson
+
+        checkpoint = orjson.loads(last)
+        return int(checkpoint["checkpoint"]["records"]), checkpoint.get("kid")
+
+    try:
+        try:
+            records, kid = _with_engine(settings, work, as_json)
+        finally:
+            sink.flush()
+            if target is not None:
+                sink.close()
+    except ExportBroken as broken:
+        if target is not None:
+            target.unlink(missing_ok=True)
+        fail("E3806", f"audit trail broken at {broken}; nothing exported (run `toolexec "
+             "audit verify`)", as_json, {"topic": broken.topic, "partition": broken.partition,
+                                         "offset": broken.offset, "reason": broken.reason})
+    except BaseException:
+        if target is not None:
+            target.unlink(missing_ok=True)
+        raise
+    if target is not None and output is not None:
+        target.replace(output)
+    summary = {"records": records, "signed": kid is not None, "kid": kid,
+               "exported_at": exported_at, "output": None if output is None else str(output)}
+    if as_json and output is not None:
+        echo_json(summary)
+    elif not as_json:
+        err.print(f"exported {records} record(s)" + (f", signed by key {kid}" if kid else
+                                                     ", unsigned")
+                  + (f" to {escape(str(output))}" if output else ""))
+
+
+@audit_app.command("verify-export")
+def verify_export_command(
+    file: Annotated[Path, typer.Argument(help="an export of `toolexec audit export`",
+                                         exists=True, dir_okay=False, readable=True)],
+    public_key: Annotated[list[Path] | None, typer.Option(
+        "--public-key", help="the pipeline's Ed25519 public key (PEM); repeat while "
+        "rotating; with it, a signature is required", exists=True, dir_okay=False)] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Verify an export offline (no database, no broker): re-walk every chain, check the
+    checkpoint, the digest and the signature. Exit 1 on the first problem."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from projections.audit_export import verify_export
+
+    keys = []
+    for path in public_key or []:
+        try:
+            loaded = serialization.load_pem_public_key(path.read_bytes())
+        except (OSError, ValueError) as error:
+            fail("usage", f"{path}: not a PEM public key ({error})", as_json, exit_code=2)
+        if not isinstance(loaded, Ed25519PublicKey):
+            fail("usage", f"{path} does not hold an Ed25519 public key", as_json, exit_code=2)
+        keys.append(loaded)
+    with file.open("rb") as handle:
+        result = verify_export(handle, keys)
+    if as_json:
+        echo_json(result.as_dict())
+        raise typer.Exit(0 if result.ok else 1)
+    if result.problem is not None:
+        err.print(f"[red]export does not verify[/] at {escape(str(result.problem))}")
+        raise typer.Exit(1)
+    signed = (f"signature of key {result.kid} verified" if result.signature_checked else
+              "signature not checked (no --public-key)" if result.kid else "unsigned")
+    out.print(f"export verified: {result.records} record(s) in {result.chains} chain(s), "
+              f"exported {result.exported_at}; {signed}")
+
+
+@audit_app.command("public-key")
+def public_key_command(as_json: JsonFlag = False) -> None:
+    """Print the pipeline's Ed25519 public key (PEM): hand it to whoever verifies an
+    export (`toolexec audit verify-export FILE --public-key PEM`)."""
+    from cryptography.hazmat.primitives import serialization
+
+    from contracts.fact_signature import key_id
+
+    public = _pipeline_key(Settings(), as_json).public_key()
+    pem = public.public_bytes(serialization.Encoding.PEM,
+                              serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    if as_json:
+        echo_json({"kid": key_id(public), "pem": pem})
+        return
+    typer.echo(pem, nl=False)
 
 
 # --- registry ----------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def test_commands_go_to_the_requests_topic_and_facts_to_the_invocations_topic() 
 
 
 def test_registry_holds_the_spec_codes_with_their_statuses() -> None:
-    assert len(ERROR_CODES) == 59  # the spec's 58 and E3804 (a fact the pipeline did not sign)
+    # the spec's 58, E3804 (a fact the pipeline did not sign), E3805 and E3806 (audit export)
+    assert len(ERROR_CODES) == 61
     assert http_status_for("E3804") == 403
     assert http_status_for("E3004") == 400
     assert http_status_for("E3101") == 404
