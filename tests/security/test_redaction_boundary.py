@@ -88,6 +88,26 @@ def test_the_audit_hash_chain_still_verifies(gateway: RunningGateway,
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_signed_export_verifies_offline_and_holds_no_secret(
+        gateway: RunningGateway, echoed: dict[str, Any], tmp_path: Path) -> None:
+    from tests.cli_process import toolexec
+    key = toolexec("audit", "public-key", cwd=gateway.cwd, env=gateway.env)
+    assert key.returncode == 0, key.stderr
+    (tmp_path / "pipeline.pem").write_text(key.stdout)
+    export = tmp_path / "trail.jsonl"
+    done = toolexec("audit", "export", "--signed", "--output", str(export), cwd=gateway.cwd,
+                    env=gateway.env)
+    assert done.returncode == 0, done.stderr
+    text = export.read_text()
+    assert echoed["invocation_id"] in text
+    for secret in (PASSWORD, DSN, JWT):
+        assert secret not in text
+    checked = toolexec("audit", "verify-export", str(export), "--public-key",
+                       str(tmp_path / "pipeline.pem"), "--json", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["signature_checked"]
+
+
 def test_declared_text_output_is_the_result(gateway: RunningGateway) -> None:
     response = gateway.invoke("text_out")
     assert response.status_code == 200, response.text
