@@ -13,9 +13,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contracts import topics
 from projections.audit import AuditModel
+from projections.audit_export import export_audit, verify_export
 from projections.database import make_engine, migrate
 from projections.store import Record
 from tests.cli_process import toolexec
+from tests.projection_db import *  # noqa: F403 - fixtures
 from tests.projection_events import invocation
 
 pytestmark = [pytest.mark.integration]
@@ -33,6 +35,21 @@ async def _fold(url: str) -> int:
         return len(records)
     finally:
         await engine.dispose()
+
+
+async def test_export_round_trips_on_every_store(database_url: str) -> None:
+    count = await _fold(database_url)
+    key = Ed25519PrivateKey.generate()
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            blob = b"".join([block async for block in export_audit(
+                conn, "2026-11-25T12:00:00.000000Z", signing_key=key)])
+    finally:
+        await engine.dispose()
+    result = verify_export(blob.splitlines(keepends=True), [key.public_key()])
+    assert result.ok, result.problem
+    assert result.records == count
 
 
 @pytest.fixture
