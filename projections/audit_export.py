@@ -134,8 +134,8 @@ async def export_audit(conn: AsyncConnection, exported_at: str, *,
                        progress: ExportProgress | None = None) -> AsyncIterator[bytes]:
     """The lines of a full export of the trail, a block of rows at a time.
 
-    The checkpoint is the chain heads read first: rows appended meanwhile (past a head)
-    are left for the next export, and a chain with no head is not exported. Raises
+    The checkpoint is the chain heads read first: rows appended meanwhile (past a head,
+    or of a chain begun since) are left for the next export. Raises
     `ExportBroken` when a record or a head does not hold (`audit verify` names all)."""
     heads = {(r.topic, r.partition): (r.last_offset, r.hash, r.records)
              for r in await conn.execute(select(audit_heads))}
@@ -145,9 +145,13 @@ async def export_audit(conn: AsyncConnection, exported_at: str, *,
     query = (select(audit_log)
              .order_by(audit_log.c.topic, audit_log.c.partition, audit_log.c.offset)
              .execution_options(yield_per=EXPORT_ROWS))
+    headless: dict[tuple[str, int], int] = {}
     result = await conn.stream(query)
     try:
         async for rows in result.mappings().partitions():
+            for row in rows:
+                if (row["topic"], row["partition"]) not in heads:
+                    headless.setdefault((row["topic"], row["partition"]), row["offset"])
             lines = [writer.record(row) for row in rows
                      if (row["topic"], row["partition"]) in heads
                      and row["offset"] <= heads[(row["topic"], row["partition"])][0]]
@@ -156,6 +160,12 @@ async def export_audit(conn: AsyncConnection, exported_at: str, *,
                 progress(writer._records, max(announced, writer._records))
     finally:
         await result.close()
+    if headless:  # a chain begun since the heads were read has a head by now
+        now = {(r.topic, r.partition) for r in await conn.execute(
+            select(audit_heads.c.topic, audit_heads.c.partition))}
+        for (topic, partition), offset in sorted(headless.items()):
+            if (topic, partition) not in now:
+                raise ExportBroken(topic, partition, offset, "chain has no head record")
     ends = {(c["topic"], c["partition"]): (c["last_offset"], c["hash"], c["records"])
             for c in writer.chains()}
     for (topic, partition), head in sorted(heads.items()):

@@ -29,7 +29,7 @@ from projections.audit_export import (
 )
 from projections.database import make_engine, migrate
 from projections.store import Record
-from projections.tables import audit_log
+from projections.tables import audit_heads, audit_log
 from tests.projection_events import at, circuit, invocation, published
 
 KEY = Ed25519PrivateKey.generate()
@@ -224,6 +224,13 @@ async def test_a_deleted_newest_record_is_not_exported(engine: AsyncEngine) -> N
         await conn.execute(delete(audit_log).where(
             (audit_log.c.topic == topics.CIRCUITS) & (audit_log.c.offset == 0)))
     with pytest.raises(ExportBroken, match="records deleted or head edited"):
+        await _export(engine)
+
+
+async def test_a_chain_whose_head_was_deleted_is_not_exported(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(delete(audit_heads).where(audit_heads.c.topic == topics.REGISTRY))
+    with pytest.raises(ExportBroken, match="no head"):
         await _export(engine)
 
 
