@@ -24,6 +24,7 @@ from aiokafka import TopicPartition
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from projections.catalog import model_named, rebuilding
+from projections.kafka_connection import live_client_options
 from projections.runner import ArchivedLog, ProjectionRunner
 from projections.store import ReadModel
 
@@ -50,6 +51,8 @@ class RebuildShare:
     partitions: tuple[Place, ...]
     ends: tuple[tuple[Place, int], ...]
     consumer_options: dict[str, Any] = field(default_factory=dict)
+    client_options: dict[str, Any] = field(default_factory=dict)
+    """Connection options in their picklable form (`portable_client_options`)."""
     batch_size: int = 2000
 
 
@@ -70,6 +73,7 @@ Progress = Callable[[int], None]
 async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str, *,
                     partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
                     consumer_options: Mapping[str, Any] | None = None,
+                    client_options: Mapping[str, Any] | None = None,
                     batch_size: int = 2000, progress: Progress | None = None,
                     index: int = 0, archive: ArchivedLog | None = None) -> ShareResult:
     """Replay `partitions` (None: all of the models' topics) of `models` into `engine`
@@ -78,7 +82,7 @@ async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
     cpu = time.process_time()
     with _rare_collections():
         runner = await _replay(engine, models, bootstrap, partitions, ends, consumer_options,
-                               batch_size, progress, archive)
+                               batch_size, progress, archive, client_options)
     per_model = {name: (s.records, s.applied, s.undecodable, s.duplicates)
                  for name, s in runner.model_stats.items()}
     return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu)
@@ -101,11 +105,12 @@ async def _replay(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: s
                   partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
                   consumer_options: Mapping[str, Any] | None, batch_size: int,
                   progress: Progress | None,
-                  archive: ArchivedLog | None = None) -> ProjectionRunner:
+                  archive: ArchivedLog | None = None,
+                  client_options: Mapping[str, Any] | None = None) -> ProjectionRunner:
     runner = ProjectionRunner(engine, [rebuilding(m) for m in models], bootstrap,
                               consumer_options={**REBUILD_FETCH, **(consumer_options or {})},
                               batch_size=batch_size, poll_ms=50, partitions=partitions,
-                              archive=archive, check_log=False)
+                              archive=archive, check_log=False, client_options=client_options)
     await runner.open()
     try:
         if ends is None:
@@ -143,6 +148,7 @@ def _worker_main(share: RebuildShare, reports: Any) -> None:
             return await run_share(engine, models, share.bootstrap,
                                    partitions=share.partitions, ends=dict(share.ends),
                                    consumer_options=share.consumer_options,
+                                   client_options=live_client_options(share.client_options),
                                    batch_size=share.batch_size, progress=progress,
                                    index=share.index)
         finally:
