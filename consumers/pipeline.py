@@ -68,6 +68,7 @@ class Pipeline:
                  dead_letters: DeadLetters, *, signer: FactSigner, verifier: FactVerifier,
                  group: str,
                  consumer_options: Mapping[str, Any] | None = None,
+                 client_options: Mapping[str, Any] | None = None,
                  pacer: FetchPacer | None = None, max_in_flight: int = 32,
                  observe: Listener | None = None) -> None:
         self.group = group
@@ -78,6 +79,8 @@ class Pipeline:
         self._dead_letters = dead_letters
         self._options = {k: v for k, v in (consumer_options or {}).items()
                          if k != "fetch_max_wait_ms"}
+        self._client_options = dict(client_options or {})
+        """Connection options (security) of both consumers."""
         self._pacer = pacer or FetchPacer(5, 500)
         self._max_in_flight = max_in_flight
         self._observe = observe
@@ -104,14 +107,14 @@ class Pipeline:
         """Join the group; recovery and consumption go on in the background."""
         self._reader_consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
-            fetch_max_wait_ms=self._pacer.short_ms)
+            fetch_max_wait_ms=self._pacer.short_ms, **self._client_options)
         await self._reader_consumer.start()
         self._reader = LogReader(self._reader_consumer, self._verifier)
         self._partitions = self._check_partitions(self._reader_consumer)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap, group_id=self.group, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=self._pacer.long_ms,
-            **self._options)
+            **self._options, **self._client_options)
         consumer.subscribe([topics.REQUESTS], listener=_Rebalance(self))
         self._consumer = consumer  # the listener runs within start()
         self._pacer.attach(consumer)

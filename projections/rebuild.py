@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.fact_signature import FactVerifier
 from projections.catalog import co_partitioned_topics
+from projections.kafka_connection import portable_client_options
 from projections.log_identity import LogIdentity, record_cluster
 from projections.rebuild_plan import Place, assign_units, rebuild_units
 from projections.rebuild_workers import (
@@ -90,13 +91,15 @@ async def reset(engine: AsyncEngine, model: ReadModel) -> None:
 
 async def rebuild(engine: AsyncEngine, model: ReadModel, bootstrap: str, *,
                   consumer_options: Mapping[str, Any] | None = None,
+                  client_options: Mapping[str, Any] | None = None,
                   progress: Progress | None = None, batch_size: int = BATCH_SIZE,
                   workers: int = 1, archive: ArchivedLog | None = None,
                   verifier: FactVerifier | None = None,
                   signed_topics: Sequence[str] = ()) -> RebuildReport:
     """Reset `model` and replay its topics up to the current log end."""
     reports = await rebuild_together(engine, [model], bootstrap,
-                                     consumer_options=consumer_options, progress=progress,
+                                     consumer_options=consumer_options,
+                                     client_options=client_options, progress=progress,
                                      batch_size=batch_size, workers=workers, archive=archive,
                                      verifier=verifier, signed_topics=signed_topics)
     return reports[0]
@@ -104,6 +107,7 @@ async def rebuild(engine: AsyncEngine, model: ReadModel, bootstrap: str, *,
 
 async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str, *,
                            consumer_options: Mapping[str, Any] | None = None,
+                           client_options: Mapping[str, Any] | None = None,
                            progress: Progress | None = None, batch_size: int = BATCH_SIZE,
                            workers: int = 1,
                            archive: ArchivedLog | None = None,
@@ -114,11 +118,14 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
     > 1 in that many processes at most, each reading its own partitions. The reports
     share the pass's seconds. `archive` holds the records the broker no longer has
     (the embedded log's retention): a log partly in the archive is replayed by one
-    process, which reads the archive first. With `verifier`, the records of
-    `signed_topics` are checked as the live runner checks them."""
+    process, which reads the archive first. `client_options` are the connection
+    options (`settings.kafka_client_options`) of every client, workers' included. With
+    `verifier`, the records of `signed_topics` are checked as the live runner checks
+    them."""
     options = dict(consumer_options or {})
+    connection = dict(client_options or {})
     sizes, ends = await _log_extent(bootstrap, {t for m in models for t in m.topics}, options,
-                                    archive)
+                                    archive, connection)
     total = sum(sizes.values())
     archived = archive is not None and any(
         archive.retained_from(topic, partition) > 0 for topic, partition in sizes)
@@ -126,7 +133,7 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
                           sizes, 1 if archived else max(workers, 1))
     for model in models:
         await reset(engine, model)
-    await _record_log(engine, models, bootstrap, options)
+    await _record_log(engine, models, bootstrap, options, connection)
     tables = [table for model in models for table in model.tables]
     await _drop_indexes(engine, tables)
     started = time.perf_counter()
@@ -136,7 +143,7 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
         if len(shares) > 1:
             try:
                 results = await _parallel(engine, models, bootstrap, shares, ends, options,
-                                          batch_size, progress, total, verifier,
+                                          connection, batch_size, progress, total, verifier,
                                           tuple(signed_topics))
             except WorkerFailed as failure:
                 if failure.kind != "MisalignedPartitions":
@@ -149,8 +156,8 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
         if len(shares) <= 1:
             results = [await run_share(
                 engine, models, bootstrap, partitions=None, ends=ends,
-                consumer_options=options, batch_size=batch_size, archive=archive,
-                verifier=verifier, signed_topics=signed_topics,
+                consumer_options=options, client_options=connection, batch_size=batch_size,
+                archive=archive, verifier=verifier, signed_topics=signed_topics,
                 progress=None if progress is None else lambda done: progress(done, total))]
     finally:
         await restore_indexes(engine, tables)
@@ -159,11 +166,11 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
 
 
 async def _record_log(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
-                      options: Mapping[str, Any]) -> None:
+                      options: Mapping[str, Any], connection: Mapping[str, Any]) -> None:
     """Remember which cluster's log the rebuilt models fold (once, before the workers
     start: they do not check the log's identity themselves)."""
-    identity = LogIdentity(bootstrap, {k: v for k, v in options.items()
-                                       if k not in FETCH_OPTIONS})
+    identity = LogIdentity(bootstrap, {**{k: v for k, v in options.items()
+                                          if k not in FETCH_OPTIONS}, **connection})
     try:
         cluster = await identity.cluster_id()
     finally:
@@ -173,15 +180,17 @@ async def _record_log(engine: AsyncEngine, models: Sequence[ReadModel], bootstra
 
 async def _parallel(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
                     shares: list[list[Place]], ends: Mapping[Place, int],
-                    options: dict[str, Any], batch_size: int, progress: Progress | None,
-                    total: int, verifier: FactVerifier | None,
+                    options: dict[str, Any], connection: Mapping[str, Any], batch_size: int,
+                    progress: Progress | None, total: int, verifier: FactVerifier | None,
                     signed_topics: tuple[str, ...]) -> list[ShareResult]:
     url = engine.url.render_as_string(hide_password=False)
     jobs = [RebuildShare(index=i, database_url=url, bootstrap=bootstrap,
                          models=tuple((m.name, tuple(m.topics)) for m in models),
                          partitions=tuple(share),
                          ends=tuple((place, ends[place]) for place in share if place in ends),
-                         consumer_options=options, batch_size=batch_size,
+                         consumer_options=options,
+                         client_options=portable_client_options(connection),
+                         batch_size=batch_size,
                          fact_keys=None if verifier is None else verifier.raw_keys(),
                          signed_topics=signed_topics)
             for i, share in enumerate(shares)]
@@ -203,14 +212,16 @@ def _reports(models: Sequence[ReadModel], results: Sequence[ShareResult], second
 
 
 async def _log_extent(bootstrap: str, topics: set[str], options: Mapping[str, Any],
-                      archive: ArchivedLog | None = None
+                      archive: ArchivedLog | None = None,
+                      connection: Mapping[str, Any] | None = None,
                       ) -> tuple[dict[Place, int], dict[Place, int]]:
     """(records per partition, end offset per partition) of `topics` now; a partition
     the archive holds earlier records of counts from its start."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
                                 enable_auto_commit=False,
                                 **{k: v for k, v in options.items()
-                                   if k in ("request_timeout_ms", "metadata_max_age_ms")})
+                                   if k in ("request_timeout_ms", "metadata_max_age_ms")},
+                                **dict(connection or {}))
     await consumer.start()
     try:
         known = await consumer.topics()

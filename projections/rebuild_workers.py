@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.fact_signature import FactVerifier
 from projections.catalog import model_named, rebuilding
+from projections.kafka_connection import live_client_options
 from projections.runner import ArchivedLog, ProjectionRunner
 from projections.store import ReadModel
 
@@ -51,6 +52,8 @@ class RebuildShare:
     partitions: tuple[Place, ...]
     ends: tuple[tuple[Place, int], ...]
     consumer_options: dict[str, Any] = field(default_factory=dict)
+    client_options: dict[str, Any] = field(default_factory=dict)
+    """Connection options in their picklable form (`portable_client_options`)."""
     batch_size: int = 2000
     fact_keys: tuple[bytes, ...] | None = None
     """Raw public keys of the pipeline's fact signatures (None: facts unchecked)."""
@@ -74,6 +77,7 @@ Progress = Callable[[int], None]
 async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str, *,
                     partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
                     consumer_options: Mapping[str, Any] | None = None,
+                    client_options: Mapping[str, Any] | None = None,
                     batch_size: int = 2000, progress: Progress | None = None,
                     index: int = 0, archive: ArchivedLog | None = None,
                     verifier: FactVerifier | None = None,
@@ -84,7 +88,8 @@ async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
     cpu = time.process_time()
     with _rare_collections():
         runner = await _replay(engine, models, bootstrap, partitions, ends, consumer_options,
-                               batch_size, progress, archive, verifier, signed_topics)
+                               batch_size, progress, archive, client_options, verifier,
+                               signed_topics)
     per_model = {name: (s.records, s.applied, s.undecodable, s.duplicates)
                  for name, s in runner.model_stats.items()}
     return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu)
@@ -107,13 +112,15 @@ async def _replay(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: s
                   partitions: Sequence[Place] | None, ends: Mapping[Place, int] | None,
                   consumer_options: Mapping[str, Any] | None, batch_size: int,
                   progress: Progress | None,
-                  archive: ArchivedLog | None = None, verifier: FactVerifier | None = None,
+                  archive: ArchivedLog | None = None,
+                  client_options: Mapping[str, Any] | None = None,
+                  verifier: FactVerifier | None = None,
                   signed_topics: Sequence[str] = ()) -> ProjectionRunner:
     runner = ProjectionRunner(engine, [rebuilding(m) for m in models], bootstrap,
                               consumer_options={**REBUILD_FETCH, **(consumer_options or {})},
                               batch_size=batch_size, poll_ms=50, partitions=partitions,
-                              archive=archive, check_log=False, verifier=verifier,
-                              signed_topics=signed_topics)
+                              archive=archive, check_log=False, client_options=client_options,
+                              verifier=verifier, signed_topics=signed_topics)
     await runner.open()
     try:
         if ends is None:
@@ -151,6 +158,7 @@ def _worker_main(share: RebuildShare, reports: Any) -> None:
             return await run_share(engine, models, share.bootstrap,
                                    partitions=share.partitions, ends=dict(share.ends),
                                    consumer_options=share.consumer_options,
+                                   client_options=live_client_options(share.client_options),
                                    batch_size=share.batch_size, progress=progress,
                                    index=share.index, verifier=None if share.fact_keys is None
                                    else FactVerifier.from_raw(share.fact_keys),

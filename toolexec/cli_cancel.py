@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings
+from toolexec.settings import Settings, kafka_client_options
 
 err = Console(stderr=True)
 out = Console()
@@ -42,7 +42,8 @@ def cancel(
     if runtime.get("gateway_url"):
         status, body = _through_gateway(runtime["gateway_url"], invocation_id, reason, token)
     elif bootstrap := settings.kafka_bootstrap or runtime.get("kafka_bootstrap"):
-        status, body = asyncio.run(_through_broker(bootstrap, invocation_id, reason))
+        status, body = asyncio.run(_through_broker(bootstrap, invocation_id, reason,
+                                                   kafka_client_options(settings)))
     else:
         status, body = 503, {"error": {
             "code": "E3001", "message": "no running toolexec found: start `toolexec up` first "
@@ -68,12 +69,12 @@ def _through_gateway(url: str, invocation_id: str, reason: str | None,
                                                 "details": {}}}
 
 
-async def _through_broker(bootstrap: str, invocation_id: str,
-                          reason: str | None) -> tuple[int, dict[str, Any]]:
+async def _through_broker(bootstrap: str, invocation_id: str, reason: str | None,
+                          client_options: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     from toolexec.client import InvocationClient, InvocationNotDelivered
 
     try:
-        async with InvocationClient(bootstrap) as client:
+        async with InvocationClient(bootstrap, client_options=client_options) as client:
             event = await client.cancel(invocation_id, reason, requested_by=REQUESTED_BY)
     except InvocationNotDelivered as error:
         return 503, {"error": error.to_dict()}

@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from toolexec.cli_output import bad_usage, fail
 from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings
+from toolexec.settings import Settings, kafka_client_options
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -104,14 +104,15 @@ def _change(tool: str, state: str, reason: str | None, replacement: str | None,
     try:
         capability = rights.caller(settings, token or settings.token, runtime)
         event_ids, shown = asyncio.run(_emit(str(bootstrap), str(database_url), change,
-                                             capability))
+                                             capability, kafka_client_options(settings)))
     except ToolexecError as error:
         fail(error.code, error.message, as_json, error.details)
     _report(change, event_ids, shown, as_json)
 
 
 async def _emit(bootstrap: str, database_url: str, change: LifecycleChange,
-                capability: Capability | None) -> tuple[list[str], dict[str, Any] | None]:
+                capability: Capability | None, client_options: dict[str, Any]
+                ) -> tuple[list[str], dict[str, Any] | None]:
     from projections.database import make_engine
     from toolexec.client import InvocationClient
     from toolexec.lifecycle import checked_reading_your_writes, lifecycle_event
@@ -120,10 +121,12 @@ async def _emit(bootstrap: str, database_url: str, change: LifecycleChange,
     engine = make_engine(database_url)
     try:
         changes = await checked_reading_your_writes(
-            engine, change, lambda: registry_caught_up(engine, bootstrap), capability)
+            engine, change,
+            lambda: registry_caught_up(engine, bootstrap, client_options=client_options),
+            capability)
         now = datetime.now(UTC)
         events = [lifecycle_event(checked, now=now) for checked in changes]
-        async with InvocationClient(bootstrap) as client:
+        async with InvocationClient(bootstrap, client_options=client_options) as client:
             for event in events:
                 await client.send(event)
         return [e.id for e in events], await _wait_shown(engine, changes)

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from toolexec.cli_output import echo_json, fail
 from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings, consumer_kwargs
+from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
 from toolexec.state_files import ensure_state_dir
 
 if TYPE_CHECKING:
@@ -128,6 +128,7 @@ def rebuild_command(
             try:
                 return await rebuild_together(engine, chosen, bootstrap,
                                               consumer_options=consumer_kwargs(settings),
+                                              client_options=kafka_client_options(settings),
                                               progress=update, workers=processes,
                                               archive=embedded_archive(settings),
                                               verifier=fact_verifier(settings),

@@ -28,7 +28,7 @@ from toolexec.runtime_file import (
     runtime_status,
     write_runtime,
 )
-from toolexec.settings import Settings, fetch_waits
+from toolexec.settings import Settings, fetch_waits, kafka_client_options
 from toolexec.sources import bash_syntax_check, collect_sources
 
 if TYPE_CHECKING:
@@ -115,7 +115,8 @@ async def _publish_to_running(client: InvocationClient, runtime: dict[str, Any],
 
     capability = rights.caller(settings, token, runtime)
     registry = await published_versions(str(runtime["kafka_bootstrap"]),
-                                        settings.publication_limits)
+                                        settings.publication_limits,
+                                        client_options=kafka_client_options(settings))
     publications = found.unreadable + _publications(
         found.sources, found.known, registry, settings,
         published_by=capability.subject if capability else None)
@@ -320,8 +321,8 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
     runtime = read_runtime(settings)
     if runtime is not None:
         async with InvocationClient(runtime["kafka_bootstrap"], fetch_waits=fetch_waits(settings),
-                                    verifier=FactVerifier(keys.fact_verify_keys(settings))
-                                    ) as client:
+                                    verifier=FactVerifier(keys.fact_verify_keys(settings)),
+                                    client_options=kafka_client_options(settings)) as client:
             if tools:
                 await _publish_to_running(client, runtime, _sources(tools, settings),
                                           settings, token)
@@ -334,8 +335,8 @@ async def invoke_tool(settings: Settings, tool_id: str, version_range: str,
         if report_rejections:
             _report_rejections(publications)
         async with InvocationClient(stack.bootstrap, pipeline=stack.pipeline,
-                                    verifier=stack.verifier,
-                                    fetch_waits=fetch_waits(settings)) as client:
+                                    verifier=stack.verifier, fetch_waits=fetch_waits(settings),
+                                    client_options=kafka_client_options(settings)) as client:
             return await client.invoke(tool_id, parameters, version_range=version_range,
                                        lockfile=lockfile, token=token, timeout=timeout,
                                        progress=progress)
@@ -439,7 +440,8 @@ async def _publish_sources(runtime: dict[str, Any], found: _Found, settings: Set
                            token: str | None) -> list[Publication]:
     from toolexec.client import InvocationClient
 
-    async with InvocationClient(str(runtime["kafka_bootstrap"])) as client:
+    async with InvocationClient(str(runtime["kafka_bootstrap"]),
+                                client_options=kafka_client_options(settings)) as client:
         return await _publish_to_running(client, runtime, found, settings, token)
 
 

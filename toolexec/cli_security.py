@@ -9,7 +9,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -23,7 +23,7 @@ from domain.scopes import POLICY_NEED, Scopes, is_namespace
 from toolexec import rights
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings
+from toolexec.settings import Settings, kafka_client_options
 
 err = Console(stderr=True)
 out = Console()
@@ -168,7 +168,7 @@ def apply(
             err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
         raise typer.Exit(1) from error
     event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
-    asyncio.run(_send(bootstrap, event))
+    asyncio.run(_send(bootstrap, event, kafka_client_options(settings)))
     data = event.data
     if as_json:
         out.print_json(data={"type": event.type, "policy_set_id": data.policy_set_id,
@@ -177,8 +177,8 @@ def apply(
         err.print(f"applied policy set {data.policy_set_id} version {data.version}")
 
 
-async def _send(bootstrap: str, event: Envelope) -> None:
+async def _send(bootstrap: str, event: Envelope, client_options: dict[str, Any]) -> None:
     from toolexec.client import InvocationClient  # Kafka only for this command
 
-    async with InvocationClient(bootstrap) as client:
+    async with InvocationClient(bootstrap, client_options=client_options) as client:
         await client.send(event)

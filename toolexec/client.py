@@ -77,8 +77,11 @@ class InvocationClient:
 
     def __init__(self, bootstrap: str, *, pipeline: Pipeline | None = None,
                  verifier: FactVerifier | None = None,
-                 fetch_waits: tuple[int, int] = (1, 500)) -> None:
+                 fetch_waits: tuple[int, int] = (1, 500),
+                 client_options: Mapping[str, Any] | None = None) -> None:
         self._bootstrap = bootstrap
+        self._options = dict(client_options or {})
+        """Connection options (`settings.kafka_client_options`) of both clients."""
         self._pipeline = pipeline
         self._verifier = verifier
         self.untrusted = 0
@@ -103,7 +106,7 @@ class InvocationClient:
 
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, linger_ms=0,
-                                          request_timeout_ms=SEND_TIMEOUT_MS)
+                                          request_timeout_ms=SEND_TIMEOUT_MS, **self._options)
         await self._producer.start()
 
     async def _follow_log(self) -> None:
@@ -118,7 +121,8 @@ class InvocationClient:
                 return
             consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
                                         auto_offset_reset="latest",
-                                        fetch_max_wait_ms=self._pacer.short_ms)
+                                        fetch_max_wait_ms=self._pacer.short_ms,
+                                        **self._options)
             await consumer.start()
             partitions = consumer.partitions_for_topic(topics.INVOCATIONS) or {0}
             tps = [TopicPartition(topics.INVOCATIONS, p) for p in sorted(partitions)]

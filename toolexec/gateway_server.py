@@ -27,7 +27,7 @@ from toolexec.client import InvocationClient
 from toolexec.gateway import GatewayContext, create_app, current_manifest
 from toolexec.metrics import PipelineMetrics
 from toolexec.read_models import ReadModels
-from toolexec.settings import Settings, fetch_waits
+from toolexec.settings import Settings, fetch_waits, kafka_client_options
 from toolexec.stack import Stack
 
 log = structlog.get_logger(__name__)
@@ -44,8 +44,10 @@ class KafkaProbe:
 
     def __init__(self, bootstrap: str, engine: AsyncEngine,
                  groups: Mapping[str, tuple[str, ...]],
-                 read_models: Mapping[str, tuple[str, ...]]) -> None:
+                 read_models: Mapping[str, tuple[str, ...]], *,
+                 client_options: Mapping[str, Any] | None = None) -> None:
         self._bootstrap = bootstrap
+        self._client_options = dict(client_options or {})
         self._engine = engine
         self._groups = groups
         self._read_models = read_models
@@ -55,7 +57,8 @@ class KafkaProbe:
         self._readers: dict[str, AIOKafkaConsumer] = {}
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None)
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
+                                          **self._client_options)
         await self._consumer.start()
 
     async def stop(self) -> None:
@@ -70,7 +73,7 @@ class KafkaProbe:
         reader = self._readers.get(group)
         if reader is None:
             reader = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=group,
-                                      enable_auto_commit=False)
+                                      enable_auto_commit=False, **self._client_options)
             await reader.start()
             self._readers[group] = reader
         committed = {}
@@ -160,13 +163,15 @@ async def serve_gateway(stack: Stack, read_models: ReadModels,
     """Run the gateway over `stack` and `read_models`; yields its base URL."""
     observed = PipelineMetrics()
     stack.observers.append(observed.observe)
+    client_options = kafka_client_options(settings)
     client = InvocationClient(stack.bootstrap, pipeline=stack.pipeline, verifier=stack.verifier,
-                              fetch_waits=fetch_waits(settings))
+                              fetch_waits=fetch_waits(settings), client_options=client_options)
     groups = {g: (topics.INVOCATIONS,) for s in (stack.broker.subscribers if stack.broker else ())
               if (g := getattr(s, "group_id", None))}
     if stack.pipeline is not None:
         groups[stack.pipeline.group] = (topics.REQUESTS,)
-    probe = KafkaProbe(stack.bootstrap, read_models.engine, groups, dict(read_models.topics))
+    probe = KafkaProbe(stack.bootstrap, read_models.engine, groups, dict(read_models.topics),
+                       client_options=client_options)
 
     async def catch_up(name: str, timeout: float) -> bool:
         """Read-your-writes for the gateway's reads: bounded, and never an error. With

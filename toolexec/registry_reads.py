@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -33,10 +34,12 @@ POLL_SECONDS = 0.1
 
 
 async def registry_caught_up(engine: AsyncEngine, bootstrap: str,
-                             timeout: float = READ_MODEL_WAIT_SECONDS) -> bool:
+                             timeout: float = READ_MODEL_WAIT_SECONDS, *,
+                             client_options: Mapping[str, Any] | None = None) -> bool:
     """Wait (bounded) until the registry read model has folded the registry topic up to
     its end offsets as they are now; False when it has not within `timeout`."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                **dict(client_options or {}))
     await consumer.start()
     try:
         await consumer.topics()
@@ -55,7 +58,8 @@ async def registry_caught_up(engine: AsyncEngine, bootstrap: str,
 
 
 async def published_versions(bootstrap: str, limits: PublicationLimits,
-                             timeout: float = LOG_READ_SECONDS) -> RegistryView:
+                             timeout: float = LOG_READ_SECONDS, *,
+                             client_options: Mapping[str, Any] | None = None) -> RegistryView:
     """The registry as the log holds it now: every record of the registry topic up to
     its end offsets, folded the way a running system folds it (the same limits).
 
@@ -63,7 +67,7 @@ async def published_versions(bootstrap: str, limits: PublicationLimits,
     not have folded the last publications yet (or at all, when `up` stopped early)."""
     view = RegistryView(limits=limits)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+                                auto_offset_reset="earliest", **dict(client_options or {}))
     await consumer.start()
     try:
         async with asyncio.timeout(timeout):

@@ -11,10 +11,11 @@ production profile (any Kafka, plus `database_url` / `redis_url`).
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from domain.credentials import CredentialGrants
@@ -22,8 +23,16 @@ from domain.errors import ChainInvalid
 from domain.plan import parse_size
 from domain.publication_limits import PublicationLimits
 from domain.sandbox_policy import SandboxPolicy
+from projections.kafka_connection import kafka_ssl_context
+
+if TYPE_CHECKING:
+    from faststream.security import BaseSecurity
 
 MIB = 1024 * 1024
+
+SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+SSL_PROTOCOLS = ("SSL", "SASL_SSL")
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 
 # Consumer-group tuning per profile. Tansu with aiokafka defaults takes 5-18 s per group
 # join; these bring it to about a second. Apache Kafka refuses sessions below its
@@ -52,6 +61,23 @@ class Settings(BaseSettings):
 
     kafka_bootstrap: str | None = None
     """Kafka bootstrap servers; None runs the embedded Tansu broker."""
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = (
+        "PLAINTEXT")
+    """How every Kafka client of this process connects (docs/broker-security.md);
+    anything but PLAINTEXT needs `kafka_bootstrap` (the embedded broker has no auth)."""
+    kafka_sasl_mechanism: str = "SCRAM-SHA-512"
+    """SASL mechanism with SASL_*: SCRAM-SHA-512 or SCRAM-SHA-256. PLAIN is refused (the
+    password would cross the wire as it is, and Tansu refuses it)."""
+    kafka_sasl_username: str | None = None
+    """SASL principal name (required with SASL_*)."""
+    kafka_sasl_password: SecretStr | None = None
+    """SASL password; or `kafka_sasl_password_file` (one of the two with SASL_*)."""
+    kafka_sasl_password_file: Path | None = None
+    """File holding the SASL password (read each time a client is made; one trailing
+    newline is dropped), e.g. a compose or Kubernetes secret."""
+    kafka_ssl_cafile: Path | None = None
+    """CA bundle the broker's certificate is checked against with SSL / SASL_SSL; None =
+    the system's CAs."""
     database_url: str | None = None
     """SQLAlchemy URL of the projection store; None = SQLite under `state_dir`."""
     redis_url: str | None = None
@@ -240,8 +266,52 @@ class Settings(BaseSettings):
         """The operator's credential grants (nothing is granted by default)."""
         return CredentialGrants.parse(self.credential_grants)
 
+    @field_validator("kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _mechanism(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        mechanism = value.strip().upper()
+        if mechanism == "PLAIN":
+            raise ValueError(
+                "SASL PLAIN is refused: it sends the password as it is (and Tansu does not "
+                "offer it); use SCRAM-SHA-512 (the default) or SCRAM-SHA-256")
+        if mechanism not in SASL_MECHANISMS:
+            raise ValueError(f"unsupported SASL mechanism {value!r}; use one of "
+                             f"{', '.join(SASL_MECHANISMS)}")
+        return mechanism
+
+    @model_validator(mode="after")
+    def _kafka_security(self) -> Settings:
+        protocol = self.kafka_security_protocol
+        sasl_given = [name for name in ("kafka_sasl_username", "kafka_sasl_password",
+                                        "kafka_sasl_password_file")
+                      if getattr(self, name) is not None]
+        if protocol != "PLAINTEXT" and self.kafka_bootstrap is None:
+            raise ValueError(
+                f"kafka_security_protocol {protocol} needs kafka_bootstrap: the embedded "
+                "broker takes PLAINTEXT loopback clients only")
+        if protocol in SASL_PROTOCOLS:
+            if not self.kafka_sasl_username:
+                raise ValueError(f"kafka_security_protocol {protocol} needs "
+                                 "kafka_sasl_username (TOOLEXEC_KAFKA_SASL_USERNAME)")
+            if (self.kafka_sasl_password is None) == (self.kafka_sasl_password_file is None):
+                raise ValueError(
+                    f"kafka_security_protocol {protocol} needs exactly one of "
+                    "kafka_sasl_password and kafka_sasl_password_file "
+                    "(TOOLEXEC_KAFKA_SASL_PASSWORD / TOOLEXEC_KAFKA_SASL_PASSWORD_FILE)")
+        elif sasl_given:
+            raise ValueError(f"{', '.join(sasl_given)} set but kafka_security_protocol is "
+                             f"{protocol}: the credentials would not be used; use "
+                             "SASL_PLAINTEXT or SASL_SSL")
+        if self.kafka_ssl_cafile is not None and protocol not in SSL_PROTOCOLS:
+            raise ValueError(f"kafka_ssl_cafile set but kafka_security_protocol is {protocol} "
+                             "(no TLS); use SSL or SASL_SSL")
+        return self
+
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
                      "require_auth", "sandbox", "abac_url", "token", "fact_signing_key",
+                     "kafka_sasl_username", "kafka_sasl_password_file", "kafka_ssl_cafile",
                      mode="before")
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:
@@ -325,8 +395,63 @@ def consumer_kwargs(settings: Settings) -> dict[str, Any]:
     return tuning
 
 
+class KafkaSettingsError(ValueError):
+    """The Kafka security settings cannot be used (e.g. the password file is unreadable)."""
+
+
 def kafka_client_options(settings: Settings) -> dict[str, Any]:
     """Connection options every Kafka client of toolexec passes besides its bootstrap
-    servers (security protocol and credentials belong here); none are needed yet."""
-    del settings  # the embedded broker and PLAINTEXT Kafka need none
-    return {}
+    servers: aiokafka keyword arguments (`security_protocol`, `sasl_mechanism`,
+    `sasl_plain_username`, `sasl_plain_password`, `ssl_context`). Empty with PLAINTEXT,
+    so nothing changes there. The password file is read on every call."""
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return {}
+    options: dict[str, Any] = {"security_protocol": protocol}
+    if protocol in SASL_PROTOCOLS:
+        options.update(sasl_mechanism=settings.kafka_sasl_mechanism,
+                       sasl_plain_username=settings.kafka_sasl_username,
+                       sasl_plain_password=_sasl_password(settings))
+    if protocol in SSL_PROTOCOLS:
+        options["ssl_context"] = kafka_ssl_context(settings.kafka_ssl_cafile)
+    return options
+
+
+def _sasl_password(settings: Settings) -> str:
+    if settings.kafka_sasl_password is not None:
+        return settings.kafka_sasl_password.get_secret_value()
+    path = settings.kafka_sasl_password_file
+    assert path is not None  # the model validator wants one of the two
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise KafkaSettingsError(f"cannot read kafka_sasl_password_file {path}: "
+                                 f"{error.strerror or error}") from None
+    password = text[:-1] if text.endswith("\n") else text
+    password = password[:-1] if password.endswith("\r") else password
+    if not password:
+        raise KafkaSettingsError(f"kafka_sasl_password_file {path} is empty")
+    return password
+
+
+def faststream_security(options: Mapping[str, Any]) -> BaseSecurity | None:
+    """FastStream's `security=` object for `kafka_client_options` (None with PLAINTEXT)."""
+    from faststream.security import (  # noqa: PLC0415 - FastStream only where a broker is built
+        BaseSecurity,
+        SASLScram256,
+        SASLScram512,
+    )
+
+    protocol = options.get("security_protocol", "PLAINTEXT")
+    context = options.get("ssl_context")
+    if protocol == "PLAINTEXT":
+        return None
+    if protocol == "SSL":
+        return BaseSecurity(ssl_context=context, use_ssl=True)
+    kind = {"SCRAM-SHA-512": SASLScram512, "SCRAM-SHA-256": SASLScram256}.get(
+        options.get("sasl_mechanism", ""))
+    if kind is None:
+        raise KafkaSettingsError(f"no FastStream security for SASL mechanism "
+                                 f"{options.get('sasl_mechanism')!r}")
+    return kind(options["sasl_plain_username"], options["sasl_plain_password"],
+                ssl_context=context, use_ssl=protocol == "SASL_SSL")

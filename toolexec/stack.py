@@ -53,7 +53,13 @@ from toolexec.broker_control import BrokerWatch, SupervisedBroker, ensure_broker
 from toolexec.embedded_broker import ensure_topics
 from toolexec.logs import reset_repeated_errors
 from toolexec.runtime_file import up_running
-from toolexec.settings import Settings, consumer_kwargs, fetch_waits
+from toolexec.settings import (
+    Settings,
+    consumer_kwargs,
+    faststream_security,
+    fetch_waits,
+    kafka_client_options,
+)
 from toolexec.state_files import ensure_state_dir
 
 log = structlog.get_logger(__name__)
@@ -173,11 +179,14 @@ class Stack:
             self._broker_watch = BrokerWatch(self.settings, self.embedded,
                                              on_change=self._broker_changed)
             self._broker_watch.start()
-        await ensure_topics(self.bootstrap, TOPIC_PARTITIONS)
+        client_options = kafka_client_options(self.settings)
+        await ensure_topics(self.bootstrap, TOPIC_PARTITIONS, client_options=client_options)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0,
-                                          max_request_size=self.settings.max_message_bytes)
+                                          max_request_size=self.settings.max_message_bytes,
+                                          **client_options)
         await self._producer.start()
-        self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
+        self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
+                                         **client_options)
         await self._offsets.start()
         self.registry = RegistryView(end_offsets=self._registry_end_offsets,
                                      limits=self.settings.publication_limits)
@@ -192,7 +201,8 @@ class Stack:
             self._signer = FactSigner(keys.fact_signing_key(self.settings))
         self.verifier = FactVerifier(keys.fact_verify_keys(self.settings))
         self.broker = KafkaBroker(self.bootstrap, apply_types=False, decoder=passthrough_decoder,
-                                  linger_ms=0, logger=None, graceful_timeout=10)
+                                  linger_ms=0, logger=None, graceful_timeout=10,
+                                  security=faststream_security(client_options))
         self._attach_views(self.broker)
         if self.run_consumers:
             self._attach_circuits(self.broker)
@@ -456,6 +466,7 @@ class Stack:
                         DeadLetters(DeliveringPublisher(self.publish), utc_now),
                         signer=self._signer, verifier=self.verifier,
                         group=f"{self.group_prefix}.pipeline", consumer_options=options,
+                        client_options=kafka_client_options(self.settings),
                         pacer=self._new_pacer(), max_in_flight=self.execute_workers,
                         observe=self._observe)
 
