@@ -23,7 +23,7 @@ from projections.tables import audit_log
 from tests.projection_db import _fresh_postgres, postgres_server_url, snapshot  # noqa: F401
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
-from toolexec.read_models import ReadModels, start_read_models
+from toolexec.read_models import SIGNED_TOPICS, ReadModels, fact_verifier, start_read_models
 from toolexec.settings import Settings
 from toolexec.sources import load_builtin_sources, load_source
 from toolexec.stack import Stack
@@ -117,7 +117,9 @@ async def test_rebuild_yields_the_incremental_tables_row_by_row(stack: Stack) ->
     assert await handle.wait_caught_up(20)
     for name, model in read_models().items():
         before = await snapshot(handle.engine, model)
-        report = await rebuild(handle.engine, model, stack.bootstrap)
+        report = await rebuild(handle.engine, model, stack.bootstrap,  # checking facts as up
+                               verifier=fact_verifier(stack.settings),
+                               signed_topics=SIGNED_TOPICS)
         assert report.records > 0 or name == "circuits", name  # no breaker tripped here
         assert await snapshot(handle.engine, model) == before, name
 
