@@ -8,6 +8,7 @@ Import the fixtures into a test module: ``from tests.projection_db import *``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +21,7 @@ from sqlalchemy import make_url, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from projections.database import make_engine, migrate
+from projections.runner import ProjectionRunner
 from projections.store import ReadModel
 
 TEST_DATABASE_ENV = "TOOLEXEC_TEST_DATABASE_URL"
@@ -85,3 +87,15 @@ async def snapshot(engine: AsyncEngine, model: ReadModel) -> dict[str, list[dict
             result = await conn.execute(select(table).order_by(*table.primary_key.columns))
             out[table.name] = [dict(row) for row in result.mappings()]
     return out
+
+
+async def run_to_end(runner: ProjectionRunner, timeout: float = 60) -> None:
+    """Open `runner`, apply every record up to the log end as it is now, close it."""
+    await runner.open()
+    try:
+        ends = await runner.end_offsets()
+        async with asyncio.timeout(timeout):
+            while not runner.reached(ends):
+                await runner.step()
+    finally:
+        await runner.close()

@@ -28,7 +28,7 @@ from projections.runner import ProjectionRunner
 from projections.store import ReadModel
 from projections.tables import audit_log, invocations
 from tests.projection_db import *  # noqa: F403 - fixtures
-from tests.projection_db import snapshot
+from tests.projection_db import run_to_end, snapshot
 from tests.projection_events import at, captoken, circuit, envelope, invocation, published
 from toolexec.embedded_broker import ensure_topics
 
@@ -91,15 +91,7 @@ async def _topics(bootstrap: str, requests_partitions: int) -> str:
 
 async def _incremental(engine: AsyncEngine, bootstrap: str, models: list[ReadModel],
                        batch_size: int) -> None:
-    runner = ProjectionRunner(engine, models, bootstrap, batch_size=batch_size)
-    await runner.open()
-    try:
-        ends = await runner.end_offsets()
-        async with asyncio.timeout(60):
-            while not runner.reached(ends):
-                await runner.step()
-    finally:
-        await runner.close()
+    await run_to_end(ProjectionRunner(engine, models, bootstrap, batch_size=batch_size))
 
 
 async def _snapshots(engine: AsyncEngine, models: list[ReadModel]) -> dict[str, object]:

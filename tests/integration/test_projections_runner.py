@@ -26,7 +26,7 @@ from projections.runner import ProjectionRunner
 from projections.store import Changes, ReadModel, Record
 from projections.tables import audit_log, invocations, metadata
 from tests.projection_db import *  # noqa: F403 - fixtures
-from tests.projection_db import snapshot
+from tests.projection_db import run_to_end, snapshot
 from tests.projection_events import at, captoken, circuit, invocation, lifecycle, published
 from toolexec.embedded_broker import ensure_topics
 
@@ -95,17 +95,6 @@ async def _produce(bootstrap: str, prefix: str, events: Sequence[Envelope]) -> N
         await producer.stop()
 
 
-async def _run_to_end(runner: ProjectionRunner) -> None:
-    await runner.open()
-    try:
-        ends = await runner.end_offsets()
-        async with asyncio.timeout(30):
-            while not runner.reached(ends):
-                await runner.step()
-    finally:
-        await runner.close()
-
-
 async def test_incremental_runners_equal_a_rebuild_row_by_row(
         engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
     models = _models(log_prefix)
@@ -137,7 +126,7 @@ async def test_one_runner_of_every_model_equals_a_rebuild_of_each_even_from_unev
             await ahead.step()
     finally:
         await ahead.close()
-    await _run_to_end(ProjectionRunner(engine, list(models.values()), kafka_bootstrap,
+    await run_to_end(ProjectionRunner(engine, list(models.values()), kafka_bootstrap,
                                        batch_size=37))
     together = {name: await snapshot(engine, m) for name, m in models.items()}
     assert len(together["invocations"]["invocations"]) == INVOCATIONS
@@ -149,7 +138,7 @@ async def test_one_runner_of_every_model_equals_a_rebuild_of_each_even_from_unev
 async def test_read_side_queries_answer_from_the_tables(
         engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
     for model in _models(log_prefix).values():
-        await _run_to_end(ProjectionRunner(engine, model, kafka_bootstrap))
+        await run_to_end(ProjectionRunner(engine, model, kafka_bootstrap))
     async with engine.connect() as conn:
         assert [t["tool_id"] for t in await search_tools(conn, "LINES find")] == ["grep"]
         grep = await show_tool(conn, "grep")
@@ -203,7 +192,7 @@ async def test_runner_killed_mid_batch_resumes_without_duplicate_or_gap(
             while True:
                 await crashing.step()
     await crashing.close()
-    await _run_to_end(ProjectionRunner(engine, model, kafka_bootstrap, batch_size=batch))
+    await run_to_end(ProjectionRunner(engine, model, kafka_bootstrap, batch_size=batch))
     resumed = await snapshot(engine, model)
     await rebuild(engine, model, kafka_bootstrap)
     rebuilt = await snapshot(engine, model)
@@ -238,7 +227,7 @@ async def test_runner_cancelled_inside_a_transaction_resumes_cleanly(
     await runner.start()
     await asyncio.wait_for(entered.wait(), 30)
     await runner.stop()
-    await _run_to_end(ProjectionRunner(engine, model, kafka_bootstrap, batch_size=20))
+    await run_to_end(ProjectionRunner(engine, model, kafka_bootstrap, batch_size=20))
     async with engine.connect() as conn:
         rows = (await conn.execute(select(func.count()).select_from(audit_log))).scalar_one()
         assert (await verify_audit(conn)).ok
@@ -248,7 +237,7 @@ async def test_runner_cancelled_inside_a_transaction_resumes_cleanly(
 
 async def test_audit_verify_names_the_modified_record(
         engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
-    await _run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
+    await run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
     topic = f"{log_prefix}.{topics.REGISTRY}"
     async with engine.connect() as conn:
         assert (await verify_audit(conn)).ok
@@ -272,7 +261,7 @@ async def test_audit_verify_names_the_modified_record(
 @pytest.mark.parametrize("offset", [1, 3])
 async def test_audit_verify_detects_a_deleted_record(
         engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str, offset: int) -> None:
-    await _run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
+    await run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
     topic = f"{log_prefix}.{topics.REGISTRY}"  # offsets 0..3: the last one is the head
     async with engine.begin() as conn:
         await conn.execute(delete(audit_log).where(
@@ -284,7 +273,7 @@ async def test_audit_verify_detects_a_deleted_record(
 
 async def test_audit_replay_filters_in_log_order(
         engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
-    await _run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
+    await run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"], kafka_bootstrap))
     async with engine.connect() as conn:
         one = [r async for r in audit_records(conn, AuditQuery(invocation_id="inv-005"))]
         assert [r["type"] for r in one] == [

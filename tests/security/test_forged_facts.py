@@ -37,6 +37,7 @@ from projections.queries import invocation_status
 from projections.runner import ProjectionRunner
 from tests.chaos.up_process import signing_key
 from tests.log_reading import pretend_pipeline_key, put_facts, request_on_the_log
+from tests.projection_db import run_to_end
 from toolexec import keys
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
@@ -137,16 +138,8 @@ async def folded(bootstrap: str, verifier: FactVerifier, database: Path) -> Asyn
     against the pipeline's keys), into a fresh SQLite database."""
     engine = make_engine(f"sqlite:///{database}")
     await migrate(engine)
-    runner = ProjectionRunner(engine, list(read_models().values()), bootstrap,
-                              verifier=verifier, signed_topics=SIGNED_TOPICS)
-    await runner.open()
-    try:
-        ends = await runner.end_offsets()
-        async with asyncio.timeout(60):
-            while not runner.reached(ends):
-                await runner.step()
-    finally:
-        await runner.close()
+    await run_to_end(ProjectionRunner(engine, list(read_models().values()), bootstrap,
+                                      verifier=verifier, signed_topics=SIGNED_TOPICS))
     return engine
 
 
