@@ -20,7 +20,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.cli_process import REPO, clean_env, start_up
+from tests.cli_process import REPO, clean_env, start_up, stop
 from toolexec.cli_authoring import source_integrity
 
 pytestmark = [pytest.mark.integration]
@@ -36,11 +36,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     process = start_up(cwd, "--tools", str(EXAMPLES), env={"TOOLEXEC_SANDBOX": "rlimits"})
     yield cwd
     process.terminate()
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop(process)  # kills it if still running, and stops the broker it leaves running
 
 
 def _free_port() -> int:
