@@ -283,8 +283,8 @@ def verify(as_json: JsonFlag = False) -> None:
              findings.untrusted_count),
             ("facts of an invocation that was never requested", findings.orphaned,
              findings.orphaned_count),
-            ("terminal events of invocations that have more than one",
-             findings.double_terminal, len(findings.double_terminal))):
+            ("invocations with more than one terminal event; their terminal events",
+             findings.double_terminal, findings.double_terminal_invocations)):
         if not count:
             continue
         err.print(f"[red]{count} {title}[/]:")
