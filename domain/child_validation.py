@@ -1,4 +1,4 @@
-"""Parent -> child validation along a chain (seed 000, "Parent→Child Validation").
+"""Parent -> child validation along a chain.
 
 A chain is ordered leaf..primitive; for each adjacent pair (child, parent) the parent's
 `validation.child_schemas` — a list of `{match, schema}` — decides: the first entry whose

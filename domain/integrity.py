@@ -1,4 +1,4 @@
-"""Canonical, content-addressed integrity of tool versions (seed 000, "Integrity System").
+"""Canonical, content-addressed integrity of tool versions.
 
 A tool version's integrity is `sha256:` + the hex sha256 of the RFC 8785 canonical JSON
 of `{tool_id, version, manifest, files: [{path, sha256, is_executable}] sorted by path}`.

@@ -1,5 +1,5 @@
-"""Lockfiles, format version 1 (seed 000, "Lockfile Design"): a resolved, verified
-chain frozen with exact versions and integrities, for reproducible execution.
+"""Lockfiles, format version 1: a resolved, verified chain frozen with exact versions
+and integrities, for reproducible execution.
 
 ```json
 {"lockfile_version": 1, "generated_at": "...",

@@ -1,4 +1,4 @@
-"""From a resolved chain to the primitive's plan (seed 000, "Merge configs").
+"""From a resolved chain to the primitive's plan.
 
 Configs merge down the chain, primitive first: a child overrides its parent, mappings
 merge key by key, and `args` concatenate parent-first. A link's own contribution to

@@ -1,6 +1,6 @@
 """`toolexec mcp`: an MCP server (official SDK) that lets agents reach toolexec.
 
-Tools, after the Kiwi MCP notes (seed 003):
+Tools:
 - `search`  query the registry read model (tool ids, types, descriptions, tags);
 - `load`    one tool's manifest, files and metadata from the registry read model
             (file contents too when the local content store holds them);

@@ -19,7 +19,7 @@ from domain.plan import build_plan, merged_config
 from domain.registry import InMemoryRegistry
 from tests.unit.chain_builders import builtin, tool_file
 
-# Verbatim from seed 000, "Example: python_runtime -> user_script Chain".
+# The reference example chain: python_runtime -> user_script, as its manifests were specified.
 PYTHON_RUNTIME_YAML = r"""
 tool_id: python_runtime
 version: "1.4.0"
