@@ -113,7 +113,7 @@ def write_state(state_dir: Path, data: dict[str, Any]) -> None:
 def process_alive(pid: int | None, *, cmdline_has: str | None = None) -> bool:
     """True when `pid` runs (and, on Linux, its command line mentions `cmdline_has`,
     so a reused pid is not mistaken for the process)."""
-    if not pid:
+    if not pid or pid <= 0:  # 0 and negative pids name process groups, not a process
         return False
     try:
         os.kill(pid, 0)

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from toolexec.broker_control import process_alive
 from toolexec.settings import Settings
 
 LOCK_FILE = "up.lock"
@@ -105,21 +106,10 @@ def runtime_status(settings: Settings) -> RuntimeStatus:
         return RuntimeStatus("absent")
     if not up_running(settings):
         return RuntimeStatus("stale", info)
-    if not _alive(info.get("pid")):  # a new `up` holds the lock and has not written yet
+    pid = info.get("pid")
+    if not process_alive(pid if isinstance(pid, int) else None):  # a new `up` holds the lock and has not written yet
         return RuntimeStatus("running")
     return RuntimeStatus("running", info)
-
-
-def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def replace_stale_runtime(settings: Settings) -> RuntimeStatus:
