@@ -22,13 +22,13 @@ import pytest
 
 from tests.cli_process import clean_env
 from tests.log_reading import terminal_event_ids
+from tests.waiting import until
 from toolexec.broker_control import read_state, stop_broker
 from toolexec.settings import Settings
 
 pytestmark = pytest.mark.chaos
 
 ENV = {"TOOLEXEC_SANDBOX": "rlimits"}
-WAIT = 120.0
 OUTAGE_SECONDS = 6.0  # long enough for dozens of client retries
 
 
@@ -69,16 +69,6 @@ def echo_tool(directory: Path) -> Path:
         "import json, sys, time\nparams = json.load(sys.stdin)\n"
         "time.sleep(params.get('seconds', 0))\nprint(json.dumps({'echo': params['text']}))\n")
     return tool.parent
-
-
-def until(predicate: Any, what: str) -> Any:
-    deadline = time.monotonic() + WAIT
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not within {WAIT:.0f} s: {what}"
-        time.sleep(0.2)
 
 
 @pytest.fixture

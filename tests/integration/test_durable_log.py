@@ -12,7 +12,6 @@ import signal
 import sqlite3
 import subprocess
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from tests.cli_process import REPO, start_up, stop, toolexec
 from tests.integration.test_durable_log_restore import read_log
 from tests.log_reading import terminal_event_ids
+from tests.waiting import WAIT, until
 from toolexec.broker_control import read_state, stop_broker
 from toolexec.settings import Settings
 
@@ -33,7 +33,6 @@ pytestmark = pytest.mark.integration
 ENV = {"TOOLEXEC_SANDBOX": "rlimits"}
 FAST, IN_FLIGHT = 16, 4
 SLEEP_IN_FLIGHT = 6
-WAIT = 120.0  # bounds a hang; conditions normally hold much sooner
 
 
 def napper(directory: Path) -> Path:
@@ -63,16 +62,6 @@ def napper(directory: Path) -> Path:
         print(json.dumps({"echo": params["text"]}))
         """))
     return tool
-
-
-def until(predicate: Any, what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
-        time.sleep(0.2)
 
 
 @dataclass
