@@ -220,6 +220,7 @@ def test_metrics_count_invocations_and_expose_latency_lag_and_breakers(gateway) 
         return float(line.rsplit(" ", 1)[1])
 
     assert value('toolexec_invocations_total{code="",outcome="completed",tool_id="py_echo"}') >= 1
+    assert value('toolexec_invocations_started_total{tool_id="py_echo"}') >= 1
     assert value('toolexec_invocations_total{code="E3101",outcome="failed",'
                  'tool_id="no_such_tool"}') >= 1
     for step in ("resolve", "authorize", "execute", "finalize", "total"):
