@@ -30,7 +30,7 @@ def _parser_ready() -> str | None:
                 "official parser (.ci/run installs them with apt-get)")
     if (PARSER_DIR / "node_modules" / "@asyncapi" / "parser").is_dir():
         return None
-    done = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent"],
+    done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"],
                           cwd=PARSER_DIR, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         return (f"could not install @asyncapi/parser from npm into {PARSER_DIR} "
