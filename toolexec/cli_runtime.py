@@ -14,12 +14,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from domain.errors import InvalidRequest
 from domain.request_limits import (
     DEFAULT_MAX_PARAMETER_BYTES,
     PayloadRejected,
     check_request_payload,
     strict_json_loads,
 )
+from toolexec.cli_output import fail, fail_with
 from toolexec.runtime_file import (
     acquire_up_lock,
     read_runtime,
@@ -228,11 +230,12 @@ def _parse_params(pairs: list[str], params_json: str | None,
     if params_json:
         loaded = strict_json_loads(params_json)
         if not isinstance(loaded, dict):
-            raise typer.BadParameter("--params must be a JSON object")
+            raise InvalidRequest("--params must be a JSON object",
+                                 details={"params": params_json[:200]})
         params.update(loaded)
     for pair in pairs:
         if "=" not in pair:
-            raise typer.BadParameter(f"-p expects key=value, got {pair!r}")
+            raise InvalidRequest(f"-p expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
         try:
             params[key] = strict_json_loads(value)
@@ -240,6 +243,30 @@ def _parse_params(pairs: list[str], params_json: str | None,
             params[key] = value
     check_request_payload(params, max_bytes=max_bytes)
     return params
+
+
+def _read_lockfile(path: Path | None) -> dict[str, Any] | None:
+    """The lockfile at `path` (InvalidRequest when it cannot be read as a JSON object)."""
+    if path is None:
+        return None
+    try:
+        loaded = strict_json_loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise InvalidRequest(f"cannot read the lockfile {path}: {error.strerror or error}",
+                             details={"path": str(path)}) from None
+    except PayloadRejected as error:
+        raise InvalidRequest(f"the lockfile {path} is not JSON: {error.message}",
+                             details={"path": str(path)}) from None
+    if not isinstance(loaded, dict):
+        raise InvalidRequest(f"the lockfile {path} is not a JSON object",
+                             details={"path": str(path)})
+    return loaded
+
+
+def _require_existing(paths: list[Path]) -> None:
+    for path in paths:
+        if not path.exists():
+            raise InvalidRequest(f"{path} does not exist", details={"path": str(path)})
 
 
 def run(
@@ -259,17 +286,10 @@ def run(
     settings = Settings()
     try:
         parameters = _parse_params(param, params, settings.max_parameter_bytes)
-        lockfile = json.loads(lock.read_text()) if lock else None
-    except PayloadRejected as error:  # E3004: not strict JSON, or too large
-        if as_json:
-            out.print_json(data={"error": error.to_dict()})
-        else:
-            err.print(f"[red]bad usage:[/] {error.code} {escape(error.message)}",
-                      highlight=False)
-        raise typer.Exit(2) from None
-    except (ValueError, OSError) as exc:
-        err.print(f"[red]bad usage:[/] {exc}")
-        raise typer.Exit(2) from exc
+        lockfile = _read_lockfile(lock)
+        _require_existing(tools)
+    except ToolexecError as error:  # E3004: a malformed request, bad usage
+        fail_with(error, as_json)
     tool_id, _, version_range = tool.partition("@")
     from toolexec.broker_control import BrokerUnavailable
     from toolexec.client import InvocationNotDelivered, InvocationUnresolved
@@ -282,11 +302,7 @@ def run(
     except (InvocationNotDelivered, InvocationUnresolved,  # E3001 / E3002
             BrokerUnavailable,  # E3801: the embedded broker did not start
             ToolexecError) as error:
-        if as_json:
-            out.print_json(data={"error": error.to_dict()})
-        else:
-            err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
-        raise typer.Exit(1) from None
+        fail_with(error, as_json)
     raise typer.Exit(_print_terminal(terminal, as_json))
 
 
@@ -387,13 +403,12 @@ def publish(
     (E3103). With authorization on, the token needs the publish scope on each tool
     (admin for runtimes, primitives and MCP servers)."""
     from domain.errors import ToolexecError
-    from toolexec.cli_output import fail
 
     settings = Settings()
-    for path in paths:
-        if not path.exists():
-            err.print(f"[red]bad usage:[/] {path} does not exist")
-            raise typer.Exit(2)
+    try:
+        _require_existing(paths)
+    except ToolexecError as error:
+        fail_with(error, as_json)
     bootstrap = settings.kafka_bootstrap or _running_bootstrap(settings)
     if not bootstrap:
         status = runtime_status(settings)

@@ -13,7 +13,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from consumers.policy_engine import cedar_text_from_json, compile_policies
 from contracts.envelope import Envelope, new_envelope
@@ -21,6 +20,7 @@ from contracts.events import PolicyUpdated
 from domain.errors import AuthorizationError
 from domain.scopes import POLICY_NEED, Scopes, is_namespace
 from toolexec import rights
+from toolexec.cli_output import bad_usage, fail, fail_with
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
@@ -96,8 +96,7 @@ def issue(
                                  "maximum lifetime accepted (TOOLEXEC_TOKEN_MAX_TTL_SECONDS)")
     key_path = key or ensure_dev_keys(Path(settings.state_dir)).private
     if not key_path.exists():
-        err.print(f"[red]bad usage:[/] {key_path} does not exist")
-        raise typer.Exit(2)
+        bad_usage(f"{key_path} does not exist", as_json)
     now = int(time.time())
     jti = str(uuid.uuid4())
     token = issue_token(load_private_key(key_path), subject=sub, tools=grants,
@@ -143,30 +142,24 @@ def apply(
     """Validate a policy file and emit policy.updated to the running system. With
     authorization on, the token needs the policy scope (or admin)."""
     if not file.exists():
-        err.print(f"[red]bad usage:[/] {file} does not exist")
-        raise typer.Exit(2)
+        bad_usage(f"{file} does not exist", as_json)
     try:
         text = read_policy_file(file)
         compile_policies(text)
-    except (AuthorizationError, ValueError) as error:
-        code = getattr(error, "code", "E3206")
-        err.print(f"[red]{code}[/] {file}: {error}")
-        raise typer.Exit(1) from error
+    except AuthorizationError as error:
+        fail(error.code, f"{file}: {error.message}", as_json, error.details)
+    except (ValueError, OSError) as error:
+        fail("E3004", f"{file}: {error}", as_json, exit_code=2)
     settings = Settings()
     runtime = read_runtime(settings) or {}
     bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
     if not bootstrap:
-        err.print("[red]E3001[/] no running toolexec found: start `toolexec up` first "
-                  "or set TOOLEXEC_KAFKA_BOOTSTRAP")
-        raise typer.Exit(1)
+        fail("E3001", "no running toolexec found: start `toolexec up` first "
+             "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
     try:
         rights.demand(rights.caller(settings, token or settings.token, runtime), [POLICY_NEED])
     except AuthorizationError as error:
-        if as_json:
-            out.print_json(data={"error": error.to_dict()})
-        else:
-            err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
-        raise typer.Exit(1) from error
+        fail_with(error, as_json)
     event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
     asyncio.run(_send(bootstrap, event, kafka_client_options(settings)))
     data = event.data

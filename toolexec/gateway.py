@@ -263,20 +263,21 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
 
     @app.post("/v1/invocations/{invocation_id}/cancel", response_model=CancelAccepted,
               status_code=202, tags=["invocations"],
-              responses=documented(401, 403, 404, 409, 422, 503))
+              responses={200: {"model": CancelAccepted}, **documented(401, 403, 404, 422, 503)})
     async def cancel(invocation_id: str, body: CancelRequest | None = None,
                      authorization: Annotated[str | None, Header()] = None) -> JSONResponse:
         """Ask for an invocation to stop (`tool.invoke.cancel.requested`): 202 when asked;
-        it then ends as cancelled (E3703) unless it ends first. 404 (E3702) for an
-        unknown invocation, 409 when it has already ended. With authorization on, the
-        bearer token's subject must be the invocation's."""
+        it then ends as cancelled (E3703) unless it ends first. A no-op answered 200
+        (`already_ended`, nothing written) when it has already ended; 404 (E3702) for an
+        unknown invocation. With authorization on, the bearer token's subject must be
+        the invocation's."""
         row = await _known_invocation(ctx, invocation_id)
         subject = _canceller(ctx, _bearer(authorization), row)
-        view = invocation_view(row)
         if row["status"] in TERMINAL_STATUSES:
-            raise ApiError("E3004", f"invocation {invocation_id!r} already ended "
-                           f"({view.status}); there is nothing to cancel",
-                           {"invocation_id": invocation_id, "status": view.status}, status=409)
+            ended = CancelAccepted(invocation_id=invocation_id, status="already_ended",
+                                   ended_as=invocation_view(row).status,
+                                   status_url=_status_url(invocation_id))
+            return JSONResponse(ended.model_dump(), status_code=200)
         try:
             event = await ctx.client.cancel(invocation_id, body.reason if body else None,
                                             requested_by=subject or REQUESTED_BY)

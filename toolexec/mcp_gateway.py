@@ -26,12 +26,14 @@ from typing import Any, Literal
 import mcp_types
 import structlog
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import ValidationError
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.primitives.file_store import ContentStore
-from domain.errors import ToolexecError
+from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
 from projections.queries import search_tools, show_tool
 from toolexec.cli_authoring import lock_chain, source_integrity
@@ -64,10 +66,9 @@ HELP = {
 }
 
 
-class GatewayError(ToolexecError):
-    """A request the gateway itself refuses (bad arguments)."""
-
-    code = "E3301"
+class GatewayError(InvalidRequest):
+    """A request the gateway itself refuses (bad arguments): E3004, as the CLI and the
+    HTTP gateway answer a malformed request."""
 
 
 class Gateway:
@@ -207,6 +208,24 @@ async def _guarded(work: Any) -> mcp_types.CallToolResult:
                                     f"{type(error).__name__}", code="E3001"))
 
 
+class CodedMCPServer(MCPServer):
+    """An MCP server whose argument errors carry a code too: arguments that do not
+    match a tool's input schema answer `{"error": {"code": "E3004", ...}}` rather than
+    the SDK's pydantic text."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as error:
+            if not isinstance(error.__cause__, ValidationError):
+                raise
+            problems = [{"loc": [str(part) for part in e["loc"]], "msg": e["msg"],
+                         "type": e["type"]} for e in error.__cause__.errors()]
+            return _error(GatewayError(f"arguments of {name!r} do not match its input schema",
+                                       details={"errors": problems}))
+
+
 def build_server(gateway: Gateway) -> MCPServer:
     """The MCP server exposing search, load, execute and help over `gateway`."""
     @contextlib.asynccontextmanager
@@ -216,8 +235,8 @@ def build_server(gateway: Gateway) -> MCPServer:
         finally:  # the engine is opened again on the next use
             await gateway.close()
 
-    server = MCPServer("toolexec", version="0.1.0", instructions=HELP["overview"],
-                       lifespan=lifespan)
+    server = CodedMCPServer("toolexec", version="0.1.0", instructions=HELP["overview"],
+                            lifespan=lifespan)
 
     @server.tool(description=HELP["search"])
     async def search(query: str = "", limit: int = 10) -> mcp_types.CallToolResult:
