@@ -73,14 +73,15 @@ def _through_gateway(url: str, invocation_id: str, reason: str | None,
 async def _through_broker(bootstrap: str, invocation_id: str, reason: str | None,
                           client_options: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     from toolexec.client import InvocationClient, InvocationNotDelivered
+    from toolexec.usecases.cancel import cancel_invocation
 
     try:
         async with InvocationClient(bootstrap, client_options=client_options) as client:
-            event = await client.cancel(invocation_id, reason, requested_by=REQUESTED_BY)
+            outcome = await cancel_invocation(client, invocation_id, None, reason,
+                                              requested_by=REQUESTED_BY)
     except InvocationNotDelivered as error:
         return 503, {"error": error.to_dict()}
-    return 202, {"invocation_id": invocation_id, "status": "cancel_requested",
-                 "event_id": event.id}
+    return 202, outcome.to_dict()
 
 
 def _report(status: int, body: dict[str, Any], as_json: bool) -> int:

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from consumers.policy_engine import cedar_text_from_json, compile_policies
-from contracts.envelope import Envelope, new_envelope
-from contracts.events import PolicyUpdated
-from domain.errors import AuthorizationError
-from domain.scopes import POLICY_NEED, Scopes, is_namespace
+from domain.errors import ToolexecError
+from domain.scopes import Scopes, is_namespace
 from toolexec import rights
-from toolexec.cli_output import bad_usage, fail, fail_with
+from toolexec.cli_output import bad_usage, fail_with
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
@@ -110,24 +104,6 @@ def issue(
         out.print(token, markup=False, highlight=False, soft_wrap=True)
 
 
-def policy_event(text: str, *, policy_set_id: str, version: str | None = None) -> Envelope:
-    """A `policy.updated` for Cedar policy text; the version defaults to a content hash."""
-    version = version or "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    data = PolicyUpdated(policy_set_id=policy_set_id, version=version, policies=text)
-    return new_envelope(data, source=SOURCE, partitionkey=policy_set_id,
-                        correlationid=policy_set_id, id=str(uuid.uuid4()),
-                        time=datetime.now(UTC))
-
-
-def read_policy_file(path: Path) -> str:
-    """Cedar text of a `.cedar` file, or of a JSON list of Cedar JSON policies."""
-    raw = path.read_text()
-    if path.suffix == ".json":
-        loaded = json.loads(raw)
-        return cedar_text_from_json(loaded if isinstance(loaded, list) else [loaded])
-    return raw
-
-
 @policy_app.command("apply")
 def apply(
     file: Annotated[Path, typer.Argument(help="Cedar policy file (.cedar, or .json)")],
@@ -141,37 +117,24 @@ def apply(
 ) -> None:
     """Validate a policy file and emit policy.updated to the running system. With
     authorization on, the token needs the policy scope (or admin)."""
-    if not file.exists():
-        bad_usage(f"{file} does not exist", as_json)
+    from toolexec.usecases.policy import apply_policy, policy_event, read_policy_file
+
+    settings = Settings()
     try:
         text = read_policy_file(file)
-        compile_policies(text)
-    except AuthorizationError as error:
-        fail(error.code, f"{file}: {error.message}", as_json, error.details)
-    except (ValueError, OSError) as error:
-        fail("E3004", f"{file}: {error}", as_json, exit_code=2)
-    settings = Settings()
-    runtime = read_runtime(settings) or {}
-    bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
-    if not bootstrap:
-        fail("E3001", "no running toolexec found: start `toolexec up` first "
-             "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
-    try:
-        rights.demand(rights.caller(settings, token or settings.token, runtime), [POLICY_NEED])
-    except AuthorizationError as error:
+        runtime = read_runtime(settings) or {}
+        bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
+        if not bootstrap:
+            raise ToolexecError("no running toolexec found: start `toolexec up` first "
+                                "or set TOOLEXEC_KAFKA_BOOTSTRAP", code="E3001")
+        event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
+        capability = rights.caller(settings, token or settings.token, runtime)
+        asyncio.run(apply_policy(bootstrap, event, capability, kafka_client_options(settings)))
+    except ToolexecError as error:
         fail_with(error, as_json)
-    event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
-    asyncio.run(_send(bootstrap, event, kafka_client_options(settings)))
     data = event.data
     if as_json:
         out.print_json(data={"type": event.type, "policy_set_id": data.policy_set_id,
                              "version": data.version, "event_id": event.id})
     else:
         err.print(f"applied policy set {data.policy_set_id} version {data.version}")
-
-
-async def _send(bootstrap: str, event: Envelope, client_options: dict[str, Any]) -> None:
-    from toolexec.client import InvocationClient  # Kafka only for this command
-
-    async with InvocationClient(bootstrap, client_options=client_options) as client:
-        await client.send(event)

@@ -28,13 +28,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.envelope import Envelope
+from contracts.events import TERMINAL_STATUSES
 from domain.capability import Capability
 from domain.errors import ToolexecError
 from domain.lifecycle import LifecycleChange
 from domain.manifest import normalise_manifest
 from domain.model import ToolFile, ToolSource
 from domain.semver import select_highest
-from projections.audit import AuditQuery, audit_records
+from projections.audit import AuditQuery
 from projections.queries import (
     invocation_status,
     list_circuits,
@@ -81,17 +82,18 @@ from toolexec.gateway_models import (
     ToolDetail,
     ToolList,
 )
-from toolexec.lifecycle import checked_reading_your_writes, lifecycle_event
 from toolexec.publishing import Publication, plan_publications, planned_tool_ids
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
+from toolexec.usecases.audit import audit_page, utc
+from toolexec.usecases.cancel import cancel_invocation, shown_status
+from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
 
 REQUESTED_BY = "urn:toolexec:gateway"
 DEFAULT_TOOL_TIMEOUT = 30.0
 WAIT_SLACK_SECONDS = 10.0
 HEALTH_TIMEOUT = 3.0
 CATCH_UP_SECONDS = 10.0  # right after start the read models fold a backlog
-TERMINAL_STATUSES = frozenset({"completed", "failed"})
 
 
 class LogProbe(Protocol):
@@ -154,9 +156,7 @@ def wait_bound(manifest: Mapping[str, Any] | None, registry_wait: float) -> floa
 
 def invocation_view(row: Mapping[str, Any]) -> InvocationView:
     """The API view of an invocations row ("cancelled" is a failure with E3703)."""
-    status = row["status"]
-    if status == "failed" and row["error_code"] == "E3703":
-        status = "cancelled"
+    status = shown_status(row)
     result = None
     if row["status"] == "completed" and row["result_summary"] is not None:
         with contextlib.suppress(ValueError):
@@ -273,20 +273,17 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
         the invocation's."""
         row = await _known_invocation(ctx, invocation_id)
         subject = _canceller(ctx, _bearer(authorization), row)
-        if row["status"] in TERMINAL_STATUSES:
-            ended = CancelAccepted(invocation_id=invocation_id, status="already_ended",
-                                   ended_as=invocation_view(row).status,
-                                   status_url=_status_url(invocation_id))
-            return JSONResponse(ended.model_dump(), status_code=200)
         try:
-            event = await ctx.client.cancel(invocation_id, body.reason if body else None,
-                                            requested_by=subject or REQUESTED_BY)
+            outcome = await cancel_invocation(ctx.client, invocation_id, row,
+                                              body.reason if body else None,
+                                              requested_by=subject or REQUESTED_BY)
         except InvocationNotDelivered as error:
             raise ApiError(error.code, error.message, error.details) from None
-        accepted = CancelAccepted(invocation_id=invocation_id, event_id=event.id,
-                                  status_url=_status_url(invocation_id))
-        return JSONResponse(accepted.model_dump(), status_code=202,
-                            headers={"Location": accepted.status_url})
+        answer = CancelAccepted(**outcome.to_dict(), status_url=_status_url(invocation_id))
+        if outcome.status == "already_ended":
+            return JSONResponse(answer.model_dump(), status_code=200)
+        return JSONResponse(answer.model_dump(), status_code=202,
+                            headers={"Location": answer.status_url})
 
 
 async def _invocation_row(ctx: GatewayContext, invocation_id: str) -> dict[str, Any] | None:
@@ -495,7 +492,7 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
         authorization on, a token is needed: with the audit scope it reads every record,
         without it only the records of its own invocations."""
         capability = caller(ctx.settings, read_token(request))
-        query = AuditQuery(since=_aware(since, "since"), until=_aware(until, "until"),
+        query = AuditQuery(since=utc(since, "since"), until=utc(until, "until"),
                            type=type, invocation_id=invocation, tool_id=tool,
                            subject=subject_filter(capability))
         await ctx.catch_up("audit", CATCH_UP_SECONDS)  # every event in the log when asked
@@ -508,30 +505,6 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
         """Circuit-breaker state of every external service."""
         async with ctx.engine.connect() as conn:
             return CircuitList(circuits=await list_circuits(conn, open_only=open_only))
-
-
-def _aware(moment: datetime | None, name: str) -> datetime | None:
-    if moment is None:
-        return None
-    if moment.utcoffset() is None:
-        raise ApiError("E3004", f"{name} needs a UTC offset (e.g. Z)", {name: str(moment)},
-                       status=422)
-    try:
-        return moment.astimezone(UTC)
-    except (OverflowError, ValueError):
-        raise ApiError("E3004", f"{name} is out of range", {name: str(moment)},
-                       status=422) from None
-
-
-async def audit_page(engine: AsyncEngine, query: AuditQuery, limit: int) -> list[dict[str, Any]]:
-    """At most `limit` matching audit records, each with its parsed CloudEvent."""
-    records: list[dict[str, Any]] = []
-    async with engine.connect() as conn, contextlib.aclosing(audit_records(conn, query)) as rows:
-        async for row in rows:
-            records.append({k: v for k, v in row.items() if k != "document"})
-            if len(records) >= limit:
-                break
-    return records
 
 
 def _operations_routes(app: FastAPI, ctx: GatewayContext) -> None:

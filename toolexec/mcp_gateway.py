@@ -3,7 +3,7 @@
 Tools:
 - `search`  query the registry read model (tool ids, types, descriptions, tags);
 - `load`    one tool's manifest, files and metadata from the registry read model
-            (file contents too when the local content store holds them);
+            (file contents too, read from the registry topic of the running system);
 - `execute` `run` invokes a tool through the full event pipeline, exactly as
             `toolexec run` does (the running `up` found via .toolexec/runtime.json,
             else an embedded stack for the call); `sign` computes a tool source's
@@ -32,20 +32,18 @@ from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.primitives.file_store import ContentStore
 from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
-from projections.queries import search_tools, show_tool
-from toolexec.cli_authoring import lock_chain, source_integrity
-from toolexec.cli_runtime import invoke_tool
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
 from toolexec.state_files import ensure_state_dir
+from toolexec.usecases import registry
+from toolexec.usecases.authoring import lock_chain, source_integrity
+from toolexec.usecases.invoke import ToolSpec, check_parameters, completed_result, invoke_tool
 
 err = Console(stderr=True)
 log = structlog.get_logger(__name__)
 
-MAX_INLINE_FILE_BYTES = 256 * 1024
 HELP = {
     "overview": (
         "toolexec runs tools (manifests plus content-addressed files) through an "
@@ -97,31 +95,17 @@ class Gateway:
             self._engine = None
 
     async def search(self, query: str, limit: int) -> dict[str, Any]:
-        if not 1 <= limit <= 1000:
-            raise GatewayError("limit must be between 1 and 1000", details={"limit": limit})
-        async with (await self.engine()).connect() as conn:
-            rows = await search_tools(conn, query, limit=limit)
-        results = [{"tool_id": r["tool_id"], "tool_type": r["tool_type"],
-                    "description": r["description"],
-                    "version": r["current_version"] or r["latest_version"],
-                    "lifecycle": r["lifecycle"], "tags": r["tags"]} for r in rows]
+        results = await registry.search(await self.engine(), query, limit)
         return {"query": query, "results": results, "total": len(results)}
 
     async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:
-        async with (await self.engine()).connect() as conn:
-            tool = await show_tool(conn, tool_id)
-        if tool is None:
-            raise ToolexecError(f"tool {tool_id!r} not found", code="E3101",
-                                details={"tool_id": tool_id})
-        wanted = version or tool["current_version"] or tool["latest_version"]
-        found = next((v for v in tool["versions"] if v["version"] == wanted), None)
-        if found is None:
-            raise ToolexecError(f"{tool_id}@{wanted} not found", code="E3102",
-                                details={"tool_id": tool_id, "version": wanted,
-                                         "available": [v["version"] for v in tool["versions"]]})
+        tool, found = await registry.tool_version(await self.engine(), tool_id, version)
+        bootstrap = self.settings.kafka_bootstrap or (
+            read_runtime(self.settings) or {}).get("kafka_bootstrap")
+        texts = await registry.file_texts(self.settings, bootstrap, tool_id, found["version"])
         return {
             "tool_id": tool_id, "version": found["version"], "manifest": found["manifest"],
-            "files": [self._file(f) for f in found["files"]],
+            "files": [{**f, "content": texts.get(f["path"])} for f in found["files"]],
             "metadata": {
                 "tool_type": found["tool_type"], "executor": found["executor"],
                 "integrity": found["integrity"], "lifecycle": found["lifecycle"],
@@ -131,32 +115,14 @@ class Gateway:
                 "versions": [v["version"] for v in tool["versions"]]},
         }
 
-    def _file(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """A file of the read model, with its text when the content store has it."""
-        store = ContentStore(Path(self.settings.state_dir) / "cas")
-        content: str | None = None
-        try:
-            if entry.get("size", 0) <= MAX_INLINE_FILE_BYTES and store.has(entry["sha256"]):
-                content = store.get(entry["sha256"]).decode("utf-8")
-        except (ToolexecError, OSError, UnicodeDecodeError):
-            content = None
-        return {**entry, "content": content}
-
-    async def run(self, tool_id: str, parameters: dict[str, Any], version_range: str,
-                  lockfile: dict[str, Any] | None, token: str | None,
-                  timeout: float) -> dict[str, Any]:
-        terminal = await invoke_tool(self.settings, tool_id, version_range, parameters,
-                                     lockfile=lockfile, token=token, tools=self.tools,
-                                     timeout=timeout)
-        data = terminal.data
-        if terminal.type != "tool.invoke.completed":
-            raise ToolexecError(data.error.message, code=data.error.code,
-                                details={**data.error.details,
-                                         "invocation_id": data.invocation_id})
-        return {"action": "run", "status": "completed", "tool_id": data.tool_id,
-                "version": data.version, "invocation_id": data.invocation_id,
-                "result": data.result, "duration_ms": data.duration_ms,
-                "attempts": data.attempts}
+    async def run(self, tool_id: str, parameters: Any, version_range: str,
+                  lockfile: Any, token: str | None, timeout: float) -> dict[str, Any]:
+        spec = ToolSpec.parse(f"{tool_id}@{version_range}")
+        parameters = check_parameters(parameters, lockfile=lockfile,
+                                      max_bytes=self.settings.max_parameter_bytes)
+        terminal = await invoke_tool(self.settings, spec, parameters, lockfile=lockfile,
+                                     token=token, tools=self.tools, timeout=timeout)
+        return {"action": "run", **completed_result(terminal)}
 
     def sign(self, path: str | None) -> dict[str, Any]:
         if not path:
