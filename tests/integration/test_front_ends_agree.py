@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli_process import toolexec
 from tests.integration.gateway_support import RunningGateway, running_gateway
-from toolexec.mcp_gateway import Gateway, build_server
+from toolexec.gateway.mcp import Gateway, build_server
 from toolexec.settings import Settings
 
 pytestmark = pytest.mark.integration

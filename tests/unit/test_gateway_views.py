@@ -12,9 +12,9 @@ from contracts.envelope import new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import InvokeCompleted, InvokeFailed
 from projections.invocations import new_invocation
-from toolexec.gateway import invocation_view, wait_bound
+from toolexec.gateway.http import invocation_view, wait_bound
+from toolexec.gateway.status_page import AuditFilters, render
 from toolexec.metrics import PipelineMetrics
-from toolexec.status_page import AuditFilters, render
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 

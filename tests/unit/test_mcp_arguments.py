@@ -11,7 +11,7 @@ from typing import Any
 import mcp_types
 import pytest
 
-from toolexec.mcp_gateway import Gateway, build_server
+from toolexec.gateway.mcp import Gateway, build_server
 from toolexec.settings import Settings
 
 

@@ -1,5 +1,6 @@
-"""The `toolexec` command line (Typer). Every command takes --json and exits 0 on
-success, 1 on a failure carrying an E3xxx code, 2 on bad usage."""
+"""The `toolexec` application (Typer): every command registered, and the entry point
+of the console script. Every command takes --json and exits 0 on success, 1 on a
+failure carrying an E3xxx code, 2 on bad usage."""
 
 from __future__ import annotations
 
@@ -13,18 +14,18 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from domain.errors import ToolexecError
-from toolexec import (
-    bench,
-    cli_authoring,
-    cli_broker,
-    cli_cancel,
-    cli_lifecycle,
-    cli_mcp,
-    cli_projections,
-    cli_runtime,
-    cli_security,
+from toolexec import bench
+from toolexec.cli import (
+    authoring,
+    broker,
+    cancel,
+    lifecycle,
+    mcp,
+    projections,
+    runtime,
+    security,
 )
-from toolexec.cli_output import USAGE, exit_code_of, print_error, wants_json
+from toolexec.cli.output import USAGE, exit_code_of, print_error, wants_json
 from toolexec.logs import configure_logging
 from toolexec.settings import Settings
 
@@ -33,15 +34,15 @@ app = typer.Typer(
     help="toolexec: an event-sourced tool execution layer for AI agents.",
 )
 
-cli_authoring.register(app)  # validate, integrity, lock: no running system needed
-cli_runtime.register(app)  # up, run, publish
-cli_cancel.register(app)  # cancel
-cli_lifecycle.register(app)  # deprecate, remove, restore
-cli_security.register(app)  # token issue, policy apply, keys
-cli_projections.register(app)  # projections rebuild, search, show, status, audit
-cli_broker.register(app)  # broker status, start, stop
+authoring.register(app)  # validate, integrity, lock: no running system needed
+runtime.register(app)  # up, run, publish
+cancel.register(app)  # cancel
+lifecycle.register(app)  # deprecate, remove, restore
+security.register(app)  # token issue, policy apply, keys
+projections.register(app)  # projections rebuild, search, show, status, audit
+broker.register(app)  # broker status, start, stop
 bench.register(app)  # bench
-cli_mcp.register(app)  # mcp: search, load, execute, help for agents
+mcp.register(app)  # mcp: search, load, execute, help for agents
 
 
 @app.callback()

@@ -19,7 +19,7 @@ from rich.table import Table
 from domain.errors import ToolexecError
 from domain.model import Issue, ToolSource
 from domain.validation import validate_source
-from toolexec.cli_output import bad_usage, echo_json, fail_with
+from toolexec.cli.output import bad_usage, echo_json, fail_with
 from toolexec.sources import SourceError, bash_syntax_check, discover, load_builtin_sources
 from toolexec.usecases.authoring import (
     LOCAL_REGISTRY_URL,

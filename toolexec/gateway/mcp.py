@@ -28,7 +28,6 @@ import structlog
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
-from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -41,7 +40,6 @@ from toolexec.usecases import registry
 from toolexec.usecases.authoring import lock_chain, source_integrity
 from toolexec.usecases.invoke import ToolSpec, check_parameters, completed_result, invoke_tool
 
-err = Console(stderr=True)
 log = structlog.get_logger(__name__)
 
 HELP = {
@@ -169,7 +167,7 @@ async def _guarded(work: Any) -> mcp_types.CallToolResult:
         return _error(ToolexecError(f"projection store unavailable: {error}"[:500],
                                     code="E3001"))
     except Exception as error:  # boundary: the agent gets a coded error, the log the cause
-        log.exception("mcp_gateway.unexpected_error")
+        log.exception("gateway.mcp.unexpected_error")
         return _error(ToolexecError(f"toolexec could not serve the request: "
                                     f"{type(error).__name__}", code="E3001"))
 
@@ -236,13 +234,3 @@ def build_server(gateway: Gateway) -> MCPServer:
         return HELP.get(topic, f"unknown topic {topic!r}; topics: {', '.join(HELP)}")
 
     return server
-
-
-def serve(settings: Settings, tools: list[Path], *, http: bool, host: str, port: int) -> None:
-    """Serve the gateway over stdio, or streamable HTTP at http://HOST:PORT/mcp."""
-    server = build_server(Gateway(settings, tools))
-    if http:
-        err.print(f"toolexec mcp: streamable HTTP on http://{host}:{port}/mcp")
-        server.run("streamable-http", host=host, port=port)
-    else:
-        server.run("stdio")

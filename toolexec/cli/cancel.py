@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from toolexec.cli_output import bad_usage
+from toolexec.cli.output import bad_usage
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from domain.errors import ToolexecError
-from toolexec.cli_output import echo_json, fail_with
+from toolexec.cli.output import echo_json, fail_with
 from toolexec.runtime_file import (
     acquire_up_lock,
     read_runtime,
@@ -28,7 +28,6 @@ from toolexec.usecases.invoke import ToolSpec, invoke_tool, parse_parameters, re
 if TYPE_CHECKING:
     from contracts.envelope import Envelope
     from toolexec.publishing import Publication
-    from toolexec.read_models import ReadModels
 
 # The client, the stack and the publishing code (Kafka, FastStream, SQLAlchemy) are
 # imported by the commands that use them, so that `toolexec --help` starts quickly.
@@ -90,20 +89,10 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    from toolexec.gateway_server import serve_gateway  # FastAPI/uvicorn only for `up`
-    from toolexec.read_models import start_read_models
-    from toolexec.stack import Stack
-    from toolexec.usecases.publish import publish_to_stack
+    from toolexec.system import running_system  # FastAPI, uvicorn, Kafka only for `up`
 
-    started: list[ReadModels] = []
-
-    async def read_models(settings: Settings, bootstrap: str) -> ReadModels:
-        started.append(await start_read_models(settings, bootstrap))
-        return started[-1]
-
-    async with Stack(settings, read_models_factory=read_models, keep_broker=True) as stack, \
-            serve_gateway(stack, started[0], settings) as gateway_url:
-        publications = await publish_to_stack(stack, tools, settings)
+    async with running_system(settings, tools) as system:
+        stack, gateway_url, publications = system.stack, system.gateway_url, system.publications
         _report_rejections(publications)
         broker = stack.embedded
         write_runtime(settings, {

@@ -2,7 +2,7 @@
 
 It holds no state of its own: requests become events on the log (through
 `InvocationClient`), answers come from terminal events or the SQL read models
-(`projections.queries`, `projections.audit`). Errors follow `gateway_errors`.
+(`projections.queries`, `projections.audit`). Errors follow `toolexec.gateway.errors`.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ from projections.queries import (
     show_tool,
 )
 from projections.registry_snapshot import registry_snapshot
-from toolexec import metrics, rights, status_page
+from toolexec import metrics, rights
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
-from toolexec.gateway_access import (
+from toolexec.gateway import status_page
+from toolexec.gateway.access import (
     bearer,
     caller,
     check_visible,
@@ -55,15 +56,15 @@ from toolexec.gateway_access import (
     sign_in_page,
     subject_filter,
 )
-from toolexec.gateway_body import RequestBodyGuard, body_limits
-from toolexec.gateway_errors import (
+from toolexec.gateway.body import RequestBodyGuard, body_limits
+from toolexec.gateway.errors import (
     ApiError,
     check_invoke_payload,
     documented,
     error_response,
     install_error_handlers,
 )
-from toolexec.gateway_models import (
+from toolexec.gateway.models import (
     AuditPage,
     CancelAccepted,
     CancelRequest,
@@ -106,7 +107,7 @@ class LogProbe(Protocol):
 
 @dataclass
 class GatewayContext:
-    """The running parts the gateway reads and writes through (wired by `gateway_server`)."""
+    """The running parts the gateway reads and writes through (wired by `toolexec.gateway.server`)."""
 
     settings: Settings
     engine: AsyncEngine

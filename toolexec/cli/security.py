@@ -14,7 +14,7 @@ from rich.console import Console
 from domain.errors import ToolexecError
 from domain.scopes import Scopes, is_namespace
 from toolexec import rights
-from toolexec.cli_output import bad_usage, fail_with
+from toolexec.cli.output import bad_usage, fail_with
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
