@@ -34,6 +34,9 @@ from domain.errors import ToolexecError
 from domain.lifecycle import LifecycleChange
 from domain.manifest import normalise_manifest
 from domain.model import ToolFile, ToolSource
+from domain.paths import canonical_relative
+from domain.plan import DEFAULT_TIMEOUT_SECONDS, manifest_timeout
+from domain.retry import RetryPolicy, longest_run_seconds
 from domain.semver import select_highest
 from projections.audit import AuditQuery
 from projections.queries import (
@@ -91,7 +94,6 @@ from toolexec.usecases.cancel import cancel_invocation, shown_status
 from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
 
 REQUESTED_BY = "urn:toolexec:gateway"
-DEFAULT_TOOL_TIMEOUT = 30.0
 WAIT_SLACK_SECONDS = 10.0
 HEALTH_TIMEOUT = 3.0
 CATCH_UP_SECONDS = 10.0  # right after start the read models fold a backlog
@@ -137,22 +139,17 @@ def _status_url(invocation_id: str) -> str:
     return f"/v1/invocations/{invocation_id}"
 
 
-def _number(value: Any, default: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return default
-    return float(value)
-
-
 def wait_bound(manifest: Mapping[str, Any] | None, registry_wait: float) -> float:
-    """How long a sync call waits: the tool's timeout times its attempts, plus the
-    resolver's registry wait and some slack for the other steps."""
+    """How long a sync call waits: the longest the tool's attempts take by the rules
+    the executor applies (domain.plan timeout, domain.retry policy and backoff), plus
+    the resolver's registry wait and some slack for the other steps."""
     manifest = manifest or {}
-    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
-    timeout = _number(config.get("timeout", manifest.get("timeout_default")),
-                      DEFAULT_TOOL_TIMEOUT)
-    retry = manifest.get("retry_policy") or config.get("retry_policy") or {}
-    attempts = _number(retry.get("max_attempts") if isinstance(retry, Mapping) else None, 1)
-    return timeout * attempts + registry_wait + WAIT_SLACK_SECONDS
+    try:
+        timeout = manifest_timeout(manifest) or DEFAULT_TIMEOUT_SECONDS
+        policy = RetryPolicy.from_manifest(manifest)
+    except (ToolexecError, TypeError, ValueError):  # the pipeline will refuse it at once
+        timeout, policy = DEFAULT_TIMEOUT_SECONDS, RetryPolicy()
+    return longest_run_seconds(timeout, policy) + registry_wait + WAIT_SLACK_SECONDS
 
 
 def invocation_view(row: Mapping[str, Any]) -> InvocationView:
@@ -440,8 +437,7 @@ def _files(body: RegisterRequest) -> tuple[ToolFile, ...]:
     files = []
     for item in body.files:
         path = item.path
-        if (path.startswith("/") or "\\" in path or "\x00" in path
-                or any(part in ("", ".", "..") for part in path.split("/"))):
+        if not canonical_relative(path):
             raise ApiError("E3105", f"file path {path!r} is not a relative POSIX path",
                            {"path": path})
         if (item.content is None) == (item.content_base64 is None):
