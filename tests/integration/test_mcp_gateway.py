@@ -21,7 +21,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.cli_process import REPO, clean_env, start_up, stop
-from toolexec.cli.authoring import source_integrity
+from toolexec.usecases.authoring import source_integrity
 
 pytestmark = [pytest.mark.integration]
 
