@@ -76,6 +76,7 @@ def test_up_serves_runs_and_publishes_then_stops_cleanly(running_up) -> None:
     for as_json in (("--json",), ()):  # malformed YAML is a rejection, never exit 0
         refused = toolexec("publish", str(unreadable), *as_json, cwd=cwd)
         assert refused.returncode == 1, refused.stdout
+        assert "None@None" not in refused.stderr
     refused = toolexec("publish", str(unreadable), "--json", cwd=cwd)
     assert json.loads(refused.stdout)[0]["error"]["code"] == "E3105"
 

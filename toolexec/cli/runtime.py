@@ -233,5 +233,6 @@ def _report_publications(publications: list[Publication], as_json: bool) -> None
         label = {"published": "published", "unchanged": "unchanged",
                  "rejected": "[red]rejected[/]"}[p.status]
         pin = f" on {p.executor_pin}" if p.executor_pin else ""
-        err.print(f"{label} {escape(f'{p.tool_id}@{p.version}{pin}')}", highlight=False)
+        name = f"{p.tool_id}@{p.version}" if p.tool_id else p.source.origin  # unreadable
+        err.print(f"{label} {escape(name + pin)}", highlight=False)
     _report_rejections(publications)
