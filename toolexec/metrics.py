@@ -16,6 +16,7 @@ from typing import Any, Final
 from prometheus_client import Counter, Gauge, Histogram
 
 from contracts.envelope import Envelope
+from contracts.events import TERMINAL_TYPES as TERMINAL
 
 STARTED: Final = Counter(
     "toolexec_invocations_started", "Invocation requests the pipeline started, by tool",
@@ -36,7 +37,6 @@ CIRCUIT_STATE: Final = Gauge(
     "1 half_open, 2 open", ["service_id"])
 CIRCUIT_STATE_CODES: Final = {"closed": 0, "half_open": 1, "open": 2}
 
-TERMINAL: Final = frozenset({"tool.invoke.completed", "tool.invoke.failed"})
 # step name -> (event that ends it, event that starts it)
 STEPS: Final = (
     ("resolve", "tool.chain.resolved", "tool.invoke.requested"),

@@ -2,7 +2,7 @@
 
 It holds no state of its own: requests become events on the log (through
 `InvocationClient`), answers come from terminal events or the SQL read models
-(`projections.queries`, `projections.audit`). Errors follow `gateway_errors`.
+(`projections.queries`, `projections.audit`). Errors follow `toolexec.gateway.errors`.
 """
 
 from __future__ import annotations
@@ -28,13 +28,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.envelope import Envelope
+from contracts.events import TERMINAL_STATUSES
 from domain.capability import Capability
 from domain.errors import ToolexecError
 from domain.lifecycle import LifecycleChange
 from domain.manifest import normalise_manifest
 from domain.model import ToolFile, ToolSource
+from domain.paths import canonical_relative
+from domain.plan import DEFAULT_TIMEOUT_SECONDS, manifest_timeout
+from domain.retry import RetryPolicy, longest_run_seconds
 from domain.semver import select_highest
-from projections.audit import AuditQuery, audit_records
+from projections.audit import AuditQuery
 from projections.queries import (
     invocation_status,
     list_circuits,
@@ -43,9 +47,10 @@ from projections.queries import (
     show_tool,
 )
 from projections.registry_snapshot import registry_snapshot
-from toolexec import metrics, rights, status_page
+from toolexec import metrics, rights
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
-from toolexec.gateway_access import (
+from toolexec.gateway import status_page
+from toolexec.gateway.access import (
     bearer,
     caller,
     check_visible,
@@ -54,15 +59,15 @@ from toolexec.gateway_access import (
     sign_in_page,
     subject_filter,
 )
-from toolexec.gateway_body import RequestBodyGuard, body_limits
-from toolexec.gateway_errors import (
+from toolexec.gateway.body import RequestBodyGuard, body_limits
+from toolexec.gateway.errors import (
     ApiError,
     check_invoke_payload,
     documented,
     error_response,
     install_error_handlers,
 )
-from toolexec.gateway_models import (
+from toolexec.gateway.models import (
     AuditPage,
     CancelAccepted,
     CancelRequest,
@@ -81,17 +86,17 @@ from toolexec.gateway_models import (
     ToolDetail,
     ToolList,
 )
-from toolexec.lifecycle import checked_reading_your_writes, lifecycle_event
 from toolexec.publishing import Publication, plan_publications, planned_tool_ids
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
+from toolexec.usecases.audit import audit_page, utc
+from toolexec.usecases.cancel import cancel_invocation, shown_status
+from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
 
 REQUESTED_BY = "urn:toolexec:gateway"
-DEFAULT_TOOL_TIMEOUT = 30.0
 WAIT_SLACK_SECONDS = 10.0
 HEALTH_TIMEOUT = 3.0
 CATCH_UP_SECONDS = 10.0  # right after start the read models fold a backlog
-TERMINAL_STATUSES = frozenset({"completed", "failed"})
 
 
 class LogProbe(Protocol):
@@ -104,7 +109,7 @@ class LogProbe(Protocol):
 
 @dataclass
 class GatewayContext:
-    """The running parts the gateway reads and writes through (wired by `gateway_server`)."""
+    """The running parts the gateway reads and writes through (wired by `toolexec.gateway.server`)."""
 
     settings: Settings
     engine: AsyncEngine
@@ -134,29 +139,22 @@ def _status_url(invocation_id: str) -> str:
     return f"/v1/invocations/{invocation_id}"
 
 
-def _number(value: Any, default: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return default
-    return float(value)
-
-
 def wait_bound(manifest: Mapping[str, Any] | None, registry_wait: float) -> float:
-    """How long a sync call waits: the tool's timeout times its attempts, plus the
-    resolver's registry wait and some slack for the other steps."""
+    """How long a sync call waits: the longest the tool's attempts take by the rules
+    the executor applies (domain.plan timeout, domain.retry policy and backoff), plus
+    the resolver's registry wait and some slack for the other steps."""
     manifest = manifest or {}
-    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
-    timeout = _number(config.get("timeout", manifest.get("timeout_default")),
-                      DEFAULT_TOOL_TIMEOUT)
-    retry = manifest.get("retry_policy") or config.get("retry_policy") or {}
-    attempts = _number(retry.get("max_attempts") if isinstance(retry, Mapping) else None, 1)
-    return timeout * attempts + registry_wait + WAIT_SLACK_SECONDS
+    try:
+        timeout = manifest_timeout(manifest) or DEFAULT_TIMEOUT_SECONDS
+        policy = RetryPolicy.from_manifest(manifest)
+    except (ToolexecError, TypeError, ValueError):  # the pipeline will refuse it at once
+        timeout, policy = DEFAULT_TIMEOUT_SECONDS, RetryPolicy()
+    return longest_run_seconds(timeout, policy) + registry_wait + WAIT_SLACK_SECONDS
 
 
 def invocation_view(row: Mapping[str, Any]) -> InvocationView:
     """The API view of an invocations row ("cancelled" is a failure with E3703)."""
-    status = row["status"]
-    if status == "failed" and row["error_code"] == "E3703":
-        status = "cancelled"
+    status = shown_status(row)
     result = None
     if row["status"] == "completed" and row["result_summary"] is not None:
         with contextlib.suppress(ValueError):
@@ -263,29 +261,27 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
 
     @app.post("/v1/invocations/{invocation_id}/cancel", response_model=CancelAccepted,
               status_code=202, tags=["invocations"],
-              responses=documented(401, 403, 404, 409, 422, 503))
+              responses={200: {"model": CancelAccepted}, **documented(401, 403, 404, 422, 503)})
     async def cancel(invocation_id: str, body: CancelRequest | None = None,
                      authorization: Annotated[str | None, Header()] = None) -> JSONResponse:
         """Ask for an invocation to stop (`tool.invoke.cancel.requested`): 202 when asked;
-        it then ends as cancelled (E3703) unless it ends first. 404 (E3702) for an
-        unknown invocation, 409 when it has already ended. With authorization on, the
-        bearer token's subject must be the invocation's."""
+        it then ends as cancelled (E3703) unless it ends first. A no-op answered 200
+        (`already_ended`, nothing written) when it has already ended; 404 (E3702) for an
+        unknown invocation. With authorization on, the bearer token's subject must be
+        the invocation's."""
         row = await _known_invocation(ctx, invocation_id)
         subject = _canceller(ctx, _bearer(authorization), row)
-        view = invocation_view(row)
-        if row["status"] in TERMINAL_STATUSES:
-            raise ApiError("E3004", f"invocation {invocation_id!r} already ended "
-                           f"({view.status}); there is nothing to cancel",
-                           {"invocation_id": invocation_id, "status": view.status}, status=409)
         try:
-            event = await ctx.client.cancel(invocation_id, body.reason if body else None,
-                                            requested_by=subject or REQUESTED_BY)
+            outcome = await cancel_invocation(ctx.client, invocation_id, row,
+                                              body.reason if body else None,
+                                              requested_by=subject or REQUESTED_BY)
         except InvocationNotDelivered as error:
             raise ApiError(error.code, error.message, error.details) from None
-        accepted = CancelAccepted(invocation_id=invocation_id, event_id=event.id,
-                                  status_url=_status_url(invocation_id))
-        return JSONResponse(accepted.model_dump(), status_code=202,
-                            headers={"Location": accepted.status_url})
+        answer = CancelAccepted(**outcome.to_dict(), status_url=_status_url(invocation_id))
+        if outcome.status == "already_ended":
+            return JSONResponse(answer.model_dump(), status_code=200)
+        return JSONResponse(answer.model_dump(), status_code=202,
+                            headers={"Location": answer.status_url})
 
 
 async def _invocation_row(ctx: GatewayContext, invocation_id: str) -> dict[str, Any] | None:
@@ -441,8 +437,7 @@ def _files(body: RegisterRequest) -> tuple[ToolFile, ...]:
     files = []
     for item in body.files:
         path = item.path
-        if (path.startswith("/") or "\\" in path or "\x00" in path
-                or any(part in ("", ".", "..") for part in path.split("/"))):
+        if not canonical_relative(path):
             raise ApiError("E3105", f"file path {path!r} is not a relative POSIX path",
                            {"path": path})
         if (item.content is None) == (item.content_base64 is None):
@@ -494,7 +489,7 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
         authorization on, a token is needed: with the audit scope it reads every record,
         without it only the records of its own invocations."""
         capability = caller(ctx.settings, read_token(request))
-        query = AuditQuery(since=_aware(since, "since"), until=_aware(until, "until"),
+        query = AuditQuery(since=utc(since, "since"), until=utc(until, "until"),
                            type=type, invocation_id=invocation, tool_id=tool,
                            subject=subject_filter(capability))
         await ctx.catch_up("audit", CATCH_UP_SECONDS)  # every event in the log when asked
@@ -507,30 +502,6 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
         """Circuit-breaker state of every external service."""
         async with ctx.engine.connect() as conn:
             return CircuitList(circuits=await list_circuits(conn, open_only=open_only))
-
-
-def _aware(moment: datetime | None, name: str) -> datetime | None:
-    if moment is None:
-        return None
-    if moment.utcoffset() is None:
-        raise ApiError("E3004", f"{name} needs a UTC offset (e.g. Z)", {name: str(moment)},
-                       status=422)
-    try:
-        return moment.astimezone(UTC)
-    except (OverflowError, ValueError):
-        raise ApiError("E3004", f"{name} is out of range", {name: str(moment)},
-                       status=422) from None
-
-
-async def audit_page(engine: AsyncEngine, query: AuditQuery, limit: int) -> list[dict[str, Any]]:
-    """At most `limit` matching audit records, each with its parsed CloudEvent."""
-    records: list[dict[str, Any]] = []
-    async with engine.connect() as conn, contextlib.aclosing(audit_records(conn, query)) as rows:
-        async for row in rows:
-            records.append({k: v for k, v in row.items() if k != "document"})
-            if len(records) >= limit:
-                break
-    return records
 
 
 def _operations_routes(app: FastAPI, ctx: GatewayContext) -> None:

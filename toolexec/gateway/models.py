@@ -59,11 +59,17 @@ class CancelRequest(BaseModel):
 
 
 class CancelAccepted(BaseModel):
-    """A cancel request on the log: the invocation ends as cancelled unless it ends first."""
+    """A cancel request on the log (the invocation ends as cancelled unless it ends
+    first), or nothing to do: the invocation had already ended (`ended_as`)."""
 
     invocation_id: str
-    status: Literal["cancel_requested"] = "cancel_requested"
-    event_id: str = Field(description="Id of the tool.invoke.cancel.requested event.")
+    status: Literal["cancel_requested", "already_ended"] = "cancel_requested"
+    event_id: str | None = Field(
+        default=None, description="Id of the tool.invoke.cancel.requested event; None when "
+        "the invocation had already ended and nothing was written.")
+    ended_as: str | None = Field(
+        default=None, description="How it ended (completed, failed, cancelled) when it "
+        "had already ended.")
     status_url: str
 
 

@@ -8,35 +8,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from domain.chain import resolve_chain
-from domain.child_validation import ensure_chain_valid
 from domain.errors import ToolexecError
-from domain.integrity import compute_integrity, seal, verify_chain
-from domain.lockfile import freeze
 from domain.model import Issue, ToolSource
-from domain.publication import plan_publication
-from domain.registry import InMemoryRegistry
 from domain.validation import validate_source
-from toolexec.cli_output import bad_usage, echo_json, fail
-from toolexec.sources import (
-    SourceError,
-    bash_syntax_check,
-    discover,
-    load_builtin_sources,
-    load_source,
+from toolexec.cli.output import bad_usage, echo_json, fail_with
+from toolexec.sources import SourceError, bash_syntax_check, discover, load_builtin_sources
+from toolexec.usecases.authoring import (
+    LOCAL_REGISTRY_URL,
+    errors_of,
+    known_tools,
+    lock_chain,
+    source_integrity,
 )
 
 DEFAULT_TOOLS_DIR = Path(".ai/tools")
-LOCAL_REGISTRY_URL = "urn:toolexec:local"
 
 out = Console()
 err = Console(stderr=True)
@@ -54,10 +47,6 @@ def register(app: typer.Typer) -> None:
 # ------------------------------------------------------------------------------ shared
 
 
-def _fail(error: ToolexecError, as_json: bool) -> NoReturn:
-    fail(error.code, error.message, as_json, error.details)
-
-
 def _require_existing(paths: Iterable[Path], as_json: bool) -> None:
     for path in paths:
         if not path.exists():
@@ -69,14 +58,6 @@ def _display(origin: str) -> str:
         return str(Path(origin).relative_to(Path.cwd().resolve()))
     except ValueError:
         return origin
-
-
-def _known_tools(sources: Iterable[ToolSource]) -> dict[str, str]:
-    return {str(s.manifest.get("tool_id")): str(s.manifest.get("tool_type")) for s in sources}
-
-
-def _errors(issues: Iterable[Issue]) -> list[Issue]:
-    return [issue for issue in issues if issue.severity == "error"]
 
 
 # ---------------------------------------------------------------------------- validate
@@ -96,7 +77,7 @@ def validate(
         bad_usage(f"no tool sources found under {', '.join(map(str, paths))}", as_json)
     sources = [item for item in found if isinstance(item, ToolSource)]
     unreadable = [item for item in found if isinstance(item, SourceError)]
-    known = _known_tools([*load_builtin_sources(), *sources])
+    known = known_tools([*load_builtin_sources(), *sources])
     reports = [_tool_report(s, validate_source(s, bash_syntax=bash_syntax_check,
                                                known_tools=known)) for s in sources]
     valid = not unreadable and all(report["valid"] for report in reports)
@@ -116,7 +97,7 @@ def _tool_report(source: ToolSource, issues: list[Issue]) -> dict[str, Any]:
         "tool_type": manifest.get("tool_type"),
         "origin": source.origin,
         "layout": source.layout,
-        "valid": not _errors(issues),
+        "valid": not errors_of(issues),
         "issues": [issue.to_dict() for issue in issues],
     }
 
@@ -160,27 +141,11 @@ def integrity(
     try:
         tool_id, version, value = source_integrity(path)
     except ToolexecError as error:
-        _fail(error, as_json)
+        fail_with(error, as_json)
     if as_json:
         echo_json({"tool_id": tool_id, "version": version, "integrity": value})
     else:
         typer.echo(value)
-
-
-def source_integrity(path: Path) -> tuple[str, str, str]:
-    """(tool_id, version, `sha256:<hex>` integrity) of the tool source at `path`.
-    Raises ToolexecError (SourceError) when it cannot be read."""
-    source = load_source(path)
-    tool_id, version = _identity(source)
-    return tool_id, version, compute_integrity(tool_id, version, source.manifest, source.files)
-
-
-def _identity(source: ToolSource) -> tuple[str, str]:
-    tool_id, version = source.manifest.get("tool_id"), source.manifest.get("version")
-    if not isinstance(tool_id, str) or not isinstance(version, str):
-        raise SourceError(f"{source.origin}: the manifest needs tool_id and version "
-                          "to compute an integrity", details={"origin": source.origin})
-    return tool_id, version
 
 
 # -------------------------------------------------------------------------------- lock
@@ -209,60 +174,10 @@ def lock(
         lockfile, warnings = lock_chain(tool_id, version_range or "*", tools or [DEFAULT_TOOLS_DIR],
                                         strict=strict, registry_url=registry_url)
     except ToolexecError as error:
-        _fail(error, as_json)
+        fail_with(error, as_json)
     for warning in warnings:
-        err.print(f"[yellow]warning:[/] {escape(warning)}")
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     _write_lockfile(lockfile, output, as_json)
-
-
-def lock_chain(tool_id: str, version_range: str, tool_dirs: Sequence[Path], *,
-               strict: bool = False, registry_url: str = LOCAL_REGISTRY_URL
-               ) -> tuple[dict[str, Any], list[str]]:
-    """The lockfile of `tool_id@version_range` resolved from the built-in tools and
-    `tool_dirs` (every link verified, parent -> child schemas checked), and the
-    warnings met. Raises ToolexecError (E31xx) when it cannot be resolved."""
-    registry = _local_registry(tool_dirs)
-    chain = resolve_chain(registry, tool_id, version_range)
-    verify_chain(chain)
-    warnings = [*chain.warnings, *ensure_chain_valid(chain, strict=strict)]
-    lockfile = freeze(chain, generated_at=_now(), registry_url=registry_url)
-    return lockfile, list(dict.fromkeys(warnings))
-
-
-def _now() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _local_registry(tool_dirs: Sequence[Path]) -> InMemoryRegistry:
-    """Built-in tools plus every valid source under `tool_dirs`, sealed and pinned to
-    their executors as publishing them would; unreadable or invalid sources are
-    reported on stderr and left out."""
-    found = discover([d for d in tool_dirs if d.exists()])
-    for error in (item for item in found if isinstance(item, SourceError)):
-        err.print(f"[yellow]skipped:[/] {escape(str(error))}")
-    sources = [*load_builtin_sources(), *(i for i in found if isinstance(i, ToolSource))]
-    known = _known_tools(sources)
-    sealed = []
-    for source in sources:
-        problems = _errors(validate_source(source, bash_syntax=bash_syntax_check,
-                                           known_tools=known))
-        if problems:
-            err.print(f"[yellow]skipped:[/] {escape(_display(source.origin))}: "
-                      f"{len(problems)} validation error(s), first: "
-                      f"{escape(problems[0].path)} {escape(problems[0].message)}")
-            continue
-        try:
-            sealed.append(seal(source))
-        except ToolexecError as error:
-            err.print(f"[yellow]skipped:[/] {escape(_display(source.origin))}: {escape(str(error))}")
-    registry = InMemoryRegistry()
-    for plan in plan_publication(sealed, InMemoryRegistry()):
-        if plan.outcome == "new":
-            registry.add(plan.version)
-        elif plan.error is not None:
-            err.print(f"[yellow]skipped:[/] {escape(plan.version.tool_id)}@"
-                      f"{escape(plan.version.version)}: {escape(str(plan.error))}")
-    return registry
 
 
 def _write_lockfile(lockfile: dict[str, Any], output: Path | None, as_json: bool) -> None:

@@ -24,7 +24,7 @@ from contracts import topics
 from projections.runner import stored_offsets
 from toolexec.asyncapi import asyncapi_document
 from toolexec.client import InvocationClient
-from toolexec.gateway import GatewayContext, create_app, current_manifest
+from toolexec.gateway.http import GatewayContext, create_app, current_manifest
 from toolexec.metrics import PipelineMetrics
 from toolexec.read_models import ReadModels
 from toolexec.settings import Settings, fetch_waits, kafka_client_options

@@ -3,7 +3,7 @@
 Tools:
 - `search`  query the registry read model (tool ids, types, descriptions, tags);
 - `load`    one tool's manifest, files and metadata from the registry read model
-            (file contents too when the local content store holds them);
+            (file contents too, read from the registry topic of the running system);
 - `execute` `run` invokes a tool through the full event pipeline, exactly as
             `toolexec run` does (the running `up` found via .toolexec/runtime.json,
             else an embedded stack for the call); `sign` computes a tool source's
@@ -26,24 +26,22 @@ from typing import Any, Literal
 import mcp_types
 import structlog
 from mcp.server.mcpserver import MCPServer
-from rich.console import Console
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.primitives.file_store import ContentStore
-from domain.errors import ToolexecError
+from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
-from projections.queries import search_tools, show_tool
-from toolexec.cli_authoring import lock_chain, source_integrity
-from toolexec.cli_runtime import invoke_tool
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
 from toolexec.state_files import ensure_state_dir
+from toolexec.usecases import registry
+from toolexec.usecases.authoring import lock_chain, source_integrity
+from toolexec.usecases.invoke import ToolSpec, check_parameters, completed_result, invoke_tool
 
-err = Console(stderr=True)
 log = structlog.get_logger(__name__)
 
-MAX_INLINE_FILE_BYTES = 256 * 1024
 HELP = {
     "overview": (
         "toolexec runs tools (manifests plus content-addressed files) through an "
@@ -64,10 +62,9 @@ HELP = {
 }
 
 
-class GatewayError(ToolexecError):
-    """A request the gateway itself refuses (bad arguments)."""
-
-    code = "E3301"
+class GatewayError(InvalidRequest):
+    """A request the gateway itself refuses (bad arguments): E3004, as the CLI and the
+    HTTP gateway answer a malformed request."""
 
 
 class Gateway:
@@ -96,31 +93,17 @@ class Gateway:
             self._engine = None
 
     async def search(self, query: str, limit: int) -> dict[str, Any]:
-        if not 1 <= limit <= 1000:
-            raise GatewayError("limit must be between 1 and 1000", details={"limit": limit})
-        async with (await self.engine()).connect() as conn:
-            rows = await search_tools(conn, query, limit=limit)
-        results = [{"tool_id": r["tool_id"], "tool_type": r["tool_type"],
-                    "description": r["description"],
-                    "version": r["current_version"] or r["latest_version"],
-                    "lifecycle": r["lifecycle"], "tags": r["tags"]} for r in rows]
+        results = await registry.search(await self.engine(), query, limit)
         return {"query": query, "results": results, "total": len(results)}
 
     async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:
-        async with (await self.engine()).connect() as conn:
-            tool = await show_tool(conn, tool_id)
-        if tool is None:
-            raise ToolexecError(f"tool {tool_id!r} not found", code="E3101",
-                                details={"tool_id": tool_id})
-        wanted = version or tool["current_version"] or tool["latest_version"]
-        found = next((v for v in tool["versions"] if v["version"] == wanted), None)
-        if found is None:
-            raise ToolexecError(f"{tool_id}@{wanted} not found", code="E3102",
-                                details={"tool_id": tool_id, "version": wanted,
-                                         "available": [v["version"] for v in tool["versions"]]})
+        tool, found = await registry.tool_version(await self.engine(), tool_id, version)
+        bootstrap = self.settings.kafka_bootstrap or (
+            read_runtime(self.settings) or {}).get("kafka_bootstrap")
+        texts = await registry.file_texts(self.settings, bootstrap, tool_id, found["version"])
         return {
             "tool_id": tool_id, "version": found["version"], "manifest": found["manifest"],
-            "files": [self._file(f) for f in found["files"]],
+            "files": [{**f, "content": texts.get(f["path"])} for f in found["files"]],
             "metadata": {
                 "tool_type": found["tool_type"], "executor": found["executor"],
                 "integrity": found["integrity"], "lifecycle": found["lifecycle"],
@@ -130,32 +113,14 @@ class Gateway:
                 "versions": [v["version"] for v in tool["versions"]]},
         }
 
-    def _file(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """A file of the read model, with its text when the content store has it."""
-        store = ContentStore(Path(self.settings.state_dir) / "cas")
-        content: str | None = None
-        try:
-            if entry.get("size", 0) <= MAX_INLINE_FILE_BYTES and store.has(entry["sha256"]):
-                content = store.get(entry["sha256"]).decode("utf-8")
-        except (ToolexecError, OSError, UnicodeDecodeError):
-            content = None
-        return {**entry, "content": content}
-
-    async def run(self, tool_id: str, parameters: dict[str, Any], version_range: str,
-                  lockfile: dict[str, Any] | None, token: str | None,
-                  timeout: float) -> dict[str, Any]:
-        terminal = await invoke_tool(self.settings, tool_id, version_range, parameters,
-                                     lockfile=lockfile, token=token, tools=self.tools,
-                                     timeout=timeout)
-        data = terminal.data
-        if terminal.type != "tool.invoke.completed":
-            raise ToolexecError(data.error.message, code=data.error.code,
-                                details={**data.error.details,
-                                         "invocation_id": data.invocation_id})
-        return {"action": "run", "status": "completed", "tool_id": data.tool_id,
-                "version": data.version, "invocation_id": data.invocation_id,
-                "result": data.result, "duration_ms": data.duration_ms,
-                "attempts": data.attempts}
+    async def run(self, tool_id: str, parameters: Any, version_range: str,
+                  lockfile: Any, token: str | None, timeout: float) -> dict[str, Any]:
+        spec = ToolSpec.parse(f"{tool_id}@{version_range}")
+        parameters = check_parameters(parameters, lockfile=lockfile,
+                                      max_bytes=self.settings.max_parameter_bytes)
+        terminal = await invoke_tool(self.settings, spec, parameters, lockfile=lockfile,
+                                     token=token, tools=self.tools, timeout=timeout)
+        return {"action": "run", **completed_result(terminal)}
 
     def sign(self, path: str | None) -> dict[str, Any]:
         if not path:
@@ -202,9 +167,27 @@ async def _guarded(work: Any) -> mcp_types.CallToolResult:
         return _error(ToolexecError(f"projection store unavailable: {error}"[:500],
                                     code="E3001"))
     except Exception as error:  # boundary: the agent gets a coded error, the log the cause
-        log.exception("mcp_gateway.unexpected_error")
+        log.exception("gateway.mcp.unexpected_error")
         return _error(ToolexecError(f"toolexec could not serve the request: "
                                     f"{type(error).__name__}", code="E3001"))
+
+
+class CodedMCPServer(MCPServer):
+    """An MCP server whose argument errors carry a code too: arguments that do not
+    match a tool's input schema answer `{"error": {"code": "E3004", ...}}` rather than
+    the SDK's pydantic text."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as error:
+            if not isinstance(error.__cause__, ValidationError):
+                raise
+            problems = [{"loc": [str(part) for part in e["loc"]], "msg": e["msg"],
+                         "type": e["type"]} for e in error.__cause__.errors()]
+            return _error(GatewayError(f"arguments of {name!r} do not match its input schema",
+                                       details={"errors": problems}))
 
 
 def build_server(gateway: Gateway) -> MCPServer:
@@ -216,8 +199,8 @@ def build_server(gateway: Gateway) -> MCPServer:
         finally:  # the engine is opened again on the next use
             await gateway.close()
 
-    server = MCPServer("toolexec", version="0.1.0", instructions=HELP["overview"],
-                       lifespan=lifespan)
+    server = CodedMCPServer("toolexec", version="0.1.0", instructions=HELP["overview"],
+                            lifespan=lifespan)
 
     @server.tool(description=HELP["search"])
     async def search(query: str = "", limit: int = 10) -> mcp_types.CallToolResult:
@@ -251,13 +234,3 @@ def build_server(gateway: Gateway) -> MCPServer:
         return HELP.get(topic, f"unknown topic {topic!r}; topics: {', '.join(HELP)}")
 
     return server
-
-
-def serve(settings: Settings, tools: list[Path], *, http: bool, host: str, port: int) -> None:
-    """Serve the gateway over stdio, or streamable HTTP at http://HOST:PORT/mcp."""
-    server = build_server(Gateway(settings, tools))
-    if http:
-        err.print(f"toolexec mcp: streamable HTTP on http://{host}:{port}/mcp")
-        server.run("streamable-http", host=host, port=port)
-    else:
-        server.run("stdio")

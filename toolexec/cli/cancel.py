@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from toolexec.cli.output import bad_usage
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
 
@@ -31,12 +32,12 @@ def cancel(
     """Cancel an invocation of the running `up` (tool.invoke.cancel.requested).
 
     Through the running gateway when there is one: unknown invocations fail with
-    E3702 and ended ones are refused, as `POST /v1/invocations/{id}/cancel` does.
+    E3702, and for ended ones it is a no-op (exit 0, status `already_ended`), as
+    `POST /v1/invocations/{id}/cancel` answers.
     With only TOOLEXEC_KAFKA_BOOTSTRAP set, the event is emitted directly. The
     invocation then ends with E3703 unless it ends first."""
     if not invocation_id.strip():
-        err.print("[red]bad usage:[/] the invocation id is empty")
-        raise typer.Exit(2)
+        bad_usage("the invocation id is empty", as_json)
     settings = Settings()
     runtime = read_runtime(settings) or {}
     if runtime.get("gateway_url"):
@@ -72,14 +73,15 @@ def _through_gateway(url: str, invocation_id: str, reason: str | None,
 async def _through_broker(bootstrap: str, invocation_id: str, reason: str | None,
                           client_options: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     from toolexec.client import InvocationClient, InvocationNotDelivered
+    from toolexec.usecases.cancel import cancel_invocation
 
     try:
         async with InvocationClient(bootstrap, client_options=client_options) as client:
-            event = await client.cancel(invocation_id, reason, requested_by=REQUESTED_BY)
+            outcome = await cancel_invocation(client, invocation_id, None, reason,
+                                              requested_by=REQUESTED_BY)
     except InvocationNotDelivered as error:
         return 503, {"error": error.to_dict()}
-    return 202, {"invocation_id": invocation_id, "status": "cancel_requested",
-                 "event_id": event.id}
+    return 202, outcome.to_dict()
 
 
 def _report(status: int, body: dict[str, Any], as_json: bool) -> int:
@@ -87,8 +89,11 @@ def _report(status: int, body: dict[str, Any], as_json: bool) -> int:
         out.print_json(data=body)
     elif status == 202:
         err.print(f"cancel requested for {escape(body['invocation_id'])}")
+    elif status == 200:
+        err.print(f"{escape(body['invocation_id'])} had already ended "
+                  f"({escape(str(body.get('ended_as')))}): nothing to cancel", highlight=False)
     else:
         error = body.get("error") or {}
         err.print(f"[red]{error.get('code', 'E3000')}[/] {escape(str(error.get('message')))}",
                   highlight=False)
-    return 0 if status == 202 else 1
+    return 0 if status in (200, 202) else 1

@@ -23,7 +23,7 @@ from domain.capability import Capability
 from domain.errors import AuthorizationError
 from domain.scopes import Need
 from toolexec import rights
-from toolexec.gateway_errors import ApiError
+from toolexec.gateway.errors import ApiError
 from toolexec.settings import Settings
 
 SESSION_COOKIE = "toolexec_token"

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.errors import ErrorInfo, http_status_for
+from domain.errors import InvalidRequest, ToolexecError
 from domain.request_limits import PayloadRejected, check_request_payload
 
 log = structlog.get_logger(__name__)
@@ -55,7 +56,17 @@ def check_invoke_payload(parameters: Any, lockfile: Any, max_bytes: int) -> None
         check_request_payload(parameters, lockfile=lockfile, max_bytes=max_bytes)
     except PayloadRejected as error:
         raise ApiError(error.code, error.message, error.details,
-                       status=413 if error.too_large else 422) from None
+                       status=status_of(error)) from None
+
+
+def status_of(error: ToolexecError) -> int:
+    """The HTTP status of a use case's error: 413 for a payload too large, 422 for any
+    other malformed request, else the status of its code in the error table."""
+    if isinstance(error, PayloadRejected) and error.too_large:
+        return 413
+    if isinstance(error, InvalidRequest):
+        return 422
+    return http_status_for(error.code)
 
 
 def error_response(status: int, code: str, message: str,
@@ -76,6 +87,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.message, exc.details)
+
+    @app.exception_handler(ToolexecError)
+    async def toolexec_error(request: Request, exc: ToolexecError) -> JSONResponse:
+        return error_response(status_of(exc), exc.code, exc.message, exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

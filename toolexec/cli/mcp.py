@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from toolexec.settings import Settings
+
+err = Console(stderr=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +25,8 @@ def mcp_command(
     tools: Annotated[list[Path], typer.Option("--tools", help="extra tool directories")] = [],  # noqa: B006
 ) -> None:
     """MCP server exposing search, load, execute (run | sign | lock) and help."""
-    from toolexec.mcp_gateway import serve
+    from toolexec.system import serve_mcp
 
-    serve(Settings(), tools, http=http, host=host, port=port)
+    if http:
+        err.print(f"toolexec mcp: streamable HTTP on http://{host}:{port}/mcp")
+    serve_mcp(Settings(), tools, http=http, host=host, port=port)

@@ -13,29 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from toolexec.cli_output import bad_usage, fail
+from toolexec.cli.output import bad_usage, fail, fail_with
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from domain.capability import Capability
     from domain.lifecycle import LifecycleChange
 
 err = Console(stderr=True)
 out = Console()
-
-READ_MODEL_WAIT_SECONDS = 5.0  # a tool published just before may not be folded yet
-POLL_SECONDS = 0.1
 
 Token = Annotated[str | None, typer.Option(
     "--token", help="capability token (JWT) with the lifecycle scope; default TOOLEXEC_TOKEN "
@@ -86,6 +79,7 @@ def _change(tool: str, state: str, reason: str | None, replacement: str | None,
     from domain.lifecycle import LifecycleChange
     from domain.semver import is_valid_version
     from toolexec import rights
+    from toolexec.usecases.lifecycle import change_lifecycle
 
     tool_id, _, version = tool.partition("@")
     if not tool_id or (version and not is_valid_version(version)) or (
@@ -103,51 +97,12 @@ def _change(tool: str, state: str, reason: str | None, replacement: str | None,
                              replacement_tool_id=replacement)
     try:
         capability = rights.caller(settings, token or settings.token, runtime)
-        event_ids, shown = asyncio.run(_emit(str(bootstrap), str(database_url), change,
-                                             capability, kafka_client_options(settings)))
+        event_ids, shown = asyncio.run(change_lifecycle(
+            str(bootstrap), str(database_url), change, capability,
+            kafka_client_options(settings)))
     except ToolexecError as error:
-        fail(error.code, error.message, as_json, error.details)
+        fail_with(error, as_json)
     _report(change, event_ids, shown, as_json)
-
-
-async def _emit(bootstrap: str, database_url: str, change: LifecycleChange,
-                capability: Capability | None, client_options: dict[str, Any]
-                ) -> tuple[list[str], dict[str, Any] | None]:
-    from projections.database import make_engine
-    from toolexec.client import InvocationClient
-    from toolexec.lifecycle import checked_reading_your_writes, lifecycle_event
-    from toolexec.registry_reads import registry_caught_up
-
-    engine = make_engine(database_url)
-    try:
-        changes = await checked_reading_your_writes(
-            engine, change,
-            lambda: registry_caught_up(engine, bootstrap, client_options=client_options),
-            capability)
-        now = datetime.now(UTC)
-        events = [lifecycle_event(checked, now=now) for checked in changes]
-        async with InvocationClient(bootstrap, client_options=client_options) as client:
-            for event in events:
-                await client.send(event)
-        return [e.id for e in events], await _wait_shown(engine, changes)
-    finally:
-        await engine.dispose()
-
-
-async def _wait_shown(engine: AsyncEngine,
-                      changes: tuple[LifecycleChange, ...]) -> dict[str, Any] | None:
-    """The tool's read-model row once it shows `changes` (None if not within the bound)."""
-    from projections.queries import show_tool
-    from toolexec.lifecycle import shows_changes
-
-    deadline = time.monotonic() + READ_MODEL_WAIT_SECONDS
-    while time.monotonic() < deadline:
-        async with engine.connect() as conn:
-            tool = await show_tool(conn, changes[0].tool_id)
-        if shows_changes(tool, changes):
-            return tool
-        await asyncio.sleep(POLL_SECONDS)
-    return None
 
 
 def _report(change: LifecycleChange, event_ids: list[str], shown: dict[str, Any] | None,

@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from toolexec.cli_output import echo_json, fail
+from toolexec.cli.output import echo_json, fail
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
 from toolexec.state_files import ensure_state_dir

@@ -14,7 +14,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-from toolexec.gateway_models import InvocationView
+from toolexec.gateway.models import InvocationView
 
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5rem; color: #222; }

@@ -1,12 +1,15 @@
-"""Lifecycle changes as the CLI and the gateway make them: check the requested change
-against the registry read model and the caller's rights, then build the
-`tool.lifecycle.changed` event."""
+"""Lifecycle changes (deprecate, remove, restore) as every front end makes them: check
+the requested change against the registry read model and the caller's rights, build
+the `tool.lifecycle.changed` events, send them, and wait (bounded) until the read
+model shows them, so that a `show` right after sees the change."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -84,3 +87,47 @@ def shows_changes(tool: dict[str, Any] | None, changes: Sequence[LifecycleChange
         return False
     return all(v["lifecycle"] == change.state for change in changes for v in tool["versions"]
                if change.version is None or v["version"] == change.version)
+
+
+READ_MODEL_WAIT_SECONDS = 5.0  # a tool published just before may not be folded yet
+POLL_SECONDS = 0.1
+
+
+async def change_lifecycle(bootstrap: str, database_url: str, change: LifecycleChange,
+                           capability: Capability | None,
+                           client_options: Mapping[str, Any]
+                           ) -> tuple[list[str], dict[str, Any] | None]:
+    """Check `change` (rights first), send its events to the running system at
+    `bootstrap`; (the event ids, the tool's read-model row once it shows the change,
+    or None when it does not within READ_MODEL_WAIT_SECONDS). Raises ToolexecError
+    (E3101, E3102, E3104, E3004, E32xx)."""
+    from projections.database import make_engine
+    from toolexec.client import InvocationClient
+    from toolexec.registry_reads import registry_caught_up
+
+    engine = make_engine(database_url)
+    try:
+        changes = await checked_reading_your_writes(
+            engine, change,
+            lambda: registry_caught_up(engine, bootstrap, client_options=client_options),
+            capability)
+        now = datetime.now(UTC)
+        events = [lifecycle_event(checked, now=now) for checked in changes]
+        async with InvocationClient(bootstrap, client_options=client_options) as client:
+            for event in events:
+                await client.send(event)
+        return [e.id for e in events], await _wait_shown(engine, changes)
+    finally:
+        await engine.dispose()
+
+
+async def _wait_shown(engine: AsyncEngine,
+                      changes: tuple[LifecycleChange, ...]) -> dict[str, Any] | None:
+    deadline = time.monotonic() + READ_MODEL_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        async with engine.connect() as conn:
+            tool = await show_tool(conn, changes[0].tool_id)
+        if shows_changes(tool, changes):
+            return tool
+        await asyncio.sleep(POLL_SECONDS)
+    return None

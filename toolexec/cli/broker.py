@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from toolexec.cli_output import echo_json, fail
+from toolexec.cli.output import echo_json, fail
 from toolexec.runtime_file import runtime_status
 from toolexec.settings import Settings
 

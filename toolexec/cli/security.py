@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from consumers.policy_engine import cedar_text_from_json, compile_policies
-from contracts.envelope import Envelope, new_envelope
-from contracts.events import PolicyUpdated
-from domain.errors import AuthorizationError
-from domain.scopes import POLICY_NEED, Scopes, is_namespace
+from domain.errors import ToolexecError
+from domain.scopes import Scopes, is_namespace
 from toolexec import rights
+from toolexec.cli.output import bad_usage, fail_with
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
@@ -96,8 +90,7 @@ def issue(
                                  "maximum lifetime accepted (TOOLEXEC_TOKEN_MAX_TTL_SECONDS)")
     key_path = key or ensure_dev_keys(Path(settings.state_dir)).private
     if not key_path.exists():
-        err.print(f"[red]bad usage:[/] {key_path} does not exist")
-        raise typer.Exit(2)
+        bad_usage(f"{key_path} does not exist", as_json)
     now = int(time.time())
     jti = str(uuid.uuid4())
     token = issue_token(load_private_key(key_path), subject=sub, tools=grants,
@@ -109,24 +102,6 @@ def issue(
                              "scopes": scopes.to_claim()})
     else:
         out.print(token, markup=False, highlight=False, soft_wrap=True)
-
-
-def policy_event(text: str, *, policy_set_id: str, version: str | None = None) -> Envelope:
-    """A `policy.updated` for Cedar policy text; the version defaults to a content hash."""
-    version = version or "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    data = PolicyUpdated(policy_set_id=policy_set_id, version=version, policies=text)
-    return new_envelope(data, source=SOURCE, partitionkey=policy_set_id,
-                        correlationid=policy_set_id, id=str(uuid.uuid4()),
-                        time=datetime.now(UTC))
-
-
-def read_policy_file(path: Path) -> str:
-    """Cedar text of a `.cedar` file, or of a JSON list of Cedar JSON policies."""
-    raw = path.read_text()
-    if path.suffix == ".json":
-        loaded = json.loads(raw)
-        return cedar_text_from_json(loaded if isinstance(loaded, list) else [loaded])
-    return raw
 
 
 @policy_app.command("apply")
@@ -142,43 +117,24 @@ def apply(
 ) -> None:
     """Validate a policy file and emit policy.updated to the running system. With
     authorization on, the token needs the policy scope (or admin)."""
-    if not file.exists():
-        err.print(f"[red]bad usage:[/] {file} does not exist")
-        raise typer.Exit(2)
+    from toolexec.usecases.policy import apply_policy, policy_event, read_policy_file
+
+    settings = Settings()
     try:
         text = read_policy_file(file)
-        compile_policies(text)
-    except (AuthorizationError, ValueError) as error:
-        code = getattr(error, "code", "E3206")
-        err.print(f"[red]{code}[/] {file}: {error}")
-        raise typer.Exit(1) from error
-    settings = Settings()
-    runtime = read_runtime(settings) or {}
-    bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
-    if not bootstrap:
-        err.print("[red]E3001[/] no running toolexec found: start `toolexec up` first "
-                  "or set TOOLEXEC_KAFKA_BOOTSTRAP")
-        raise typer.Exit(1)
-    try:
-        rights.demand(rights.caller(settings, token or settings.token, runtime), [POLICY_NEED])
-    except AuthorizationError as error:
-        if as_json:
-            out.print_json(data={"error": error.to_dict()})
-        else:
-            err.print(f"[red]{error.code}[/] {escape(error.message)}", highlight=False)
-        raise typer.Exit(1) from error
-    event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
-    asyncio.run(_send(bootstrap, event, kafka_client_options(settings)))
+        runtime = read_runtime(settings) or {}
+        bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
+        if not bootstrap:
+            raise ToolexecError("no running toolexec found: start `toolexec up` first "
+                                "or set TOOLEXEC_KAFKA_BOOTSTRAP", code="E3001")
+        event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
+        capability = rights.caller(settings, token or settings.token, runtime)
+        asyncio.run(apply_policy(bootstrap, event, capability, kafka_client_options(settings)))
+    except ToolexecError as error:
+        fail_with(error, as_json)
     data = event.data
     if as_json:
         out.print_json(data={"type": event.type, "policy_set_id": data.policy_set_id,
                              "version": data.version, "event_id": event.id})
     else:
         err.print(f"applied policy set {data.policy_set_id} version {data.version}")
-
-
-async def _send(bootstrap: str, event: Envelope, client_options: dict[str, Any]) -> None:
-    from toolexec.client import InvocationClient  # Kafka only for this command
-
-    async with InvocationClient(bootstrap, client_options=client_options) as client:
-        await client.send(event)
