@@ -65,7 +65,12 @@ class Confinement:
     `disk_bytes`: size of the run's tmpfs; `inner_max_processes`: the process limit
     to set inside the sandbox (unprivileged runs, see the module docstring);
     `relay`: the argv prefix of the egress relay (None: no network at all);
-    `extra_read_only`: more host paths to show read-only (the relay's interpreter)."""
+    `extra_read_only`: more host paths to show read-only (the relay's interpreter);
+    `files`: the host folder holding the tool's files, laid out as in the run
+    directory (None: the run directory itself is that folder on the host);
+    `etc_view`: a prepared folder to show as `/etc` in one mount, with `etc_binds`
+    (entries of /etc) bound on their mount points in it (see sandbox_cache.EtcView;
+    None: each of SYSTEM_ETC_ENTRIES bound on its own)."""
 
     uid: int | None = None
     disk_bytes: int = 1024 * 1024 * 1024
@@ -73,6 +78,9 @@ class Confinement:
     relay: tuple[str, ...] | None = None
     extra_read_only: tuple[Path, ...] = ()
     protected: tuple[Path, ...] = field(default_factory=tuple)
+    files: Path | None = None
+    etc_view: Path | None = None
+    etc_binds: tuple[str, ...] = ()
 
 
 class UnsafeMount(OSError):
@@ -114,10 +122,15 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str,
     for target, link in _MERGED_USR:
         args += ["--symlink", target, link] if Path(link).is_symlink() \
             else ["--ro-bind-try", link, link]
-    for entry in SYSTEM_ETC_ENTRIES:
-        args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+    if confinement.etc_view is None:
+        for entry in SYSTEM_ETC_ENTRIES:
+            args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+    else:
+        args += ["--ro-bind", str(confinement.etc_view), "/etc"]
+        for entry in confinement.etc_binds:
+            args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
     args += ["--proc", "/proc", "--dev", "/dev"]
-    args += _run_directory(workdir, confinement.disk_bytes)
+    args += _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
     shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
              *confinement.extra_read_only]
     for prefix in dict.fromkeys(shown):
@@ -160,9 +173,10 @@ def _inside(confinement: Confinement) -> list[str]:
     return inside
 
 
-def _run_directory(workdir: Path, size: int) -> list[str]:
+def _run_directory(workdir: Path, size: int, files: Path, cwd: Path) -> list[str]:
     """One tmpfs of `size` bytes holds the run directory and /tmp; the tool's files
-    (materialised in the host's run directory) are bound into it read-only."""
+    (materialised in the host folder `files`) are bound into it read-only, and its
+    working directory `cwd` is made in it."""
     args: list[str] = []
     if workdir.is_relative_to("/tmp"):
         args += ["--perms", "01777", "--size", str(size), "--tmpfs", "/tmp"]
@@ -174,12 +188,18 @@ def _run_directory(workdir: Path, size: int) -> list[str]:
         args += _traversable_parents(workdir)
         args += ["--perms", "0777", "--size", str(size), "--tmpfs", str(workdir),
                  "--symlink", str(workdir), "/tmp"]
-    for folder, folders, files in os.walk(workdir):
-        base = Path(folder)
+    made = {workdir}
+    for folder, folders, names in os.walk(files):
+        base = workdir / Path(folder).relative_to(files)
         for name in sorted(folders):
+            made.add(base / name)
             args += ["--perms", "0777", "--dir", str(base / name)]
-        for name in sorted(files):
-            args += ["--ro-bind", str(base / name), str(base / name)]
+        for name in sorted(names):
+            args += ["--ro-bind", str(Path(folder) / name), str(base / name)]
+    for folder in [*reversed(cwd.parents), cwd]:
+        if folder.is_relative_to(workdir) and folder not in made:
+            made.add(folder)
+            args += ["--perms", "0777", "--dir", str(folder)]
     return args
 
 

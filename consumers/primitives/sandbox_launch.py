@@ -24,6 +24,8 @@ import structlog
 
 from consumers.primitives import bubblewrap, egress_relay, landlock
 from consumers.primitives.egress_proxy import EgressSession
+from consumers.primitives.run_directory import RunDirectory
+from consumers.primitives.sandbox_cache import shared_cache
 from consumers.primitives.sandbox_uids import UidPool, shared_pool
 from domain.errors import ExecutionError
 from domain.model import SubprocessPlan
@@ -64,8 +66,8 @@ class Launch:
             self._pool.release(uid)
 
 
-def prepare_launch(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
-                   path: str, policy: SandboxPolicy) -> Launch:
+def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, path: str,
+                   policy: SandboxPolicy) -> Launch:
     """The Launch of one run (see the module docstring). Raises ExecutionError E3405
     when the sandbox cannot be set up as the policy requires."""
     launch = Launch(max_processes=plan.limits.max_processes)
@@ -87,11 +89,11 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
         protected = tuple(Path(os.path.realpath(p)) for p in policy.protected_paths)
         program = plan.argv[0] if plan.argv else ""
         if sandbox == "bwrap":
-            launch.prefix = _bwrap(launch, workdir, cwd, program, path, plan, policy,
-                                   protected, root)
+            launch.prefix = _bwrap(launch, run_dir, program, path, plan, policy, protected,
+                                   root)
         else:
             launch.prefix = landlock.landlock_prefix(
-                workdir, cwd, program, path, network=plan.network,
+                run_dir.path, run_dir.cwd, program, path, network=plan.network,
                 channel=launch.pass_fds[0] if launch.pass_fds else None, protected=protected)
     except OSError as error:
         _abandon(launch)
@@ -103,7 +105,7 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
     return launch
 
 
-def _bwrap(launch: Launch, workdir: Path, cwd: Path, program: str, path: str,
+def _bwrap(launch: Launch, run_dir: RunDirectory, program: str, path: str,
            plan: SubprocessPlan, policy: SandboxPolicy, protected: tuple[Path, ...],
            root: bool) -> list[str]:
     relay: tuple[str, ...] | None = None
@@ -118,11 +120,13 @@ def _bwrap(launch: Launch, workdir: Path, cwd: Path, program: str, path: str,
     # as root the run's own uid isolates its process count (prlimit outside);
     # without root the limit must be set inside the run's user namespace
     launch.nproc_outside = root
+    etc = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).etc
     confinement = bubblewrap.Confinement(
         uid=launch.uid, disk_bytes=disk_quota(plan.limits, policy),
         inner_max_processes=None if root else launch.max_processes, relay=relay,
-        extra_read_only=extra, protected=protected)
-    return bubblewrap.bwrap_prefix(workdir, cwd, program, path, confinement)
+        extra_read_only=extra, protected=protected, files=run_dir.files,
+        etc_view=etc.path, etc_binds=etc.refresh())
+    return bubblewrap.bwrap_prefix(run_dir.path, run_dir.cwd, program, path, confinement)
 
 
 def _abandon(launch: Launch) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from consumers.primitives.exit_status import STDERR_TAIL_BYTES
 from consumers.primitives.file_store import ContentStore, relative_parts
+from consumers.primitives.run_directory import RunDirectory, environment, on_host
 from consumers.primitives.sandbox_launch import Launch, prepare_launch
 from consumers.primitives.sandboxes import check_sandbox, rlimits_for
 from consumers.primitives.subprocess_primitive import DEFAULT_POLICY, narrowed
@@ -25,11 +26,7 @@ from consumers.primitives.tool_process import (
     REAP_GRACE_SECONDS,
     Capture,
     drain_into,
-    environment,
-    make_workdir,
-    remove_tree,
     spawn,
-    working_directory,
 )
 from domain.errors import ExecutionError
 from domain.model import ResourceLimits, SubprocessPlan
@@ -44,13 +41,13 @@ class ServiceProcess:
     stderr is drained into a capped buffer so the process never blocks on it.
     """
 
-    def __init__(self, popen: subprocess.Popen[bytes], workdir: Path, limits: ResourceLimits,
-                 sandbox: str, launch: Launch | None = None) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], run_dir: RunDirectory,
+                 limits: ResourceLimits, sandbox: str, launch: Launch | None = None) -> None:
         self.popen = popen
         self.pid = popen.pid
         self.sandbox = sandbox
         self.stderr = Capture(limits.stderr_max_bytes)
-        self._workdir = workdir
+        self._run_dir = run_dir
         self._launch = launch
         self._loop = asyncio.get_running_loop()
         self._stderr_closed = asyncio.Event()
@@ -113,7 +110,7 @@ class ServiceProcess:
                     pipe.close()
         if self._launch is not None:
             await self._launch.close()
-        remove_tree(self._workdir)
+        self._run_dir.close()
 
 
 def start_service(plan: SubprocessPlan, *, store: ContentStore, work_root: Path,
@@ -132,25 +129,27 @@ def start_service(plan: SubprocessPlan, *, store: ContentStore, work_root: Path,
                                                                     cpu_seconds=None))
     check_sandbox(sandbox)
     cwd_parts = relative_parts(plan.cwd, allow_root=True)
-    workdir = make_workdir(work_root)
     launch: Launch | None = None
+    run_dir: RunDirectory | None = None
     try:
-        store.materialise(plan.files, workdir)
-        cwd = working_directory(workdir, cwd_parts)
-        env = environment(plan, workdir)
-        launch = prepare_launch(sandbox, plan, workdir, cwd, env["PATH"], policy)
+        run_dir = on_host(store, plan.files, work_root, cwd_parts)
+        env = environment(plan, run_dir.path)
+        launch = prepare_launch(sandbox, plan, run_dir, env["PATH"], policy)
         env.update(launch.env)
-        popen = spawn(plan.argv, env, cwd, rlimits_for(plan.limits, sandbox, launch), launch)
+        popen = spawn(plan.argv, env, run_dir, rlimits_for(plan.limits, sandbox, launch),
+                      launch)
     except OSError as error:
         _close_later(launch)
-        remove_tree(workdir)
+        if run_dir is not None:
+            run_dir.close()
         raise ExecutionError(f"could not prepare the run directory: {error}",
                              code="E3405") from error
     except BaseException:
         _close_later(launch)
-        remove_tree(workdir)
+        if run_dir is not None:
+            run_dir.close()
         raise
-    return ServiceProcess(popen, workdir, plan.limits, sandbox, launch)
+    return ServiceProcess(popen, run_dir, plan.limits, sandbox, launch)
 
 
 def _close_later(launch: Launch | None) -> None:

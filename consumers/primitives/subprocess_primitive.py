@@ -1,7 +1,8 @@
 """The subprocess primitive: runs one tool process and reports what it observed.
 
-Each run gets a fresh directory under `work_root` (removed afterwards) holding the
-tool's files, enters its sandbox (sandboxes, sandbox_launch) and is spawned and
+Each run gets a directory of its own holding the tool's files (run_directory: under
+bubblewrap a tmpfs inside the sandbox, elsewhere a fresh host folder under
+`work_root`, removed afterwards), enters its sandbox (sandboxes, sandbox_launch) and is spawned and
 watched by the process core (tool_process); how it ended is classified by
 exit_status. The plan's limits and timeout are first brought under the operator's
 ceilings (domain.sandbox_policy; each value cut down is logged as
@@ -22,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from consumers.primitives import egress_relay
+from consumers.primitives import bubblewrap, egress_relay
 from consumers.primitives.exit_status import (
     check_landlock_setup,
     check_setup,
@@ -30,6 +31,8 @@ from consumers.primitives.exit_status import (
     unwrap_bwrap_status,
 )
 from consumers.primitives.file_store import ContentStore, relative_parts
+from consumers.primitives.run_directory import RunDirectory, environment, in_sandbox, on_host
+from consumers.primitives.sandbox_cache import shared_cache
 from consumers.primitives.sandbox_launch import Launch, prepare_launch
 from consumers.primitives.sandboxes import (
     NO_SANDBOX,
@@ -38,14 +41,7 @@ from consumers.primitives.sandboxes import (
     resolve_sandbox,
     rlimits_for,
 )
-from consumers.primitives.tool_process import (
-    ToolProcess,
-    environment,
-    make_workdir,
-    remove_tree,
-    spawn,
-    working_directory,
-)
+from consumers.primitives.tool_process import ToolProcess, spawn
 from domain.errors import ExecutionError, ToolexecError, ValidationFailed
 from domain.model import PrimitiveOutcome, SubprocessPlan
 from domain.sandbox_policy import SandboxPolicy, narrow_subprocess
@@ -68,7 +64,7 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
     `error = {code, message, details}` (E3301 parameters not JSON, E3105 tampered or
     missing file, E3401 failure / unsafe path / executable not found, E3402 timeout,
     E3403 out of memory, E3404 killed by a signal, E3405 sandbox, E3407 resource
-    limit). `duration_ms` covers the whole run, materialisation included.
+    limit). `duration_ms` covers the whole run, its run directory included.
     """
     started = time.perf_counter()
     plan = narrowed(plan, policy)
@@ -76,18 +72,17 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
         stdin = _encode_params(params)
         check_sandbox(sandbox)
         cwd_parts = relative_parts(plan.cwd, allow_root=True)
-        workdir = make_workdir(work_root)
     except ToolexecError as error:
         return _failed(error, started, sandbox)
+    run_dir: RunDirectory | None = None
     launch: Launch | None = None
     try:
-        store.materialise(plan.files, workdir)
-        cwd = working_directory(workdir, cwd_parts)
-        env = environment(plan, workdir)
-        launch = prepare_launch(sandbox, plan, workdir, cwd, env["PATH"], policy)
+        run_dir = _run_directory(sandbox, store, plan, work_root, cwd_parts)
+        env = environment(plan, run_dir.path)
+        launch = prepare_launch(sandbox, plan, run_dir, env["PATH"], policy)
         env.update(launch.env)
         rlimits = rlimits_for(plan.limits, sandbox, launch)
-        process = ToolProcess(spawn(plan.argv, env, cwd, rlimits, launch), plan.limits)
+        process = ToolProcess(spawn(plan.argv, env, run_dir, rlimits, launch), plan.limits)
         return await _supervise(process, stdin, plan, started, sandbox)
     except ToolexecError as error:
         return _failed(error, started, sandbox)
@@ -97,7 +92,18 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
     finally:
         if launch is not None:
             await launch.close()
-        remove_tree(workdir)
+        if run_dir is not None:
+            run_dir.close()
+
+
+def _run_directory(sandbox: str, store: ContentStore, plan: SubprocessPlan, work_root: Path,
+                   cwd_parts: tuple[str, ...]) -> RunDirectory:
+    """Under bubblewrap the run directory exists only in the sandbox; elsewhere the
+    tool writes into a fresh host folder (see run_directory)."""
+    if sandbox == "bwrap":
+        trees = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).trees
+        return in_sandbox(store, plan.files, work_root, cwd_parts, trees)
+    return on_host(store, plan.files, work_root, cwd_parts)
 
 
 def narrowed(plan: SubprocessPlan, policy: SandboxPolicy) -> SubprocessPlan:

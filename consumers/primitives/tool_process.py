@@ -31,17 +31,16 @@ import resource
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from consumers.primitives.run_directory import RunDirectory
 from consumers.primitives.sandbox_launch import Launch
 from consumers.primitives.sandboxes import PRLIMIT_OPTIONS, RLimit, apply_rlimits
 from domain.errors import ExecutionError
-from domain.model import ResourceLimits, SubprocessPlan
+from domain.model import ResourceLimits
 
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 TAIL_BYTES = 4096
 """What a capture keeps of a stream past its cap (the out-of-memory scan reads it)."""
 EXIT_POLL_SECONDS = 0.005
@@ -50,40 +49,9 @@ _READ_SIZE = 65536
 _PIPE_GRACE_SECONDS = 1.0
 
 
-def make_workdir(work_root: Path) -> Path:
-    try:
-        return Path(tempfile.mkdtemp(prefix="run-", dir=work_root))
-    except FileNotFoundError:
-        work_root.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix="run-", dir=work_root))
-
-
-def working_directory(workdir: Path, parts: tuple[str, ...]) -> Path:
-    if not parts:
-        return workdir
-    cwd = workdir.joinpath(*parts)
-    cwd.mkdir(parents=True, exist_ok=True)
-    if not cwd.resolve().is_relative_to(workdir.resolve()):
-        raise ExecutionError("the working directory escapes the tool root", code="E3401",
-                             details={"cwd": "/".join(parts)})
-    return cwd
-
-
-def environment(plan: SubprocessPlan, workdir: Path) -> dict[str, str]:
-    """Exactly the plan's variables, a default PATH when it has none, and HOME and
-    TMPDIR pointing at the run's own directory. Nothing comes from os.environ."""
-    env = dict(plan.env)
-    env.setdefault("PATH", DEFAULT_PATH)
-    env["HOME"] = env["TMPDIR"] = str(workdir)
-    return env
-
-
-
 @functools.cache
 def _prlimit_binary() -> str | None:
     return shutil.which("prlimit", path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin")
-
-
 
 def _command(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
              rlimits: tuple[RLimit, ...],
@@ -109,11 +77,13 @@ def _require_executable(program: str, path: str, cwd: Path) -> None:
                              details={"argv0": program, "path": path})
 
 
-def spawn(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
-           rlimits: tuple[RLimit, ...], launch: Launch) -> subprocess.Popen[bytes]:
+def spawn(argv: tuple[str, ...], env: dict[str, str], run_dir: RunDirectory,
+          rlimits: tuple[RLimit, ...], launch: Launch) -> subprocess.Popen[bytes]:
+    """Start `argv` (behind the launch's wrapper) in its own session and group."""
     if not argv:
         raise ExecutionError("the plan has an empty argv", code="E3401")
-    command, preexec = _command(argv, env, cwd, rlimits, launch.prefix)
+    command, preexec = _command(argv, env, run_dir.lookup, rlimits, launch.prefix)
+    cwd = run_dir.start
     try:
         popen = subprocess.Popen(  # noqa: S603 - an argv list, never a shell
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -338,13 +308,3 @@ def drain_into(pipe: Any, capture: Capture) -> bool:
 
 def max_rss(usage: Any) -> int | None:
     return None if usage is None else int(usage.ru_maxrss) * 1024
-
-
-
-def remove_tree(path: Path) -> None:
-    def unlock_and_retry(func: Any, target: str, _exc: Any) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), 0o700)
-            func(target)
-
-    shutil.rmtree(path, onerror=unlock_and_retry)
