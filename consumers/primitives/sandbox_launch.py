@@ -6,7 +6,8 @@ operator's SandboxPolicy into a `Launch`:
   disk quota as the size of its tmpfs, the paths it may see, and — when its network
   policy allows hosts — the egress relay in front of the tool plus an EgressSession
   deciding each connection outside;
-- Landlock: the paths, and the relay (root only, else E3405);
+- Landlock: a ruleset the tool's own process enters before exec, or, when its
+  network policy allows hosts, the wrapper with the relay (root only, else E3405);
 - rlimits / none: nothing but the rlimits the caller applies.
 `Launch.close()` gives back what the run held: its uid and its egress session.
 """
@@ -46,6 +47,7 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     pass_fds: tuple[int, ...] = ()
     nproc_outside: bool = True
+    entry: landlock.ChildEntry | None = None
     max_processes: int | None = None
     uid: int | None = None
     egress: EgressSession | None = None
@@ -55,9 +57,13 @@ class Launch:
         """The sandbox holds the fds it was given now: close ours."""
         if self.egress is not None:
             self.egress.handed_over()
+        if self.entry is not None:
+            self.entry.close()
 
     async def close(self) -> None:
-        """Release the run's uid and egress session (idempotent)."""
+        """Release the run's uid, egress session and ruleset (idempotent)."""
+        if self.entry is not None:
+            self.entry.close()
         if self.egress is not None:
             egress, self.egress = self.egress, None
             await egress.aclose()
@@ -91,6 +97,9 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
         if sandbox == "bwrap":
             launch.prefix = _bwrap(launch, run_dir, program, path, plan, policy, protected,
                                    root)
+        elif launch.egress is None and not bubblewrap.network_allowed(plan.network):
+            launch.entry = landlock.child_entry(run_dir.path, run_dir.cwd, program, path,
+                                                protected=protected)
         else:
             launch.prefix = landlock.landlock_prefix(
                 run_dir.path, run_dir.cwd, program, path, network=plan.network,
@@ -130,6 +139,8 @@ def _bwrap(launch: Launch, run_dir: RunDirectory, program: str, path: str,
 
 
 def _abandon(launch: Launch) -> None:
+    if launch.entry is not None:
+        launch.entry.close()
     if launch.uid is not None and launch._pool is not None:
         launch._pool.release(launch.uid)
         launch.uid = None

@@ -55,10 +55,13 @@ def _prlimit_binary() -> str | None:
 
 def _command(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
              rlimits: tuple[RLimit, ...],
-             wrapper: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+             launch: Launch) -> tuple[list[str], Callable[[], None] | None]:
     """The argv to exec and the preexec_fn (None when prlimit applies the limits)."""
-    if wrapper:
+    wrapper = launch.prefix
+    if wrapper or launch.entry is not None:
         _require_executable(argv[0], env["PATH"], cwd)  # bwrap would only say "exit 1"
+    if launch.entry is not None:  # the child restricts itself: set its limits there too
+        return [*argv], functools.partial(_enter, rlimits, launch.entry)
     if not rlimits:
         return [*wrapper, *argv], None
     prlimit = _prlimit_binary()
@@ -67,6 +70,12 @@ def _command(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
     _require_executable(argv[0], env["PATH"], cwd)  # prlimit would only say "exit 127"
     options = [f"--{PRLIMIT_OPTIONS[kind]}={soft}:{hard}" for kind, soft, hard in rlimits]
     return [prlimit, *options, "--", *wrapper, *argv], None
+
+
+def _enter(rlimits: tuple[RLimit, ...], entry: Callable[[], None]) -> None:
+    """Runs in the child between fork and exec: its limits, then its sandbox."""
+    apply_rlimits(rlimits)
+    entry()
 
 
 def _require_executable(program: str, path: str, cwd: Path) -> None:
@@ -82,7 +91,7 @@ def spawn(argv: tuple[str, ...], env: dict[str, str], run_dir: RunDirectory,
     """Start `argv` (behind the launch's wrapper) in its own session and group."""
     if not argv:
         raise ExecutionError("the plan has an empty argv", code="E3401")
-    command, preexec = _command(argv, env, run_dir.lookup, rlimits, launch.prefix)
+    command, preexec = _command(argv, env, run_dir.lookup, rlimits, launch)
     cwd = run_dir.start
     try:
         popen = subprocess.Popen(  # noqa: S603 - an argv list, never a shell
@@ -100,7 +109,9 @@ def spawn(argv: tuple[str, ...], env: dict[str, str], run_dir: RunDirectory,
         raise ExecutionError(f"executable not runnable (permission denied): {argv[0]}",
                              code="E3401", details={"argv0": argv[0]}) from error
     except subprocess.SubprocessError as error:
-        raise ExecutionError(f"could not apply the sandbox limits: {error}", code="E3405",
+        what = "the landlock sandbox" if launch.entry is not None else "the sandbox limits"
+        raise ExecutionError(f"could not apply {what} in the tool's process: {error}",
+                             code="E3405",
                              details={"rlimits": [list(r) for r in rlimits]}) from error
     except OSError as error:
         raise ExecutionError(f"could not start {argv[0]}: {error.strerror}", code="E3401",
