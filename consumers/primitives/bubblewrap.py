@@ -8,8 +8,13 @@ never `/`, a top-level folder, a pseudo-filesystem, nor the state directory, one
 its ancestors or anything inside it), fresh `/proc` and `/dev`, and its run
 directory at the same path as on the host.
 
+`/etc` is one bind of a prepared view when the caller gives one (sandbox_cache.EtcView:
+copies of the files, the folders bound on mount points), else one bind per entry.
+
 The run directory is a tmpfs of the run's disk quota (`--size`), writable by the
-tool, holding the tool's files bound read-only from the host; `/tmp` is that same
+tool, holding the tool's files bound read-only from the host folder they were
+materialised in (a tree shared by runs, sandbox_cache.ToolTrees, or a host run
+directory); `/tmp` is that same
 tmpfs (a symlink to the run directory, or, when the run directory lives under
 `/tmp`, the tmpfs mounted on `/tmp` with the run directory inside it), so everything
 a run writes counts against one quota and nothing reaches the host's disk (measured:
@@ -188,19 +193,34 @@ def _run_directory(workdir: Path, size: int, files: Path, cwd: Path) -> list[str
         args += _traversable_parents(workdir)
         args += ["--perms", "0777", "--size", str(size), "--tmpfs", str(workdir),
                  "--symlink", str(workdir), "/tmp"]
-    made = {workdir}
-    for folder, folders, names in os.walk(files):
-        base = workdir / Path(folder).relative_to(files)
-        for name in sorted(folders):
-            made.add(base / name)
-            args += ["--perms", "0777", "--dir", str(base / name)]
-        for name in sorted(names):
-            args += ["--ro-bind", str(Path(folder) / name), str(base / name)]
-    for folder in [*reversed(cwd.parents), cwd]:
-        if folder.is_relative_to(workdir) and folder not in made:
+    folders, names = (_layout(str(files)) if files != workdir
+                      else _layout.__wrapped__(str(files)))
+    inside, source = str(workdir), str(files)
+    for folder in folders:
+        args += ["--perms", "0777", "--dir", f"{inside}/{folder}"]
+    for name in names:
+        args += ["--ro-bind", f"{source}/{name}", f"{inside}/{name}"]
+    made = set(folders)
+    for depth in range(1, len(cwd_parts := cwd.relative_to(workdir).parts) + 1):
+        folder = "/".join(cwd_parts[:depth])
+        if folder not in made:
             made.add(folder)
-            args += ["--perms", "0777", "--dir", str(folder)]
+            args += ["--perms", "0777", "--dir", f"{inside}/{folder}"]
     return args
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(files: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(folders, files) under `files`, relative, parents first. Cached for shared
+    trees, which never change (a changed tree is made again under a new name)."""
+    folders: list[str] = []
+    names: list[str] = []
+    for folder, subfolders, found in os.walk(files):
+        relative = os.path.relpath(folder, files)
+        prefix = "" if relative == "." else relative + "/"
+        folders.extend(prefix + name for name in sorted(subfolders))
+        names.extend(prefix + name for name in sorted(found))
+    return tuple(folders), tuple(names)
 
 
 def _traversable_parents(target: Path) -> list[str]:

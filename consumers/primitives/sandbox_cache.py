@@ -54,6 +54,7 @@ class EtcView:
         self.path = path
         self._source = source
         self._entries = tuple(entries)
+        self._sources = tuple((name, os.path.join(source, name)) for name in self._entries)
         self._seen: dict[str, tuple[FileSignature, bool] | None] = {}
         self._bound: dict[str, None] = {}
         path.mkdir(mode=0o755)
@@ -62,9 +63,9 @@ class EtcView:
     def refresh(self) -> tuple[str, ...]:
         """Bring the view in step with `/etc`; the entries to bind on their mount
         points (folders, and files this process cannot read)."""
-        for name in self._entries:
+        for name, source in self._sources:
             try:
-                info: os.stat_result | None = os.stat(self._source / name)
+                info: os.stat_result | None = os.stat(source)
             except OSError:
                 info = None
             known = self._seen.get(name, ...)
