@@ -85,4 +85,6 @@ async def sandbox_entry(root: Path, *, calls: int, warmup: int) -> ScenarioResul
         ["bare spawn = the tool's argv spawned directly (files written once); a sandbox "
          "row = the caller's wall time around one subprocess-primitive run (run "
          "directory, launch, supervision and clean-up included)",
-         "interleaved: each round runs every variant once, in the same order"])
+         "interleaved: each round runs every variant once, in the same order",
+         "on a busy machine run it under `chrt -f 10` (root) so other work does not "
+         "preempt the spawns; without it the figures measure the load"])
