@@ -9,8 +9,9 @@ session and process group, under rlimits set between fork and exec: by util-linu
 `prlimit` in front of the command when it is installed (the same process execs the
 tool, so pid, group and limits are the tool's), otherwise by a `preexec_fn`. A
 `preexec_fn` forces a full fork of this (large) Python process (~4 ms in an 86 MB
-process on these machines against ~1 ms for the prlimit exec); without preexec_fn
-Popen uses vfork.
+process on these machines against ~0.1 ms for the prlimit exec); without preexec_fn
+Popen uses vfork. The Landlock sandbox pays that fork on purpose: its child sets its
+rlimits and enters its ruleset there (`Launch.entry`), which is cheaper than a wrapper.
 
 The hot path avoids helper threads: the process is spawned with `subprocess.Popen`
 (as asyncio itself does), its pipes are read by event-loop readers that keep at most
