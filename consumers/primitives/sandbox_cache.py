@@ -18,8 +18,8 @@ filling and removing a host run directory on ext4 ~2 ms. So, per executor proces
   each file of the tree must still be the very file made from the verified object
   (same inode, size, times): otherwise the tree is made again.
 
-Both live in one private folder of this process (`mkdtemp`, mode 0700) that is
-removed at exit.
+Both live in one private folder of this process (`mkdtemp`, mode 0700, named after
+its pid) that is removed at exit, or by the next executor when this one was killed.
 """
 
 from __future__ import annotations
@@ -211,16 +211,35 @@ def _intact(tree: _Tree, sources: list[tuple[tuple[str, ...], Path]]) -> bool:
     return True
 
 
+_PREFIX = "toolexec-sandbox-"
+
+
 class SandboxCache:
-    """This process's EtcView and ToolTrees, in one private folder removed at exit."""
+    """This process's EtcView and ToolTrees, in one private folder removed at exit
+    (or, after a kill, by the next process that makes one: `remove_orphans`)."""
 
     def __init__(self, etc_entries: Sequence[str]) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="toolexec-sandbox-"))
+        remove_orphans(Path(tempfile.gettempdir()))
+        self.root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
         self.etc = EtcView(self.root / "etc", etc_entries)
         trees = self.root / "trees"
         trees.mkdir(mode=0o700)
         self.trees = ToolTrees(trees)
         atexit.register(shutil.rmtree, self.root, True)
+
+
+def remove_orphans(folder: Path) -> None:
+    """Remove the cache folders in `folder` of this user's processes that are gone."""
+    for path in folder.glob(f"{_PREFIX}*-*"):
+        pid = path.name[len(_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.stat().st_uid != os.geteuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive under another uid, or vanished meanwhile
+            continue
 
 
 _SHARED: dict[int, SandboxCache] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from consumers.primitives.file_store import ContentStore
-from consumers.primitives.sandbox_cache import EtcView, ToolTrees
+from consumers.primitives.sandbox_cache import EtcView, ToolTrees, remove_orphans
 from domain.errors import IntegrityMismatch
 from domain.model import ToolFile
 
@@ -117,3 +117,19 @@ def test_unused_trees_beyond_the_bound_are_removed(tmp_path: Path) -> None:
         trees.release(tree)
         made.append(tree)
     assert [tree.exists() for tree in made] == [False, False, True, True]
+
+
+def test_folders_of_killed_executors_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    orphan = tmp_path / f"toolexec-sandbox-{gone.stdout.strip()}-abc"
+    live = tmp_path / f"toolexec-sandbox-{os.getpid()}-def"
+    other = tmp_path / "toolexec-sandbox-notapid-ghi"
+    for folder in (orphan, live, other):
+        (folder / "etc").mkdir(parents=True)
+    remove_orphans(tmp_path)
+    assert not orphan.exists()
+    assert live.exists() and other.exists()
