@@ -24,7 +24,7 @@ from rich.console import Console
 from toolexec.bench_report import ScenarioResult, machine_info, render, report_document
 
 SCENARIOS = ("overhead", "gateway-overhead", "throughput", "script-throughput", "idle",
-             "hot-path", "replay")
+             "hot-path", "replay", "sandbox")
 NEEDS_STACK = frozenset({"overhead", "gateway-overhead", "throughput", "script-throughput",
                          "idle"})
 
@@ -93,6 +93,8 @@ async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
                 hot_path(Path(root), iterations=sizes.hot_path_iterations))))
     if "replay" in chosen:
         results.append(await _guarded("replay", lambda: _replay(sizes)))
+    if "sandbox" in chosen:
+        results.append(await _guarded("sandbox", lambda: _sandbox(sizes)))
     if NEEDS_STACK.intersection(chosen):
         results.extend(await _with_stack(chosen, sizes))
     return sorted(results, key=lambda r: SCENARIOS.index(r.name))
@@ -129,6 +131,15 @@ async def _replay(sizes: Sizes) -> ScenarioResult:
     with tempfile.TemporaryDirectory(prefix="toolexec-bench-") as root:
         async with EmbeddedBroker(REPLAY_TOPICS, log_dir=Path(root)) as broker:
             return await replay(broker.bootstrap, Path(root), events=sizes.replay_events)
+
+
+async def _sandbox(sizes: Sizes) -> ScenarioResult:
+    """Scenario 6 needs no stack: it runs the subprocess primitive in this process."""
+    from toolexec.bench_sandbox import sandbox_entry
+
+    with tempfile.TemporaryDirectory(prefix="toolexec-bench-") as root:
+        return await sandbox_entry(Path(root), calls=sizes.overhead_calls,
+                                   warmup=sizes.overhead_warmup)
 
 
 async def _now(result: ScenarioResult) -> ScenarioResult:

@@ -8,8 +8,13 @@ never `/`, a top-level folder, a pseudo-filesystem, nor the state directory, one
 its ancestors or anything inside it), fresh `/proc` and `/dev`, and its run
 directory at the same path as on the host.
 
+`/etc` is one bind of a prepared view when the caller gives one (sandbox_cache.EtcView:
+copies of the files, the folders bound on mount points), else one bind per entry.
+
 The run directory is a tmpfs of the run's disk quota (`--size`), writable by the
-tool, holding the tool's files bound read-only from the host; `/tmp` is that same
+tool, holding the tool's files bound read-only from the host folder they were
+materialised in (a tree shared by runs, sandbox_cache.ToolTrees, or a host run
+directory); `/tmp` is that same
 tmpfs (a symlink to the run directory, or, when the run directory lives under
 `/tmp`, the tmpfs mounted on `/tmp` with the run directory inside it), so everything
 a run writes counts against one quota and nothing reaches the host's disk (measured:
@@ -65,7 +70,12 @@ class Confinement:
     `disk_bytes`: size of the run's tmpfs; `inner_max_processes`: the process limit
     to set inside the sandbox (unprivileged runs, see the module docstring);
     `relay`: the argv prefix of the egress relay (None: no network at all);
-    `extra_read_only`: more host paths to show read-only (the relay's interpreter)."""
+    `extra_read_only`: more host paths to show read-only (the relay's interpreter);
+    `files`: the host folder holding the tool's files, laid out as in the run
+    directory (None: the run directory itself is that folder on the host);
+    `etc_view`: a prepared folder to show as `/etc` in one mount, with `etc_binds`
+    (entries of /etc) bound on their mount points in it (see sandbox_cache.EtcView;
+    None: each of SYSTEM_ETC_ENTRIES bound on its own)."""
 
     uid: int | None = None
     disk_bytes: int = 1024 * 1024 * 1024
@@ -73,6 +83,9 @@ class Confinement:
     relay: tuple[str, ...] | None = None
     extra_read_only: tuple[Path, ...] = ()
     protected: tuple[Path, ...] = field(default_factory=tuple)
+    files: Path | None = None
+    etc_view: Path | None = None
+    etc_binds: tuple[str, ...] = ()
 
 
 class UnsafeMount(OSError):
@@ -114,10 +127,15 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str,
     for target, link in _MERGED_USR:
         args += ["--symlink", target, link] if Path(link).is_symlink() \
             else ["--ro-bind-try", link, link]
-    for entry in SYSTEM_ETC_ENTRIES:
-        args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+    if confinement.etc_view is None:
+        for entry in SYSTEM_ETC_ENTRIES:
+            args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+    else:
+        args += ["--ro-bind", str(confinement.etc_view), "/etc"]
+        for entry in confinement.etc_binds:
+            args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
     args += ["--proc", "/proc", "--dev", "/dev"]
-    args += _run_directory(workdir, confinement.disk_bytes)
+    args += _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
     shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
              *confinement.extra_read_only]
     for prefix in dict.fromkeys(shown):
@@ -160,9 +178,10 @@ def _inside(confinement: Confinement) -> list[str]:
     return inside
 
 
-def _run_directory(workdir: Path, size: int) -> list[str]:
+def _run_directory(workdir: Path, size: int, files: Path, cwd: Path) -> list[str]:
     """One tmpfs of `size` bytes holds the run directory and /tmp; the tool's files
-    (materialised in the host's run directory) are bound into it read-only."""
+    (materialised in the host folder `files`) are bound into it read-only, and its
+    working directory `cwd` is made in it."""
     args: list[str] = []
     if workdir.is_relative_to("/tmp"):
         args += ["--perms", "01777", "--size", str(size), "--tmpfs", "/tmp"]
@@ -174,13 +193,34 @@ def _run_directory(workdir: Path, size: int) -> list[str]:
         args += _traversable_parents(workdir)
         args += ["--perms", "0777", "--size", str(size), "--tmpfs", str(workdir),
                  "--symlink", str(workdir), "/tmp"]
-    for folder, folders, files in os.walk(workdir):
-        base = Path(folder)
-        for name in sorted(folders):
-            args += ["--perms", "0777", "--dir", str(base / name)]
-        for name in sorted(files):
-            args += ["--ro-bind", str(base / name), str(base / name)]
+    folders, names = (_layout(str(files)) if files != workdir
+                      else _layout.__wrapped__(str(files)))
+    inside, source = str(workdir), str(files)
+    for folder in folders:
+        args += ["--perms", "0777", "--dir", f"{inside}/{folder}"]
+    for name in names:
+        args += ["--ro-bind", f"{source}/{name}", f"{inside}/{name}"]
+    made = set(folders)
+    for depth in range(1, len(cwd_parts := cwd.relative_to(workdir).parts) + 1):
+        folder = "/".join(cwd_parts[:depth])
+        if folder not in made:
+            made.add(folder)
+            args += ["--perms", "0777", "--dir", f"{inside}/{folder}"]
     return args
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(files: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(folders, files) under `files`, relative, parents first. Cached for shared
+    trees, which never change (a changed tree is made again under a new name)."""
+    folders: list[str] = []
+    names: list[str] = []
+    for folder, subfolders, found in os.walk(files):
+        relative = os.path.relpath(folder, files)
+        prefix = "" if relative == "." else relative + "/"
+        folders.extend(prefix + name for name in sorted(subfolders))
+        names.extend(prefix + name for name in sorted(found))
+    return tuple(folders), tuple(names)
 
 
 def _traversable_parents(target: Path) -> list[str]:

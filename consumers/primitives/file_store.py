@@ -118,12 +118,16 @@ class ContentStore:
         Files are hard links to read-only store objects (0o555 executable, 0o444
         otherwise) or, where linking fails, copies (0o755 / 0o644).
         """
-        targets = _targets(files)
-        sources = [self._source_for(file) for file in files]
         made: set[tuple[str, ...]] = set()
-        for parts, file, source in zip(targets, files, sources, strict=True):
+        for (parts, source), file in zip(self.sources(files), files, strict=True):
             parent = _make_parents(dest, parts[:-1], made)
             _place(source, file, parent / parts[-1])
+
+    def sources(self, files: Sequence[ToolFile]) -> list[tuple[tuple[str, ...], Path]]:
+        """(relative path parts, verified store object) of every file: the checks of
+        `materialise` (paths, then bytes) without writing anything outside the store."""
+        targets = _targets(files)
+        return list(zip(targets, [self._source_for(file) for file in files], strict=True))
 
     # -- objects -------------------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """The Landlock sandbox of the subprocess primitive: a tiny exec wrapper.
 
-Used when bubblewrap is not installed. The parent runs
-`python -I -S landlock_exec.py --ro P ... --rw P ... --dev P ... [--net deny|relay:FD]
--- argv...` (under prlimit, so the rlimits are already set); this wrapper, in the
-child only, sets no_new_privs, drops every capability when it runs as root, builds a
-Landlock ruleset and restricts itself, then execs the tool. Nothing is applied to
-the toolexec process itself.
+Used when bubblewrap is not installed. A tool without egress is restricted in its
+own process between fork and exec: toolexec builds the ruleset (`make_ruleset`) and
+the child `enter`s it — sets no_new_privs, drops every capability when it runs as
+root, restricts itself — and execs the tool (see consumers.primitives.landlock). A
+tool whose egress goes through the relay is started through this file as a wrapper:
+`python -I -S landlock_exec.py --ro P ... --rw P ... --dev P ... --net relay:FD --
+argv...` (under prlimit, so the rlimits are already set), which does the same and
+starts the relay first. Nothing is applied to the toolexec process itself.
 
 What the tool may do afterwards:
 - files: read and execute beneath the `--ro` paths (system folders, a handful of
@@ -145,6 +147,18 @@ def restrict(read_only: list[str], read_write: list[str], devices: list[str],
              net: str, relay_port: int | None = None) -> int:
     """Restrict this process (and what it execs) as described in the module docstring.
     Returns the ABI used. Raises SetupError when it cannot be done as asked."""
+    ruleset, abi = make_ruleset(read_only, read_write, devices, net, relay_port)
+    try:
+        enter(ruleset, net)
+    finally:
+        os.close(ruleset)
+    return abi
+
+
+def make_ruleset(read_only: list[str], read_write: list[str], devices: list[str],
+                 net: str, relay_port: int | None = None) -> tuple[int, int]:
+    """(ruleset fd, ABI): every rule of the module docstring, not yet enforced; the
+    caller closes the fd. Raises SetupError when the kernel cannot do what is asked."""
     abi = abi_version()
     if abi < 1:
         raise SetupError("Landlock is not supported by this kernel")
@@ -170,16 +184,24 @@ def restrict(read_only: list[str], read_write: list[str], devices: list[str],
             for port in (int(p) for p in ports.split(",") if p):
                 rule = _NetPortAttr(allowed_access=_CONNECT_TCP, port=port)
                 _syscall("add_rule", ruleset, _RULE_NET_PORT, ctypes.byref(rule), 0)
-        if net == "deny" and os.geteuid() == 0:
-            _leave_the_network()
-        if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise SetupError(f"prctl(NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
-        if os.geteuid() == 0:
-            _drop_capabilities()
-        _syscall("restrict_self", ruleset, 0)
-    finally:
+    except BaseException:
         os.close(ruleset)
-    return abi
+        raise
+    return ruleset, abi
+
+
+def enter(ruleset: int, net: str, last_capability: int | None = None) -> None:
+    """Enforce `ruleset` on this process: as root with `--net deny` a new, empty network
+    namespace first, then no_new_privs, every capability dropped (root) and the
+    restriction itself. Runs in the process to restrict (the wrapper, or the tool's
+    own between fork and exec)."""
+    if net == "deny" and os.geteuid() == 0:
+        _leave_the_network()
+    if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise SetupError(f"prctl(NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
+    if os.geteuid() == 0:
+        _drop_capabilities(last_capability)
+    _syscall("restrict_self", ruleset, 0)
 
 
 def _allow_path(ruleset: int, path: str, rights: int) -> None:
@@ -222,11 +244,17 @@ def enter_relay_network(relay: ModuleType) -> socket.socket:
     return relay.listen(relay.DEFAULT_PORT)
 
 
-def _drop_capabilities() -> None:
+def last_capability() -> int:
+    """The highest capability number of the running kernel."""
+    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as file:
+        return int(file.read())
+
+
+def _drop_capabilities(last: int | None = None) -> None:
     """Root keeps uid 0 but loses every capability, now and across exec."""
     libc = _libc()
-    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as file:
-        last = int(file.read())
+    if last is None:
+        last = last_capability()
     for cap in range(last + 1):
         if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             raise SetupError(f"cannot drop capability {cap} from the bounding set: "

@@ -43,7 +43,7 @@ from mcp.shared.message import SessionMessage
 
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.http_primitive import check_resolved_host, open_endpoint
-from consumers.primitives.subprocess_primitive import ServiceProcess, start_service
+from consumers.primitives.service_process import ServiceProcess, start_service
 from domain.errors import ExecutionError, ToolexecError
 from domain.model import McpPlan, PrimitiveOutcome
 from domain.sandbox_policy import SandboxPolicy

@@ -6,7 +6,8 @@ operator's SandboxPolicy into a `Launch`:
   disk quota as the size of its tmpfs, the paths it may see, and — when its network
   policy allows hosts — the egress relay in front of the tool plus an EgressSession
   deciding each connection outside;
-- Landlock: the paths, and the relay (root only, else E3405);
+- Landlock: a ruleset the tool's own process enters before exec, or, when its
+  network policy allows hosts, the wrapper with the relay (root only, else E3405);
 - rlimits / none: nothing but the rlimits the caller applies.
 `Launch.close()` gives back what the run held: its uid and its egress session.
 """
@@ -24,6 +25,8 @@ import structlog
 
 from consumers.primitives import bubblewrap, egress_relay, landlock
 from consumers.primitives.egress_proxy import EgressSession
+from consumers.primitives.run_directory import RunDirectory
+from consumers.primitives.sandbox_cache import shared_cache
 from consumers.primitives.sandbox_uids import UidPool, shared_pool
 from domain.errors import ExecutionError
 from domain.model import SubprocessPlan
@@ -44,6 +47,7 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     pass_fds: tuple[int, ...] = ()
     nproc_outside: bool = True
+    entry: landlock.ChildEntry | None = None
     max_processes: int | None = None
     uid: int | None = None
     egress: EgressSession | None = None
@@ -53,9 +57,13 @@ class Launch:
         """The sandbox holds the fds it was given now: close ours."""
         if self.egress is not None:
             self.egress.handed_over()
+        if self.entry is not None:
+            self.entry.close()
 
     async def close(self) -> None:
-        """Release the run's uid and egress session (idempotent)."""
+        """Release the run's uid, egress session and ruleset (idempotent)."""
+        if self.entry is not None:
+            self.entry.close()
         if self.egress is not None:
             egress, self.egress = self.egress, None
             await egress.aclose()
@@ -64,8 +72,8 @@ class Launch:
             self._pool.release(uid)
 
 
-def prepare_launch(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
-                   path: str, policy: SandboxPolicy) -> Launch:
+def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, path: str,
+                   policy: SandboxPolicy) -> Launch:
     """The Launch of one run (see the module docstring). Raises ExecutionError E3405
     when the sandbox cannot be set up as the policy requires."""
     launch = Launch(max_processes=plan.limits.max_processes)
@@ -87,11 +95,14 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
         protected = tuple(Path(os.path.realpath(p)) for p in policy.protected_paths)
         program = plan.argv[0] if plan.argv else ""
         if sandbox == "bwrap":
-            launch.prefix = _bwrap(launch, workdir, cwd, program, path, plan, policy,
-                                   protected, root)
+            launch.prefix = _bwrap(launch, run_dir, program, path, plan, policy, protected,
+                                   root)
+        elif launch.egress is None and not bubblewrap.network_allowed(plan.network):
+            launch.entry = landlock.child_entry(run_dir.path, run_dir.cwd, program, path,
+                                                protected=protected)
         else:
             launch.prefix = landlock.landlock_prefix(
-                workdir, cwd, program, path, network=plan.network,
+                run_dir.path, run_dir.cwd, program, path, network=plan.network,
                 channel=launch.pass_fds[0] if launch.pass_fds else None, protected=protected)
     except OSError as error:
         _abandon(launch)
@@ -103,7 +114,7 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, workdir: Path, cwd: Path,
     return launch
 
 
-def _bwrap(launch: Launch, workdir: Path, cwd: Path, program: str, path: str,
+def _bwrap(launch: Launch, run_dir: RunDirectory, program: str, path: str,
            plan: SubprocessPlan, policy: SandboxPolicy, protected: tuple[Path, ...],
            root: bool) -> list[str]:
     relay: tuple[str, ...] | None = None
@@ -118,14 +129,18 @@ def _bwrap(launch: Launch, workdir: Path, cwd: Path, program: str, path: str,
     # as root the run's own uid isolates its process count (prlimit outside);
     # without root the limit must be set inside the run's user namespace
     launch.nproc_outside = root
+    etc = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).etc
     confinement = bubblewrap.Confinement(
         uid=launch.uid, disk_bytes=disk_quota(plan.limits, policy),
         inner_max_processes=None if root else launch.max_processes, relay=relay,
-        extra_read_only=extra, protected=protected)
-    return bubblewrap.bwrap_prefix(workdir, cwd, program, path, confinement)
+        extra_read_only=extra, protected=protected, files=run_dir.files,
+        etc_view=etc.path, etc_binds=etc.refresh())
+    return bubblewrap.bwrap_prefix(run_dir.path, run_dir.cwd, program, path, confinement)
 
 
 def _abandon(launch: Launch) -> None:
+    if launch.entry is not None:
+        launch.entry.close()
     if launch.uid is not None and launch._pool is not None:
         launch._pool.release(launch.uid)
         launch.uid = None

@@ -66,3 +66,10 @@ def test_unknown_scenario_is_bad_usage() -> None:
     result = _toolexec("bench", "--scenario", "nope", timeout=60)
     assert result.returncode == 2
     assert "unknown scenario" in result.stderr
+
+
+def test_quick_bench_compares_each_sandbox_with_a_bare_spawn(quick_report: dict) -> None:
+    figures = {s["name"]: s["figures"] for s in quick_report["scenarios"]}["sandbox"]
+    assert {"bare spawn p50 ms", "rlimits p50 ms", "rlimits over bare p50 ms",
+            "default sandbox"} <= set(figures)
+    assert f"{figures['default sandbox']} over bare p50 ms" in figures

@@ -348,9 +348,9 @@ def test_a_tool_writing_to_its_file_does_not_poison_the_next_run(
 
 async def test_limits_hold_without_prlimit_too(
         run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from consumers.primitives import subprocess_primitive
+    from consumers.primitives import tool_process
 
-    monkeypatch.setattr(subprocess_primitive, "_prlimit_binary", lambda: None)
+    monkeypatch.setattr(tool_process, "_prlimit_binary", lambda: None)
     tool = """
     import sys
     blob = bytearray(512 * 1024 * 1024)

@@ -225,6 +225,19 @@ async def test_a_kernel_without_landlock_fails_closed_with_E3405(
     assert "Landlock" in outcome.error["message"]
 
 
+async def test_a_tool_process_that_cannot_restrict_itself_fails_closed_with_E3405(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args: Any) -> None:
+        raise landlock_exec.SetupError("landlock_restrict_self: refused")
+
+    monkeypatch.setattr(landlock_exec, "enter", refuse)
+    outcome = await _run(tmp_path, "print('TOOL RAN')")
+    assert not outcome.ok and outcome.error["code"] == "E3405"
+    assert "landlock" in outcome.error["message"]
+    assert b"TOOL RAN" not in outcome.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the relay (and so the wrapper) needs root")
 async def test_a_wrapper_that_cannot_restrict_itself_fails_closed_with_E3405(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_prefix = landlock.landlock_prefix
@@ -233,7 +246,8 @@ async def test_a_wrapper_that_cannot_restrict_itself_fails_closed_with_E3405(
         return [*real_prefix(*args, **kwargs)[:-1], "--net", "ports:eighty", "--"]
 
     monkeypatch.setattr(landlock, "landlock_prefix", unusable_rules)
-    outcome = await _run(tmp_path, "print('TOOL RAN')")
+    outcome = await _run(tmp_path, "print('TOOL RAN')", network=NetworkPolicy(
+        allowed_domains=("example.com",)))
     assert not outcome.ok and outcome.error["code"] == "E3405"
     assert "landlock_exec" in outcome.error["message"]
     assert b"TOOL RAN" not in outcome.stdout

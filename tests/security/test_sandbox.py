@@ -3,6 +3,7 @@ and leaves the host unchanged (spec 12.6.1)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import socket
@@ -58,6 +59,56 @@ async def test_reading_etc_shadow_fails(tmp_path: Path) -> None:
     outcome = await _run(tmp_path, "print(open('/etc/shadow').read())")
     assert not outcome.ok and outcome.error["code"] == "E3401"
     assert b"No such file" in outcome.stderr or b"Permission denied" in outcome.stderr
+
+
+async def test_the_sandbox_etc_holds_the_hosts_entries_and_nothing_else(
+        tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, """
+        import json, os
+        print(json.dumps({"entries": sorted(os.listdir("/etc")),
+                          "passwd": open("/etc/passwd").read(),
+                          "certs": os.path.isdir("/etc/ssl/certs")}))
+    """)
+    assert outcome.ok, outcome.error
+    seen = __import__("json").loads(outcome.stdout)
+    assert set(seen["entries"]) <= set(bubblewrap.SYSTEM_ETC_ENTRIES)
+    assert "shadow" not in seen["entries"]
+    assert seen["passwd"] == Path("/etc/passwd").read_text()
+    assert seen["certs"] == Path("/etc/ssl/certs").is_dir()
+
+
+async def test_a_run_makes_nothing_on_the_host_and_gets_its_working_directory(
+        tmp_path: Path) -> None:
+    plan = _plan("""
+        import os
+        open("made-here.txt", "w").write("x")
+        os.makedirs(os.path.join(os.environ["HOME"], "more"))
+        print(os.getcwd())
+    """, cwd="sub/dir")
+    plan = dataclasses.replace(plan, argv=("python3", "../../main.py"))
+    outcome = await run_subprocess(plan, {}, store=ContentStore(tmp_path / "cas"),
+                                   work_root=tmp_path / "work", sandbox="bwrap")
+    assert outcome.ok, outcome.error
+    assert outcome.stdout.decode().strip().endswith("/sub/dir")
+    work = tmp_path / "work"
+    assert not work.exists() or list(work.iterdir()) == []
+
+
+async def test_a_tool_cannot_change_its_files_for_the_next_run(tmp_path: Path) -> None:
+    source = """
+        import os
+        print(open("main.py").read().count("EVIL"))
+        for attempt in (lambda: open("main.py", "a").write("# EVIL"),
+                        lambda: os.chmod("main.py", 0o777)):
+            try:
+                attempt()
+            except OSError:
+                pass
+    """
+    first = await _run(tmp_path, source)
+    second = await _run(tmp_path, source)
+    assert first.ok and second.ok, (first.error, second.error)
+    assert first.stdout == second.stdout == b"2\n"  # the two in this source, never a third
 
 
 async def test_reading_a_host_file_outside_its_dir_fails(tmp_path: Path) -> None:

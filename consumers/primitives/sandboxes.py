@@ -1,0 +1,92 @@
+"""Which sandbox a run enters, and the rlimits it runs under.
+
+`resolve_sandbox("auto")` is the fallback order: bubblewrap when installed, else
+Landlock when the kernel supports it, else plain rlimits (embedded profile) or no
+sandbox at all, which fails every run closed with E3405 (production profile).
+"bwrap" runs the tool inside bubblewrap (consumers.primitives.bubblewrap), "landlock"
+through the Landlock exec wrapper (landlock, landlock_exec), "rlimits" applies
+rlimits only, "none" nothing. What each sandbox gets beyond its rlimits — the run's
+own uid, disk quota, paths, egress relay — is decided by sandbox_launch.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from consumers.primitives import bubblewrap, landlock
+from consumers.primitives.sandbox_launch import Launch
+from domain.errors import ExecutionError
+from domain.model import ResourceLimits
+
+SANDBOXES: frozenset[str] = frozenset({"bwrap", "landlock", "rlimits", "none"})
+NO_SANDBOX = "unavailable"
+"""What a strict "auto" resolves to when neither bubblewrap nor Landlock is usable:
+every run then fails closed with E3405."""
+
+RLimit = tuple[int, int, int]
+PRLIMIT_OPTIONS: dict[int, str] = {
+    resource.RLIMIT_AS: "as", resource.RLIMIT_CPU: "cpu", resource.RLIMIT_NOFILE: "nofile",
+    resource.RLIMIT_FSIZE: "fsize", resource.RLIMIT_NPROC: "nproc",
+}
+
+
+def resolve_sandbox(requested: str, *, strict: bool = False) -> str:
+    """The sandbox to run with. "auto" is "bwrap" when bubblewrap is installed, else
+    "landlock" when the kernel supports Landlock, else "rlimits" — or, when `strict`
+    (the production profile), NO_SANDBOX, so that every run fails closed with E3405.
+    Any other name is taken as it is (checked at run time)."""
+    if requested != "auto":
+        return requested
+    if bubblewrap.bwrap_binary() is not None:
+        return "bwrap"
+    if landlock.available():
+        return "landlock"
+    return NO_SANDBOX if strict else "rlimits"
+
+
+def check_sandbox(sandbox: str) -> None:
+    if sandbox == NO_SANDBOX:
+        raise ExecutionError(
+            "no sandbox is available: bubblewrap is not installed and this kernel does not "
+            "support Landlock; install bubblewrap, or set TOOLEXEC_SANDBOX=rlimits to run "
+            "tools with resource limits only", code="E3405", details={"sandbox": sandbox})
+    if sandbox not in SANDBOXES:
+        raise ExecutionError(f"sandbox {sandbox!r} is not available here", code="E3405",
+                             details={"sandbox": sandbox, "available": sorted(SANDBOXES)})
+
+
+def rlimits_for(limits: ResourceLimits, sandbox: str,
+                launch: Launch | None = None) -> tuple[RLimit, ...]:
+    """The (resource, soft, hard) triples to set in the child, computed in the parent
+    and capped at the current hard limits (which only root may raise)."""
+    check_sandbox(sandbox)
+    if sandbox == "none":
+        return ()
+    cpu = limits.cpu_seconds
+    processes = limits.max_processes if launch is None else launch.max_processes
+    if launch is not None and not launch.nproc_outside:
+        processes = None  # set inside the sandbox instead (see bubblewrap)
+    wanted = (
+        (resource.RLIMIT_AS, limits.memory_bytes, limits.memory_bytes),
+        # soft < hard: SIGXCPU first (reported as E3407), SIGKILL a second later
+        (resource.RLIMIT_CPU, cpu, None if cpu is None else cpu + 1),
+        (resource.RLIMIT_NOFILE, limits.max_open_files, limits.max_open_files),
+        (resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes),
+        (resource.RLIMIT_NPROC, processes, processes),
+    )
+    return tuple(_capped(kind, soft, hard) for kind, soft, hard in wanted
+                 if soft is not None and hard is not None)
+
+
+def _capped(kind: int, soft: int, hard: int) -> RLimit:
+    current_hard = resource.getrlimit(kind)[1]
+    if os.geteuid() != 0 and current_hard != resource.RLIM_INFINITY:
+        hard = min(hard, current_hard)
+    return kind, min(soft, hard), hard
+
+
+def apply_rlimits(rlimits: tuple[RLimit, ...]) -> None:
+    """Runs in the child between fork and exec."""
+    for kind, soft, hard in rlimits:
+        resource.setrlimit(kind, (soft, hard))
