@@ -266,7 +266,8 @@ class Workers:
             if process.is_alive() and (process.pid is not None):
                 process.terminate()
         for process in self._processes:
-            await asyncio.to_thread(process.join, 10)
+            if process.pid is not None:  # started (a failed start leaves the rest not)
+                await asyncio.to_thread(process.join, 10)
         self._processes = []
         self._reports.close()
 
