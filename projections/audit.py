@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts import topics
 from contracts.events import TERMINAL_TYPES as TERMINAL
-from projections.audit_document import GENESIS, audit_entry, chain_hash
+from projections.audit_document import GENESIS, audit_values, chain_hash
 from projections.audit_document import _chain_hash as stored_text_hash
 from projections.bulk_rows import insert_tuples
 from projections.store import Changes, Record
@@ -65,14 +65,11 @@ class AuditModel:
             place = (record.topic, record.partition)
             count = heads[place][2] if place in heads else 0
             prev = heads[place][1] if place in heads else GENESIS
-            entry = audit_entry(record.envelope, topic=record.topic,
-                                partition=record.partition, offset=record.offset,
-                                prev_hash=prev)
-            rows.append((entry.topic, entry.partition, entry.offset, entry.event_id,
-                         entry.type, entry.time, entry.invocation_id, entry.tool_id,
-                         entry.document, entry.redactions, entry.prev_hash, entry.hash,
-                         record.signature))
-            heads[place] = (record.offset, entry.hash, count + 1)
+            row = audit_values(record.envelope, topic=record.topic,
+                               partition=record.partition, offset=record.offset,
+                               prev_hash=prev)
+            rows.append((*row, record.signature))
+            heads[place] = (record.offset, row[-1], count + 1)
         touched = sorted(places)
 
         async def write(target: AsyncConnection) -> None:

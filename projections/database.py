@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Connection, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 
 def _migrations_dir() -> Path:
@@ -84,6 +85,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def alembic_config(url: str | None = None) -> Config:
     """Alembic configuration of the one history in `migrations/`."""
+    from alembic.config import Config  # here: a rebuild worker never migrates (import time)
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     if url is not None:
@@ -99,5 +102,7 @@ async def migrate(engine: AsyncEngine, revision: str = "head") -> None:
 
 
 def _upgrade(connection: Connection, config: Config, revision: str) -> None:
+    from alembic import command
+
     config.attributes["connection"] = connection
     command.upgrade(config, revision)

@@ -16,6 +16,7 @@ of them back off) but wasteful: stop `toolexec up` first for a clean measurement
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +25,7 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from sqlalchemy import Connection, Table, delete
+from sqlalchemy import Connection, Index, Table, delete
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.fact_signature import FactVerifier
@@ -36,8 +37,8 @@ from projections.rebuild_workers import (
     RebuildShare,
     ShareResult,
     WorkerFailed,
+    Workers,
     run_share,
-    run_workers,
 )
 from projections.runner import FETCH_OPTIONS, ArchivedLog
 from projections.store import ReadModel
@@ -131,20 +132,30 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
         archive.retained_from(topic, partition) > 0 for topic, partition in sizes)
     shares = assign_units(rebuild_units(sizes, [co_partitioned_topics(m) for m in models]),
                           sizes, 1 if archived else max(workers, 1))
-    for model in models:
-        await reset(engine, model)
-    await _record_log(engine, models, bootstrap, options, connection)
+    # Started first, held until the models are reset: their start overlaps with it.
+    pool = (Workers(_jobs(engine, models, bootstrap, shares, ends, options, connection,
+                          batch_size, verifier, tuple(signed_topics)))
+            if len(shares) > 1 else None)
+    if pool is not None:
+        pool.start()
     tables = [table for model in models for table in model.tables]
-    await _drop_indexes(engine, tables)
+    try:
+        await _drop_indexes(engine, tables)  # first: deleting rows then maintains none
+        for model in models:
+            await reset(engine, model)
+        await _record_log(engine, models, bootstrap, options, connection)
+    except BaseException:
+        if pool is not None:
+            await pool.stop()
+        raise
     started = time.perf_counter()
     if progress is not None:
         progress(0, total)
     try:
-        if len(shares) > 1:
+        if pool is not None:
             try:
-                results = await _parallel(engine, models, bootstrap, shares, ends, options,
-                                          connection, batch_size, progress, total, verifier,
-                                          tuple(signed_topics))
+                results = await pool.run(None if progress is None
+                                         else lambda done: progress(done, total))
             except WorkerFailed as failure:
                 if failure.kind != "MisalignedPartitions":
                     raise
@@ -178,13 +189,12 @@ async def _record_log(engine: AsyncEngine, models: Sequence[ReadModel], bootstra
     await record_cluster(engine, [m.name for m in models], cluster)
 
 
-async def _parallel(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
-                    shares: list[list[Place]], ends: Mapping[Place, int],
-                    options: dict[str, Any], connection: Mapping[str, Any], batch_size: int,
-                    progress: Progress | None, total: int, verifier: FactVerifier | None,
-                    signed_topics: tuple[str, ...]) -> list[ShareResult]:
+def _jobs(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
+          shares: list[list[Place]], ends: Mapping[Place, int], options: dict[str, Any],
+          connection: Mapping[str, Any], batch_size: int, verifier: FactVerifier | None,
+          signed_topics: tuple[str, ...]) -> list[RebuildShare]:
     url = engine.url.render_as_string(hide_password=False)
-    jobs = [RebuildShare(index=i, database_url=url, bootstrap=bootstrap,
+    return [RebuildShare(index=i, database_url=url, bootstrap=bootstrap,
                          models=tuple((m.name, tuple(m.topics)) for m in models),
                          partitions=tuple(share),
                          ends=tuple((place, ends[place]) for place in share if place in ends),
@@ -194,8 +204,6 @@ async def _parallel(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
                          fact_keys=None if verifier is None else verifier.raw_keys(),
                          signed_topics=signed_topics)
             for i, share in enumerate(shares)]
-    return await run_workers(jobs, None if progress is None
-                             else lambda done: progress(done, total))
 
 
 def _reports(models: Sequence[ReadModel], results: Sequence[ShareResult], seconds: float,
@@ -248,9 +256,26 @@ async def _drop_indexes(engine: AsyncEngine, tables: Sequence[Table]) -> None:
 
 
 async def restore_indexes(engine: AsyncEngine, tables: Sequence[Table] | None = None) -> None:
-    """Create every secondary index of `tables` (all read-model tables) that is missing."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_each_index, tables or list(metadata.tables.values()), "create")
+    """Create every secondary index of `tables` (all read-model tables) that is missing.
+    PostgreSQL builds them at the same time, each in a transaction of its own (on as
+    many cores as it has); SQLite, which has one writer, one after the other."""
+    chosen = tables or list(metadata.tables.values())
+    if engine.dialect.name != "postgresql":
+        async with engine.begin() as conn:
+            await conn.run_sync(_each_index, chosen, "create")
+        return
+
+    async def create(index: Index) -> None:
+        async with engine.begin() as conn:
+            await conn.run_sync(index.create, checkfirst=True)
+
+    outcomes = await asyncio.gather(*(create(index) for table in chosen
+                                      for index in sorted(table.indexes,
+                                                          key=lambda i: str(i.name))),
+                                    return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _each_index(conn: Connection, tables: Sequence[Table], action: str) -> None:

@@ -26,11 +26,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from contracts.fact_signature import FactVerifier
 from projections.catalog import model_named, rebuilding
 from projections.kafka_connection import live_client_options
-from projections.runner import ArchivedLog, ProjectionRunner
+from projections.runner import ArchivedLog, ProjectionRunner, WriteTurn
 from projections.store import ReadModel
 
 Place = tuple[str, int]
 PROGRESS_EVERY_SECONDS = 0.2
+GO_POLL_SECONDS = 0.5
+WORKER_MODULES = ("projections.rebuild_workers", "projections.database")
+"""Imported once by the fork server, before any worker is forked from it."""
 REBUILD_FETCH = {"fetch_max_bytes": 16 * 1024 * 1024, "max_partition_fetch_bytes": 4 * 1024 * 1024}
 """A rebuild reads the log as fast as it can: large fetches, few batches."""
 REBUILD_GC_THRESHOLD = 20_000
@@ -81,7 +84,8 @@ async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
                     batch_size: int = 2000, progress: Progress | None = None,
                     index: int = 0, archive: ArchivedLog | None = None,
                     verifier: FactVerifier | None = None,
-                    signed_topics: Sequence[str] = ()) -> ShareResult:
+                    signed_topics: Sequence[str] = (),
+                    write_turn: WriteTurn | None = None) -> ShareResult:
     """Replay `partitions` (None: all of the models' topics) of `models` into `engine`
     until `ends` (None: the log end now), reading first from `archive` what the broker
     no longer holds."""
@@ -89,7 +93,7 @@ async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
     with _rare_collections():
         runner = await _replay(engine, models, bootstrap, partitions, ends, consumer_options,
                                batch_size, progress, archive, client_options, verifier,
-                               signed_topics)
+                               signed_topics, write_turn)
     per_model = {name: (s.records, s.applied, s.undecodable, s.duplicates)
                  for name, s in runner.model_stats.items()}
     return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu)
@@ -115,12 +119,14 @@ async def _replay(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: s
                   archive: ArchivedLog | None = None,
                   client_options: Mapping[str, Any] | None = None,
                   verifier: FactVerifier | None = None,
-                  signed_topics: Sequence[str] = ()) -> ProjectionRunner:
+                  signed_topics: Sequence[str] = (),
+                  write_turn: WriteTurn | None = None) -> ProjectionRunner:
     runner = ProjectionRunner(engine, [rebuilding(m) for m in models], bootstrap,
                               consumer_options={**REBUILD_FETCH, **(consumer_options or {})},
                               batch_size=batch_size, poll_ms=50, partitions=partitions,
                               archive=archive, check_log=False, client_options=client_options,
-                              verifier=verifier, signed_topics=signed_topics)
+                              verifier=verifier, signed_topics=signed_topics,
+                              write_turn=write_turn)
     await runner.open()
     try:
         if ends is None:
@@ -139,10 +145,15 @@ async def _replay(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: s
 
 # --- worker processes ------------------------------------------------------------------
 
-def _worker_main(share: RebuildShare, reports: Any) -> None:
-    """Entry point of a worker process: run `share`, report progress and the result."""
+def _worker_main(share: RebuildShare, reports: Any, go: Any = None,
+                 write_lock: Any = None) -> None:
+    """Entry point of a worker process: wait for `go` (set once the parent has reset
+    the models), run `share` (taking `write_lock` to write, if any), report progress
+    and the result."""
     from projections.database import make_engine
 
+    if go is not None and not _wait_for(go):
+        return
     last = [0.0]
 
     def progress(records: int) -> None:
@@ -162,7 +173,9 @@ def _worker_main(share: RebuildShare, reports: Any) -> None:
                                    batch_size=share.batch_size, progress=progress,
                                    index=share.index, verifier=None if share.fact_keys is None
                                    else FactVerifier.from_raw(share.fact_keys),
-                                   signed_topics=share.signed_topics)
+                                   signed_topics=share.signed_topics,
+                                   write_turn=None if write_lock is None
+                                   else WriteTurn(write_lock))
         finally:
             await engine.dispose()
 
@@ -183,57 +196,113 @@ class WorkerFailed(Exception):
         self.kind = kind
 
 
+def _wait_for(go: Any) -> bool:
+    """Wait until `go` is set (True) or the parent process is gone (False)."""
+    parent = multiprocessing.parent_process()
+    while not go.wait(GO_POLL_SECONDS):
+        if parent is not None and not parent.is_alive():
+            return False
+    return True
+
+
 def _context() -> Any:
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["projections.rebuild_workers"])
+        context.set_forkserver_preload(list(WORKER_MODULES))
         return context
     return multiprocessing.get_context("spawn")
 
 
-async def run_workers(shares: Sequence[RebuildShare],
-                      progress: Progress | None = None) -> list[ShareResult]:
-    """Run every share in a process of its own; `progress` gets the records consumed by
-    all of them. The first failure stops the others and is raised as `WorkerFailed`."""
-    context = _context()
-    reports = context.Queue()
-    processes = [context.Process(target=_worker_main, args=(share, reports),
-                                 name=f"toolexec-rebuild-{share.index}", daemon=True)
-                 for share in shares]
-    for process in processes:
-        process.start()
-    done: dict[int, ShareResult] = {}
-    seen = {share.index: 0 for share in shares}
-    try:
-        while len(done) < len(shares):
-            try:
-                message = await asyncio.to_thread(reports.get, True, 0.2)
-            except queues.Empty:
-                if not _all_alive(processes, shares, done):
-                    try:  # its last words, if it said any
-                        message = await asyncio.to_thread(reports.get, True, 1.0)
-                    except queues.Empty:
-                        index = _dead(processes, shares, done)
-                        raise WorkerFailed(index, "WorkerDied",
-                                           "worker process exited without a result") from None
-                else:
-                    continue
-            if message[0] == "progress":
-                seen[message[1]] = message[2]
-                if progress is not None:
-                    progress(sum(seen.values()))
-            elif message[0] == "done":
-                done[message[1]] = message[2]
-            else:
-                raise WorkerFailed(message[1], message[2], message[3])
-    finally:
-        for process in processes:
+class Workers:
+    """Worker processes, one per share, held after they start until `run`: `start`
+    them first, and their start (the fork server's imports, the forks) overlaps with
+    what the parent does before the rows may be written (resetting the models)."""
+
+    def __init__(self, shares: Sequence[RebuildShare]) -> None:
+        context = _context()
+        self._shares = list(shares)
+        self._reports = context.Queue()
+        self._go = context.Event()
+        # Workers sharing one SQLite file take turns at writing (`WriteTurn`).
+        # Kept: a lock (like the event) is unlinked once the parent drops it, and a
+        # process started drops its arguments before the worker has unpickled them.
+        self._lock = (context.Lock() if shares and shares[0].database_url.startswith("sqlite")
+                      else None)
+        self._processes = [context.Process(target=_worker_main,
+                                           args=(share, self._reports, self._go, self._lock),
+                                           name=f"toolexec-rebuild-{share.index}", daemon=True)
+                           for share in shares]
+        self._started: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the processes in the background (the first start waits for the fork
+        server's imports, which must not hold up the event loop)."""
+        if self._started is None:
+            self._started = asyncio.create_task(asyncio.to_thread(self._start_all))
+
+    def _start_all(self) -> None:
+        for process in self._processes:
+            process.start()
+
+    async def run(self, progress: Progress | None = None) -> list[ShareResult]:
+        """Let the workers go and wait for their results; `progress` gets the records
+        consumed by all of them. The first failure stops the others and is raised as
+        `WorkerFailed`. The processes are ended either way."""
+        try:
+            self.start()
+            assert self._started is not None
+            await self._started
+            self._go.set()
+            return await _results(self._processes, self._shares, self._reports, progress)
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        """End every process still running (idempotent)."""
+        if self._started is not None:
+            await asyncio.gather(self._started, return_exceptions=True)
+        for process in self._processes:
             if process.is_alive() and (process.pid is not None):
                 process.terminate()
-        for process in processes:
-            await asyncio.to_thread(process.join, 10)
-        reports.close()
+        for process in self._processes:
+            if process.pid is not None:  # started (a failed start leaves the rest not)
+                await asyncio.to_thread(process.join, 10)
+        self._processes = []
+        self._reports.close()
+
+
+async def run_workers(shares: Sequence[RebuildShare],
+                      progress: Progress | None = None) -> list[ShareResult]:
+    """Run every share in a process of its own (see `Workers.run`)."""
+    return await Workers(shares).run(progress)
+
+
+async def _results(processes: Sequence[Any], shares: Sequence[RebuildShare], reports: Any,
+                   progress: Progress | None) -> list[ShareResult]:
+    done: dict[int, ShareResult] = {}
+    seen = {share.index: 0 for share in shares}
+    while len(done) < len(shares):
+        try:
+            message = await asyncio.to_thread(reports.get, True, 0.2)
+        except queues.Empty:
+            if not _all_alive(processes, shares, done):
+                try:  # its last words, if it said any
+                    message = await asyncio.to_thread(reports.get, True, 1.0)
+                except queues.Empty:
+                    index = _dead(processes, shares, done)
+                    raise WorkerFailed(index, "WorkerDied",
+                                       "worker process exited without a result") from None
+            else:
+                continue
+        if message[0] == "progress":
+            seen[message[1]] = message[2]
+            if progress is not None:
+                progress(sum(seen.values()))
+        elif message[0] == "done":
+            done[message[1]] = message[2]
+        else:
+            raise WorkerFailed(message[1], message[2], message[3])
     return [done[share.index] for share in shares]
 
 

@@ -86,6 +86,29 @@ class ArchivedLog(Protocol):
         ...
 
 
+class WriteTurn:
+    """Turns at writing among processes that share one SQLite file (the workers of a
+    rebuild): a worker takes it just before its first write of a batch and gives it
+    back once the batch is committed or rolled back. SQLite would serialise the
+    writers anyway, but a writer that finds the file locked sleeps in growing steps
+    (up to 100 ms) before it looks again; a lock wakes the next one at once."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock  # a multiprocessing lock, shared by the workers
+        self._held = False
+
+    async def acquire(self) -> None:
+        if not self._lock.acquire(block=False):
+            await asyncio.to_thread(self._lock.acquire)
+        self._held = True
+
+    def release(self) -> None:
+        """Give the turn back if this process holds it (idempotent)."""
+        if self._held:
+            self._held = False
+            self._lock.release()
+
+
 class OffsetConflict(Exception):
     """The stored offsets moved under this runner (another runner, or a rebuild)."""
 
@@ -139,7 +162,8 @@ class ProjectionRunner:
                  partitions: Collection[tuple[str, int]] | None = None,
                  check_log: bool = True,
                  verifier: FactVerifier | None = None,
-                 signed_topics: Collection[str] = ()) -> None:
+                 signed_topics: Collection[str] = (),
+                 write_turn: WriteTurn | None = None) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -172,6 +196,7 @@ class ProjectionRunner:
         self._verifier = verifier
         self._signed_topics = frozenset(signed_topics) if verifier is not None else frozenset()
         self._verified_at = 0.0
+        self._write_turn = write_turn
 
     @property
     def name(self) -> str:
@@ -347,12 +372,17 @@ class ProjectionRunner:
             await self._note_gaps_passed({tp for tp, _ in batch})
         if not batch:
             return 0
+        turn = self._write_turn
         try:
             async with self.engine.begin() as conn:
-                moved, counted = await self._apply(conn, batch)
+                moved, counted = await self._apply(conn, batch, turn)
         except BaseException:
+            if turn is not None:
+                turn.release()
             await self._seek_to_stored()
             raise
+        if turn is not None:
+            turn.release()
         committed = time.time()
         async with self._moved:
             self._positions.update(moved)
@@ -403,11 +433,12 @@ class ProjectionRunner:
         return batch
 
     async def _apply(self, conn: AsyncConnection,
-                     batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]]
+                     batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]],
+                     turn: WriteTurn | None = None
                      ) -> tuple[dict[tuple[str, TopicPartition], int], dict[str, RunnerStats]]:
         """Apply `batch` to every model; returns the models' new positions and what
-        each applied. Every model prepares its changes first; then offsets, applied ids
-        and rows are written."""
+        each applied. Every model prepares its changes first; then (after taking
+        `turn`, which the caller releases) offsets, applied ids and rows are written."""
         decoded = {tp: self._decoded(tp, records) for tp, records in batch}
         moved: dict[tuple[str, TopicPartition], int] = {}
         counted: dict[str, RunnerStats] = {}
@@ -424,8 +455,11 @@ class ProjectionRunner:
                     continue  # not this model's, or it has these already
                 ends[tp] = records[-1].offset + 1
                 prints[tp] = record_fingerprint(records[-1].key, records[-1].value)
-                new = [r for r in decoded[tp] if r.offset >= position]
-                taken = sum(1 for r in records if r.offset >= position)
+                if records[0].offset >= position:  # the usual case: all of them are new
+                    new, taken = decoded[tp], len(records)
+                else:
+                    new = [r for r in decoded[tp] if r.offset >= position]
+                    taken = sum(1 for r in records if r.offset >= position)
                 mine.extend(new)
                 delta.records += taken
                 delta.undecodable += taken - len(new)
@@ -438,6 +472,8 @@ class ProjectionRunner:
             delta.applied += len(fresh) - changes.duplicates
             delta.batches += 1
             moved.update({(model.name, tp): end for tp, end in ends.items()})
+        if turn is not None:
+            await turn.acquire()
         await self._write_offsets(conn, {model.name: ends for model, ends, _, _, _ in planned},
                                   {model.name: prints for model, _, prints, _, _ in planned})
         for model, _ends, _prints, fresh, changes in planned:
