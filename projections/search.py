@@ -60,6 +60,8 @@ class SearchResult:
     mode: str
     total: int
     terms: list[Term] = field(default_factory=list)
+    warning: str | None = None
+    """Why the ranking is not what was asked (the embeddings endpoint failed: E3106)."""
 
     def describe_terms(self) -> list[dict[str, Any]]:
         """The query words as JSON: word, how it was read, the words searched for it."""
@@ -114,14 +116,14 @@ async def search(conn: AsyncConnection, query: str, *, limit: int = 50, offset: 
             return page
     rows, total = await lexical_ranking(conn, wanted, limit=limit, offset=offset,
                                         filters=filters)
-    return SearchResult([_shown(row, terms) for row in rows], "lexical", total, terms)
+    return SearchResult([shown_row(row, terms) for row in rows], "lexical", total, terms)
 
 
 async def lexical_ranking(conn: AsyncConnection, wanted: list[str], *, limit: int,
                           offset: int, filters: Filters) -> tuple[list[dict[str, Any]], int]:
     """(rows with `score`, higher better, and `total`) of the tools holding any of
     `wanted` (words or their stems), ranked by BM25 / ts_rank with field weights."""
-    conditions, params = _filter_sql(conn, filters)
+    conditions, params = filter_sql(conn, filters)
     params.update(limit=limit, offset=offset)
     columns = ", ".join(f't."{c.name}"' for c in registry_tools.columns)
     if conn.dialect.name == "postgresql":
@@ -165,7 +167,7 @@ def _typed(statement: Any) -> Any:
     return statement.columns(*registry_tools.columns)
 
 
-def _filter_sql(conn: AsyncConnection, filters: Filters) -> tuple[str, dict[str, Any]]:
+def filter_sql(conn: AsyncConnection, filters: Filters) -> tuple[str, dict[str, Any]]:
     parts, params = [], {}
     if filters.tool_type is not None:
         parts.append("t.tool_type = :tool_type")
@@ -185,7 +187,7 @@ def _filter_sql(conn: AsyncConnection, filters: Filters) -> tuple[str, dict[str,
 
 async def _listing(conn: AsyncConnection, limit: int, offset: int,
                    filters: Filters) -> SearchResult:
-    conditions, params = _filter_sql(conn, filters)
+    conditions, params = filter_sql(conn, filters)
     params.update(limit=limit, offset=offset)
     columns = ", ".join(f't."{c.name}"' for c in registry_tools.columns)
     statement = (f"SELECT {columns}, count(*) OVER () AS total FROM registry_tools t "
@@ -205,7 +207,7 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in INTERNAL_COLUMNS}
 
 
-def _shown(row: dict[str, Any], terms: list[Term]) -> dict[str, Any]:
+def shown_row(row: dict[str, Any], terms: list[Term]) -> dict[str, Any]:
     fields = {"name": row["search_name"], "tags": row["search_tags"],
               "description": row["description"], "parameters": row["search_parameters"]}
     score = row.pop("score")
