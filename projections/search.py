@@ -3,11 +3,12 @@ ts_rank), fused with vector similarity (reciprocal rank fusion) where embeddings
 
 The query's words are expanded against the index's vocabulary (`domain.search`); the
 vocabulary is read once per process and read again only when the registry changed
-(its row count, newest update and number of versions).
+(its row count, newest update and number of versions; checked at most once a second).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,27 +70,42 @@ class SearchResult:
                 for t in self.terms]
 
 
-_vocabularies: dict[tuple[str, tuple[Any, ...]], Vocabulary] = {}
+VOCABULARY_CHECK_S = 1.0
+"""How long a cached vocabulary is used before the registry's change marker is read
+again: a tool published a moment ago may miss typo expansion for that long."""
+
+
+@dataclass
+class _CachedVocabulary:
+    marker: tuple[Any, ...]
+    vocabulary: Vocabulary
+    checked: float
+
+
+_vocabularies: dict[str, _CachedVocabulary] = {}
 
 
 async def vocabulary(conn: AsyncConnection) -> Vocabulary:
-    """The words of the search index, cached per database until the registry changes."""
+    """The words of the search index, cached per database until the registry changes
+    (its change marker is read at most once a second)."""
+    key = conn.engine.url.render_as_string(hide_password=True)
+    cached = _vocabularies.get(key)
+    now = time.monotonic()
+    if cached is not None and now - cached.checked < VOCABULARY_CHECK_S:
+        return cached.vocabulary
     marker = tuple((await conn.execute(select(
         func.count(), func.max(registry_tools.c.updated_at),
         func.sum(registry_tools.c.versions_count)))).one())
-    key = (conn.engine.url.render_as_string(hide_password=True), marker)
-    cached = _vocabularies.get(key)
-    if cached is not None:
-        return cached
-    if not marker[0]:
-        return EMPTY_VOCABULARY
-    result = await conn.execute(select(
-        registry_tools.c.search_name, registry_tools.c.search_tags,
-        registry_tools.c.description, registry_tools.c.search_parameters))
-    built = Vocabulary.of(" ".join(row) for row in result)
-    for stale in [k for k in _vocabularies if k[0] == key[0]]:
-        del _vocabularies[stale]
-    _vocabularies[key] = built
+    if cached is not None and cached.marker == marker:
+        cached.checked = now
+        return cached.vocabulary
+    built = EMPTY_VOCABULARY
+    if marker[0]:
+        result = await conn.execute(select(
+            registry_tools.c.search_name, registry_tools.c.search_tags,
+            registry_tools.c.description, registry_tools.c.search_parameters))
+        built = Vocabulary.of(" ".join(row) for row in result)
+    _vocabularies[key] = _CachedVocabulary(marker, built, now)
     return built
 
 

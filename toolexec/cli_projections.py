@@ -437,26 +437,42 @@ def _lifecycle_cell(version: dict[str, Any]) -> str:
 
 
 def search(
-    query: Annotated[str, typer.Argument(help="words that must all appear")],
+    query: Annotated[str, typer.Argument(help="words to look for (typos and partial words "
+                                              "are matched too)")],
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    offset: Annotated[int, typer.Option(min=0, help="skip this many results (paging)")] = 0,
+    tool_type: Annotated[str | None, typer.Option("--type", help="only tools of this type")] = None,
+    tag: Annotated[str | None, typer.Option(help="only tools with this tag")] = None,
+    lifecycle: Annotated[str | None, typer.Option(
+        help="only tools in this lifecycle (removed ones are left out otherwise)")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Search published tools by id, type, description and tags."""
-    from projections.queries import search_tools
+    """Search published tools, best match first (name, tags, description, parameters)."""
+    from projections.queries import search_tools_page
+    from toolexec.embeddings import embedder_from_settings
 
-    async def work(engine: AsyncEngine) -> list[dict[str, Any]]:
+    settings = Settings()
+
+    async def work(engine: AsyncEngine) -> Any:
         async with engine.connect() as conn:
-            return await search_tools(conn, query, limit=limit)
+            return await search_tools_page(conn, query, limit=limit, offset=offset,
+                                           tool_type=tool_type, tag=tag, lifecycle=lifecycle,
+                                           embedder=embedder_from_settings(settings))
 
-    tools = _with_engine(Settings(), work, as_json)
+    page = _with_engine(settings, work, as_json)
     if as_json:
-        echo_json({"tools": tools})
+        echo_json({"tools": page.rows, "mode": page.mode, "total": page.total,
+                   "terms": page.describe_terms(), "warning": page.warning})
         return
-    table = Table("tool", "version", "type", "lifecycle", "description")
-    for tool in tools:
+    table = Table("tool", "version", "type", "lifecycle", "score", "matched", "description")
+    for tool in page.rows:
         table.add_row(tool["tool_id"], tool["current_version"] or tool["latest_version"],
-                      tool["tool_type"], tool["lifecycle"], tool["description"])
+                      tool["tool_type"], tool["lifecycle"],
+                      "" if tool["score"] is None else f"{tool['score']:.3f}",
+                      ", ".join(tool["matched"]), tool["description"])
     out.print(table)
+    out.print(f"{len(page.rows)} of {page.total} ({page.mode})"
+              + (f"; {escape(page.warning)}" if page.warning else ""))
 
 
 def show(

@@ -33,9 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from consumers.primitives.file_store import ContentStore
 from domain.errors import ToolexecError
 from projections.database import make_engine, migrate
-from projections.queries import search_tools, show_tool
+from projections.queries import search_tools_page, show_tool
 from toolexec.cli_authoring import lock_chain, source_integrity
 from toolexec.cli_runtime import invoke_tool
+from toolexec.embeddings import embedder_from_settings
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
 from toolexec.state_files import ensure_state_dir
@@ -50,8 +51,10 @@ HELP = {
         "event-sourced pipeline: resolve -> authorize -> execute -> finalize. "
         "Tools: search (find tools), load (inspect one), execute (run | sign | lock), "
         "help (this text). Errors carry E3xxx codes."),
-    "search": "search(query, limit=10): tools whose id, type, description or tags "
-              "contain every word of the query. An empty query lists tools.",
+    "search": "search(query, limit=10): tools best matching the query (name, tags, "
+              "description, parameters; typos and partial words too), best first, each "
+              "with a score and the fields it matched; `mode` says how they were ranked "
+              "(lexical, or hybrid with semantic vectors). An empty query lists tools.",
     "load": "load(tool_id, version=None): the manifest, files (path, sha256, size, "
             "content when available) and metadata (integrity, lifecycle, versions).",
     "execute": (
@@ -99,12 +102,15 @@ class Gateway:
         if not 1 <= limit <= 1000:
             raise GatewayError("limit must be between 1 and 1000", details={"limit": limit})
         async with (await self.engine()).connect() as conn:
-            rows = await search_tools(conn, query, limit=limit)
+            page = await search_tools_page(conn, query, limit=limit,
+                                           embedder=embedder_from_settings(self.settings))
         results = [{"tool_id": r["tool_id"], "tool_type": r["tool_type"],
                     "description": r["description"],
                     "version": r["current_version"] or r["latest_version"],
-                    "lifecycle": r["lifecycle"], "tags": r["tags"]} for r in rows]
-        return {"query": query, "results": results, "total": len(results)}
+                    "lifecycle": r["lifecycle"], "tags": r["tags"], "score": r["score"],
+                    "matched": r["matched"]} for r in page.rows]
+        answer = {"query": query, "results": results, "total": page.total, "mode": page.mode}
+        return answer if page.warning is None else {**answer, "warning": page.warning}
 
     async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:
         async with (await self.engine()).connect() as conn:
