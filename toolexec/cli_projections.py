@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from domain.errors import ToolexecError
 from toolexec.cli_output import echo_json, fail
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
@@ -141,6 +142,8 @@ def rebuild_command(
                 fail("E3000", f"rebuild failed: {error}"[:1000], as_json)
 
     reports = _with_engine(settings, work, as_json)
+    if any(m.name == "registry" for m in chosen):
+        _embed_rebuilt_registry(settings, as_json)
     rows = [{"name": r.name, "records": r.records, "applied": r.applied,
              "duplicates": r.duplicates, "undecodable": r.undecodable,
              "seconds": round(r.seconds, 3), "events_per_second": round(r.events_per_second, 1),
@@ -152,6 +155,30 @@ def rebuild_command(
         out.print(f"{row['name']}: {row['records']} records in {row['seconds']} s "
                   f"({row['events_per_second']:.0f} events/s, {row['workers']} worker(s)), "
                   f"{row['undecodable']} undecodable")
+
+
+def _embed_rebuilt_registry(settings: Settings, as_json: bool) -> None:
+    """Embed the rebuilt registry's texts that have no stored vector (semantic search on
+    PostgreSQL; stored vectors are reused by content hash). A failing endpoint is said,
+    not fatal: `toolexec up` tries again."""
+    from projections.search_vectors import embed_missing
+    from toolexec.embeddings import embedder_from_settings
+
+    embedder = embedder_from_settings(settings)
+    if embedder is None:
+        return
+
+    async def work(engine: AsyncEngine) -> int:
+        with _progress("embeddings", "texts", as_json) as update:
+            return await embed_missing(engine, embedder, progress=update)
+
+    try:
+        embedded = _with_engine(settings, work, as_json)
+    except ToolexecError as error:
+        err.print(f"[yellow]warning:[/] {escape(str(error))}")
+        return
+    if embedded and not as_json:
+        out.print(f"embeddings: {embedded} new text(s) embedded, stored ones reused")
 
 
 @contextlib.contextmanager
