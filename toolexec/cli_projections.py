@@ -467,7 +467,8 @@ def search(
     query: Annotated[str, typer.Argument(help="words to look for (typos and partial words "
                                               "are matched too)")],
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
-    offset: Annotated[int, typer.Option(min=0, help="skip this many results (paging)")] = 0,
+    offset: Annotated[int, typer.Option(min=0, max=1_000_000,
+                                        help="skip this many results (paging)")] = 0,
     tool_type: Annotated[str | None, typer.Option("--type", help="only tools of this type")] = None,
     tag: Annotated[str | None, typer.Option(help="only tools with this tag")] = None,
     lifecycle: Annotated[str | None, typer.Option(

@@ -44,6 +44,7 @@ from projections.queries import (
     show_tool,
 )
 from projections.registry_snapshot import registry_snapshot
+from projections.search import MAX_SEARCH_OFFSET
 from toolexec import metrics, rights, status_page
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
 from toolexec.embeddings import embedder_from_settings
@@ -468,7 +469,7 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
              responses=documented(422, 503))
     async def tools(q: Annotated[str, Query(max_length=200)] = "",
                     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                    offset: Annotated[int, Query(ge=0)] = 0,
+                    offset: Annotated[int, Query(ge=0, le=MAX_SEARCH_OFFSET)] = 0,
                     tool_type: Annotated[str | None, Query(max_length=40)] = None,
                     tag: Annotated[str | None, Query(max_length=200)] = None,
                     lifecycle: Annotated[str | None, Query(max_length=20)] = None) -> ToolList:
