@@ -99,3 +99,28 @@ async def test_sqlite_stays_full_text_with_an_embedder(tmp_path, embeddings) -> 
     await engine.dispose()
     assert page.mode == "lexical" and page.rows[0]["tool_id"] == "word_count"
     assert embeddings.requests == []  # nothing asked of the endpoint on SQLite
+
+
+async def test_the_follower_embeds_what_is_published_while_it_runs(
+        postgres: AsyncEngine, embeddings: EmbeddingServer) -> None:
+    import asyncio
+
+    from projections.search_vectors import EmbeddingFollower
+
+    tools, _ = relevance_set()
+    follower = EmbeddingFollower(postgres, OpenAIEmbeddings(embeddings.url, "hashing-test"),
+                                 interval=0.1)
+    follower.start()
+    try:
+        await publish(postgres, tools[:5])
+        counts = []
+        for _ in range(300):  # up to a minute on a busy machine
+            async with postgres.connect() as conn:
+                counts.append((await conn.execute(text(
+                    "SELECT count(*) FROM registry_embeddings"))).scalar_one())
+            if counts[-1] == 5:
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        await follower.stop()
+    assert counts[-1] == 5
