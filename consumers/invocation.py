@@ -19,7 +19,9 @@ is there is not done again.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from consumers.authorize import AuthorizeDeps, authorize_request, denial_failure
 from consumers.delivery import FactLog
@@ -27,7 +29,7 @@ from consumers.events import failed
 from consumers.execute import ExecuteDeps, execute_decision
 from consumers.finalize import FinalizeDeps, finalize_execution
 from consumers.invocation_facts import InvocationFacts
-from consumers.ports import RegistryReader
+from consumers.ports import Clock, RegistryReader
 from consumers.resolve import Resolved, ResolveDeps, chain_from_links, resolve_request
 from contracts.envelope import Envelope
 from domain.errors import ToolexecError
@@ -43,6 +45,27 @@ class InvocationDeps:
     execute: ExecuteDeps
     finalize: FinalizeDeps
     registry: RegistryReader
+
+
+def invocation_deps(*, registry: RegistryReader, clock: Clock, authorize: AuthorizeDeps,
+                    resolve: Mapping[str, Any] | None = None,
+                    **execute: Any) -> InvocationDeps:
+    """The steps' ports around one registry view and one clock: `resolve` holds the
+    resolver's options (strict_chain, registry_wait_seconds, max_parameter_bytes),
+    `execute` the executor's ports (runner, claims, secrets, random, and optionally
+    sleep, gate, credential_grants). The one wiring of the steps, for a running
+    system (toolexec.stack) and for the tests alike."""
+    return InvocationDeps(
+        resolve=ResolveDeps(registry=registry, clock=clock, **dict(resolve or {})),
+        authorize=authorize,
+        execute=ExecuteDeps(publish=_publish_through_the_run, clock=clock, **execute),
+        finalize=FinalizeDeps(clock=clock),
+        registry=registry,
+    )
+
+
+async def _publish_through_the_run(envelope: Envelope) -> None:
+    raise AssertionError("each run publishes through its own fact log")
 
 
 class _Appender:

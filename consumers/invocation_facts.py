@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from consumers.execute import AttemptsOnLog
 from contracts.envelope import Envelope
+from contracts.events import TERMINAL_TYPES
 
-TERMINAL_TYPES = frozenset({"tool.invoke.completed", "tool.invoke.failed"})
 FACT_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
                         "tool.execution.started", "tool.execution.finished"}) | TERMINAL_TYPES
 """Fact types a run reads back: the steps' outcomes."""

@@ -104,7 +104,9 @@ def new_envelope(
 ) -> Envelope:
     """Wrap `data` in an envelope; the type comes from the model.
 
-    Without `id`, the id is ``derived_event_id(causationid, data.EVENT_TYPE)``; an
+    Without `subject`, an event about one tool (data with a `tool_id`) gets that tool
+    id as its CloudEvents `subject`, so consumers can filter on a header without
+    parsing the data. Without `id`, the id is ``derived_event_id(causationid, data.EVENT_TYPE)``; an
     event with no cause (a new request, a publication) must be given its id.
     """
     if id is None:
@@ -120,6 +122,12 @@ def new_envelope(
         correlationid=correlationid,
         partitionkey=partitionkey,
         causationid=causationid,
-        subject=subject,
+        subject=subject if subject is not None else subject_of(data),
         extensions=dict(extensions or {}),
     )
+
+
+def subject_of(data: EventData) -> str | None:
+    """The CloudEvents `subject` of `data`: its tool id when it names one."""
+    tool_id = getattr(data, "tool_id", None)
+    return tool_id if isinstance(tool_id, str) and tool_id else None

@@ -368,3 +368,12 @@ EVENT_MODELS: Final[dict[str, type[EventData]]] = {
 
 SCHEMA_VERSION: Final[dict[str, str]] = {t: m.SCHEMA_VERSION for t, m in EVENT_MODELS.items()}
 """Event type name -> contract version; see the module docstring for when it changes."""
+
+TERMINAL_TYPES: Final[frozenset[str]] = frozenset({InvokeCompleted.EVENT_TYPE,
+                                                   InvokeFailed.EVENT_TYPE})
+"""The events that end an invocation: every invocation has exactly one."""
+
+TERMINAL_STATUSES: Final[frozenset[str]] = frozenset(
+    t.rsplit(".", 1)[-1] for t in TERMINAL_TYPES)
+"""The status of an invocation once it has ended ("completed", "failed"), as the
+invocations read model records it (a cancelled one is "failed" with E3703)."""

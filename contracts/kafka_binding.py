@@ -19,13 +19,14 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from cloudevents.core.bindings.kafka import KafkaMessage, from_kafka, to_binary, to_structured
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
 
+from contracts import topics
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
 from contracts.events import EVENT_MODELS, EventData, dataschema_uri
@@ -109,6 +110,25 @@ def encode(env: Envelope) -> KafkaRecord:
         else:
             headers.append((CE_PREFIX + name, value.encode()))
     return KafkaRecord(env.partitionkey.encode(), env.data.model_dump_json().encode(), headers)
+
+
+class RecordSender(Protocol):
+    """What sends a record: an aiokafka producer."""
+
+    async def send_and_wait(self, topic: str, value: bytes | None = None,
+                            key: bytes | None = None, partition: int | None = None,
+                            timestamp_ms: int | None = None,
+                            headers: Any = None) -> Any: ...
+
+
+async def send_event(producer: RecordSender, envelope: Envelope, *,
+                     record: KafkaRecord | None = None, partition: int | None = None) -> Any:
+    """Send `envelope` to its type's topic (`topics.TOPIC_OF_TYPE`), encoded, or as
+    `record` when it is already (e.g. a signed fact); returns the record's metadata."""
+    record = record or encode(envelope)
+    return await producer.send_and_wait(topics.TOPIC_OF_TYPE[envelope.type], record.value,
+                                        key=record.key, headers=list(record.headers),
+                                        partition=partition)
 
 
 def encode_with_sdk(env: Envelope) -> KafkaRecord:

@@ -34,6 +34,10 @@ class RequestError(ToolexecError):
     code = "E3004"
 
 
+class InvalidRequest(RequestError):
+    """A malformed request (E3004): the caller must change it; at the CLI, bad usage."""
+
+
 class RegistryError(ToolexecError):
     """E3100-E3149: tool not found (E3101), version not found (E3102), conflict
     (E3103), deprecated (E3104), manifest or chain invalid (E3105)."""

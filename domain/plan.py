@@ -39,6 +39,7 @@ from domain.model import (
     ToolFile,
     ToolVersion,
 )
+from domain.paths import relative_parts
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_MCP_STARTUP_SECONDS = 10.0
@@ -97,12 +98,21 @@ def build_plan(chain: ResolvedChain, *,
 def timeout_seconds(chain: ResolvedChain) -> float:
     """The nearest-to-leaf `config.timeout` or `timeout_default`, else 30 seconds."""
     for tv in chain.links:
-        config = _mapping(tv.manifest.get("config"))
-        for where, value in (("config.timeout", config.get("timeout")),
-                             ("timeout_default", tv.manifest.get("timeout_default"))):
-            if value is not None:
-                return _positive_number(value, f"{tv.tool_id}: {where}")
+        timeout = manifest_timeout(tv.manifest, tv.tool_id)
+        if timeout is not None:
+            return timeout
     return DEFAULT_TIMEOUT_SECONDS
+
+
+def manifest_timeout(manifest: Mapping[str, Any], tool_id: str = "") -> float | None:
+    """One manifest's attempt timeout: `config.timeout`, else `timeout_default`, else
+    None. Raises ChainInvalid (E3105) for a value that is not a positive number."""
+    config = _mapping(manifest.get("config"))
+    for where, value in (("config.timeout", config.get("timeout")),
+                         ("timeout_default", manifest.get("timeout_default"))):
+        if value is not None:
+            return _positive_number(value, f"{tool_id}: {where}")
+    return None
 
 
 def parse_size(text: Any, what: str = "size") -> int:
@@ -394,8 +404,7 @@ def _scalar_text(value: Any, where: str) -> str:
 def _relative_path(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value or "\x00" in value:
         raise _invalid(f"{where} must be a non-empty path")
-    parts = value.replace("\\", "/").split("/")
-    if value.startswith(("/", "\\")) or ".." in parts or re.match(r"^[A-Za-z]:", value):
+    if relative_parts(value, allow_root=True) is None:
         raise _invalid(f"{where} {value!r} must be relative to the tool root and stay inside it")
     return value
 

@@ -21,16 +21,15 @@ the audit hash chain is the same on every replay.
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
 
-REDACTED: Final = "[REDACTED]"
-MIN_SECRET_CHARS: Final = 4
-"""Shorter literal secrets are not scrubbed (they would mangle ordinary text)."""
+from domain.secret_scrub import MIN_SECRET, REDACTED, json_forms
+
+MIN_SECRET_CHARS: Final = MIN_SECRET
 
 _SENSITIVE_FIELDS = frozenset(
     {
@@ -334,7 +333,5 @@ def secret_parameter_values(schema: Any, parameters: Any) -> tuple[str, ...]:
     walk(parameters, schema)
     # A tool printing JSON escapes quotes, backslashes, control and (often) non-ASCII
     # characters: those written forms are the same secret.
-    forms = (form for value in found
-             for form in (value, json.dumps(value)[1:-1],
-                          json.dumps(value, ensure_ascii=False)[1:-1]))
+    forms = (form for value in found for form in (value, *json_forms(value)))
     return tuple(dict.fromkeys(v for v in forms if len(v) >= MIN_SECRET_CHARS))

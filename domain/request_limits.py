@@ -17,14 +17,14 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from domain.errors import RequestError
+from domain.errors import InvalidRequest
 
 DEFAULT_MAX_PARAMETER_BYTES: Final = 256 * 1024
 MAX_JSON_DEPTH: Final = 64
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
-class PayloadRejected(RequestError):
+class PayloadRejected(InvalidRequest):
     """Request data that is not strict JSON or is too large (E3004). `too_large` tells
     an HTTP gateway to answer 413 rather than 422."""
 

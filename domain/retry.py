@@ -50,3 +50,11 @@ def backoff_delay(attempt: int, policy: RetryPolicy, unit_random: float) -> floa
     ceiling = min(policy.backoff_max_seconds,
                   BASE_DELAY_SECONDS * policy.backoff_multiplier ** (attempt - 1))
     return max(0.0, min(1.0, unit_random)) * ceiling
+
+
+def longest_run_seconds(timeout: float, policy: RetryPolicy) -> float:
+    """The longest the attempts of one invocation take: every attempt to its
+    `timeout`, and the longest backoff before each retry."""
+    backoffs = sum(backoff_delay(attempt, policy, 1.0)
+                   for attempt in range(1, policy.max_attempts))
+    return timeout * policy.max_attempts + backoffs

@@ -39,6 +39,8 @@ from urllib.parse import quote, quote_plus
 
 REDACTED = "[REDACTED]"
 MIN_SECRET = 4
+"""Shorter secrets are not scrubbed, here nor by domain.redaction: they would match
+everywhere."""
 FRAGMENT = 8
 _B64_TO_URLSAFE = str.maketrans("+/", "-_")
 # characters of base64 output that depend only on the value, per leading offset
@@ -57,8 +59,14 @@ def encoded_forms(secret: str) -> frozenset[str]:
                       "".join(f"\\x{b:02x}" for b in data)})
         every = "".join(f"%{b:02X}" for b in data)
         forms.update({quote(text, safe=""), quote_plus(text, safe=""), every, every.lower()})
-        forms.update({json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]})
+        forms.update(json_forms(text))
     return frozenset(form for form in forms if len(form) >= MIN_SECRET)
+
+
+def json_forms(secret: str) -> tuple[str, ...]:
+    """`secret` as JSON writes it inside a string (ASCII-only or not): a tool printing
+    JSON escapes quotes, backslashes, control and often non-ASCII characters."""
+    return json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]
 
 
 def _base64_cores(data: bytes) -> set[str]:

@@ -12,7 +12,6 @@ checking is injected as a callable.
 
 from __future__ import annotations
 
-import posixpath
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -28,6 +27,7 @@ from jsonschema import SchemaError, ValidationError
 from domain.errors import RequestError
 from domain.manifest import MANIFEST_SCHEMA, split_frontmatter
 from domain.model import PRIMITIVES, Issue, ToolFile, ToolSource
+from domain.paths import relative_parts
 from domain.safe_yaml import YamlTooLarge, load_yaml
 from domain.schema_cache import validator_for
 from domain.semver import parse_range
@@ -337,10 +337,10 @@ def _entrypoint_issues(context: _Context) -> list[Issue]:
 def _one_entrypoint(path: str, value: Any, context: _Context) -> list[Issue]:
     if not isinstance(value, str) or not value.strip():
         return [Issue(path, "entrypoint must be a non-empty relative file path")]
-    normal = posixpath.normpath(value)
-    if value.startswith("/") or normal.startswith(".."):
+    parts = relative_parts(value)
+    if parts is None:
         return [Issue(path, f"entrypoint {value!r} must be a relative path inside the tool")]
-    if normal not in context.file_paths:
+    if "/".join(parts) not in context.file_paths:
         return [Issue(path, f"entrypoint {value!r} is not among the tool's files")]
     return []
 

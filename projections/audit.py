@@ -19,6 +19,7 @@ from sqlalchemy import and_, delete, func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts import topics
+from contracts.events import TERMINAL_TYPES as TERMINAL
 from projections.audit_document import GENESIS, audit_entry, chain_hash
 from projections.audit_document import _chain_hash as stored_text_hash
 from projections.bulk_rows import insert_tuples
@@ -98,7 +99,7 @@ async def _heads(conn: AsyncConnection,
 
 # --- forgeries -----------------------------------------------------------------------------
 
-TERMINAL_TYPES = ("tool.invoke.completed", "tool.invoke.failed")
+TERMINAL_TYPES = tuple(sorted(TERMINAL))
 FACT_TYPES = tuple(t for t, topic in topics.TOPIC_OF_TYPE.items() if topic == topics.INVOCATIONS)
 FINDINGS_SHOWN = 100
 """Records named per kind of finding (the counts are always complete)."""

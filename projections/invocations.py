@@ -17,6 +17,7 @@ from typing import Any
 
 from contracts import topics
 from contracts.envelope import Envelope
+from contracts.events import TERMINAL_STATUSES as TERMINAL
 from contracts.events import (
     ChainResolved,
     ExecutionFinished,
@@ -33,7 +34,6 @@ from projections.store import AggregateModel, Row, Rows, field_of, single_row
 from projections.tables import invocations, iso
 
 NAME = "invocations"
-TERMINAL = frozenset({"completed", "failed"})
 RESULT_SUMMARY_CHARS = 500
 
 

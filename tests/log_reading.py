@@ -14,7 +14,7 @@ from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
 from contracts.fact_signature import FactSigner, FactVerifier
-from contracts.kafka_binding import UndecodableRecord, decode, encode
+from contracts.kafka_binding import UndecodableRecord, decode, encode, send_event
 from domain.errors import ToolexecError
 
 TERMINAL = ("tool.invoke.completed", "tool.invoke.failed")
@@ -80,9 +80,7 @@ async def put_facts(bootstrap: str, events: list[Envelope], *,
     await producer.start()
     try:
         for event, record in zip(events, records, strict=True):
-            await producer.send_and_wait(topics.TOPIC_OF_TYPE[event.type], record.value,
-                                         key=record.key, headers=record.headers,
-                                         partition=partition)
+            await send_event(producer, event, record=record, partition=partition)
     finally:
         await producer.stop()
 

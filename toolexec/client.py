@@ -31,9 +31,9 @@ from consumers.delivery import transient_broker_error
 from consumers.fetch_pacing import FetchPacer
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
-from contracts.events import InvokeCancelRequested, InvokeRequested
+from contracts.events import TERMINAL_TYPES, InvokeCancelRequested, InvokeRequested
 from contracts.fact_signature import FactVerifier, Verdict
-from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
+from contracts.kafka_binding import UndecodableRecord, decode, header_type, send_event
 from domain.errors import ToolexecError
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-TERMINAL_TYPES = frozenset({"tool.invoke.completed", "tool.invoke.failed"})
 PROGRESS_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
                             "tool.execution.started", "tool.execution.finished"})
 SOURCE = "urn:toolexec:client"
@@ -169,12 +168,8 @@ class InvocationClient:
     async def send(self, envelope: Envelope, *, partition: int | None = None) -> Any:
         """Publish any event (e.g. tool.published) to its topic; returns its metadata."""
         assert self._producer is not None, "client not started"
-        record = encode(envelope)
-        topic = topics.TOPIC_OF_TYPE[envelope.type]
-        metadata = await self._producer.send_and_wait(
-            topic, record.value, key=record.key, headers=list(record.headers),
-            partition=partition)
-        if topic == topics.REGISTRY:
+        metadata = await send_event(self._producer, envelope, partition=partition)
+        if topics.TOPIC_OF_TYPE[envelope.type] == topics.REGISTRY:
             self._registry_end = max(self._registry_end or 0, metadata.offset + 1)
         return metadata
 

@@ -16,7 +16,11 @@ from typing import Any, Final
 from prometheus_client import Counter, Gauge, Histogram
 
 from contracts.envelope import Envelope
+from contracts.events import TERMINAL_TYPES as TERMINAL
 
+STARTED: Final = Counter(
+    "toolexec_invocations_started", "Invocation requests the pipeline started, by tool",
+    ["tool_id"])
 INVOCATIONS: Final = Counter(
     "toolexec_invocations", "Invocations that reached their terminal event, by tool and "
     "outcome (completed | failed) and error code", ["tool_id", "outcome", "code"])
@@ -33,7 +37,6 @@ CIRCUIT_STATE: Final = Gauge(
     "1 half_open, 2 open", ["service_id"])
 CIRCUIT_STATE_CODES: Final = {"closed": 0, "half_open": 1, "open": 2}
 
-TERMINAL: Final = frozenset({"tool.invoke.completed", "tool.invoke.failed"})
 # step name -> (event that ends it, event that starts it)
 STEPS: Final = (
     ("resolve", "tool.chain.resolved", "tool.invoke.requested"),
@@ -46,7 +49,7 @@ TRACKED: Final = frozenset({"tool.invoke.requested", "tool.chain.resolved",
                             "tool.permission.decided", "tool.execution.finished"})
 
 class PipelineMetrics:
-    """Folds invocation events into `INVOCATIONS` and `STEP_SECONDS`.
+    """Folds invocation events into `STARTED`, `INVOCATIONS` and `STEP_SECONDS`.
 
     Keeps the event times of at most `capacity` unfinished invocations (oldest dropped),
     so a flood of invocations that never end cannot grow it without bound."""
@@ -59,6 +62,8 @@ class PipelineMetrics:
         """One request started or fact appended by the pipeline."""
         kind = event.type
         key = event.correlationid
+        if kind == "tool.invoke.requested" and key not in self._times:
+            STARTED.labels(tool_id=str(getattr(event.data, "tool_id", None) or "unknown")).inc()
         if kind in TRACKED:
             # Retries emit several execution.finished: the last one counts.
             self._times.setdefault(key, {})[kind] = event.time.timestamp()

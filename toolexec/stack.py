@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
-from consumers import authorize, circuits, execute, finalize, resolve
+from consumers import authorize, circuits
 from consumers.abac_client import HttpAbac
 from consumers.admission import AttemptGate
 from consumers.canaries import CanarySlots, LocalCanaries, RedisCanaries
@@ -31,7 +31,7 @@ from consumers.deadletter import DeadLetters
 from consumers.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions
 from consumers.delivery import DeliveringPublisher
 from consumers.fetch_pacing import FetchPacer
-from consumers.invocation import InvocationDeps
+from consumers.invocation import invocation_deps
 from consumers.pipeline import Pipeline
 from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from consumers.primitives.file_store import ContentStore
@@ -42,7 +42,7 @@ from contracts import topics
 from contracts.envelope import Envelope
 from contracts.events import EVENT_MODELS
 from contracts.fact_signature import FactSigner, FactVerifier, Verdict
-from contracts.kafka_binding import KafkaRecord, UndecodableRecord, decode, encode, header_type
+from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type, send_event
 from domain.capability import VerifiedTokens
 from domain.policy import DecisionCache
 from projections.circuit_view import CircuitView
@@ -288,18 +288,14 @@ class Stack:
 
     async def publish(self, envelope: Envelope) -> None:
         """Publish one event to its topic (CloudEvents binary mode, key = partitionkey)."""
-        await self._send(encode(envelope), topics.TOPIC_OF_TYPE[envelope.type])
+        assert self._producer is not None, "stack not started"
+        await send_event(self._producer, envelope)
 
     async def _publish_signed(self, envelope: Envelope) -> None:
         """Publish a fact of the pipeline's side steps (circuit transitions), signed."""
-        assert self._signer is not None
-        await self._send(self._signer.sign([encode(envelope)])[0],
-                         topics.TOPIC_OF_TYPE[envelope.type])
-
-    async def _send(self, record: KafkaRecord, topic: str) -> None:
-        assert self._producer is not None, "stack not started"
-        await self._producer.send_and_wait(topic, record.value, key=record.key,
-                                           headers=record.headers)
+        assert self._producer is not None and self._signer is not None
+        await send_event(self._producer, envelope,
+                         record=self._signer.sign([encode(envelope)])[0])
 
     async def publish_all(self, envelopes: Iterable[Envelope]) -> None:
         for envelope in envelopes:
@@ -440,25 +436,20 @@ class Stack:
         else:  # durable across restarts of this host's executor
             self._claims = SqliteClaims(state / "claims.sqlite3", owner=owner)
         env_snapshot = dict(os.environ)
-        deps = InvocationDeps(
-            resolve=resolve.ResolveDeps(
-                registry=self.registry, clock=utc_now, strict_chain=self.settings.strict_chain,
-                registry_wait_seconds=self.settings.registry_wait_seconds,
-                max_parameter_bytes=self.settings.max_parameter_bytes),
+        deps = invocation_deps(
+            registry=self.registry, clock=utc_now,
+            resolve={"strict_chain": self.settings.strict_chain,
+                     "registry_wait_seconds": self.settings.registry_wait_seconds,
+                     "max_parameter_bytes": self.settings.max_parameter_bytes},
             authorize=authorize.AuthorizeDeps(
                 clock=utc_now, require_auth=self.settings.auth_required,
                 public_keys=lambda: keys.verification_keys(self.settings),
                 policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
                 default_decision=self.settings.policy_default, external=self._abac,
                 verified=VerifiedTokens(lifetime=keys.token_lifetime(self.settings))),
-            execute=execute.ExecuteDeps(
-                publish=_no_publish, clock=utc_now, runner=self._primitives,
-                claims=self._claims, secrets=env_snapshot.get, random=random.random,
-                gate=AttemptGate(circuits=self.circuits, canaries=canaries),
-                credential_grants=self.settings.credential_grants_policy()),
-            finalize=finalize.FinalizeDeps(clock=utc_now),
-            registry=self.registry,
-        )
+            runner=self._primitives, claims=self._claims, secrets=env_snapshot.get,
+            random=random.random, gate=AttemptGate(circuits=self.circuits, canaries=canaries),
+            credential_grants=self.settings.credential_grants_policy())
         options = {k: v for k, v in consumer_kwargs(self.settings).items()
                    if k != "fetch_max_wait_ms"}
         assert self._signer is not None
@@ -469,7 +460,3 @@ class Stack:
                         client_options=kafka_client_options(self.settings),
                         pacer=self._new_pacer(), max_in_flight=self.execute_workers,
                         observe=self._observe)
-
-
-async def _no_publish(envelope: Envelope) -> None:
-    raise AssertionError("each run publishes through its own fact log")

@@ -20,11 +20,11 @@ from typing import Any
 import pytest_asyncio
 from aiokafka.errors import KafkaConnectionError
 
-from consumers import authorize, execute, finalize, resolve
+from consumers import authorize
 from consumers.claim_store import InMemoryClaims
 from consumers.deadletter import DeadLetters
 from consumers.delivery import DeliveringFactLog
-from consumers.invocation import InvocationDeps
+from consumers.invocation import InvocationDeps, invocation_deps
 from consumers.invocation_facts import InvocationFacts
 from consumers.runs import InvocationRuns, RecordRef
 from contracts import topics
@@ -205,20 +205,10 @@ def pipeline_deps(harness: Harness, *, authorize_deps: authorize.AuthorizeDeps,
             harness.backing_off.set()
             await asyncio.Event().wait()
 
-    return InvocationDeps(
-        resolve=resolve.ResolveDeps(registry=harness.registry, clock=clock),
-        authorize=authorize_deps,
-        execute=execute.ExecuteDeps(publish=_unused, clock=clock, runner=harness.runner,
-                                    claims=harness.claims, secrets=secrets,
-                                    random=lambda: 0.0, sleep=sleep,
-                                    credential_grants=credential_grants or CredentialGrants()),
-        finalize=finalize.FinalizeDeps(clock=clock),
-        registry=harness.registry,
-    )
-
-
-async def _unused(envelope: Envelope) -> None:
-    raise AssertionError("runs publish through their fact log")
+    return invocation_deps(
+        registry=harness.registry, clock=clock, authorize=authorize_deps,
+        runner=harness.runner, claims=harness.claims, secrets=secrets, random=lambda: 0.0,
+        sleep=sleep, credential_grants=credential_grants or CredentialGrants())
 
 
 def dead_letters_of(harness: Harness) -> DeadLetters:

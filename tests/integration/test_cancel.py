@@ -145,14 +145,16 @@ def test_cancelling_a_pending_http_call_ends_it_before_the_service_answers(
     assert view["status"] == "cancelled" and view["attempts"] == 1
 
 
-def test_cancelling_a_finished_invocation_is_409_and_changes_nothing(
+def test_cancelling_a_finished_invocation_is_a_no_op_that_changes_nothing(
         gateway: RunningGateway) -> None:
     done = gateway.invoke("py_echo", {"text": "done"})
     assert done.status_code == 200, done.text
     invocation_id = done.json()["invocation_id"]
     response = gateway.http.post(f"/v1/invocations/{invocation_id}/cancel")
-    assert response.status_code == 409
-    assert response.json()["error"]["details"]["status"] == "completed"
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "already_ended"
+    assert response.json()["ended_as"] == "completed"
+    assert response.json()["event_id"] is None
     assert gateway.http.get(f"/v1/invocations/{invocation_id}").json()["status"] == "completed"
     assert [t["type"] for t in _terminal_events(gateway, invocation_id)] == [
         "tool.invoke.completed"]
@@ -173,6 +175,7 @@ def test_cli_cancel_stops_an_invocation_of_the_running_up(
     assert [pid for pid in pids if _running(pid)] == []
 
     again = toolexec("cancel", invocation_id, "--json", cwd=gateway.cwd, env=gateway.env)
-    assert again.returncode == 1
-    assert json.loads(again.stdout)["error"]["details"]["status"] == "cancelled"
+    assert again.returncode == 0, again.stdout  # a no-op once it ended, as the README says
+    assert json.loads(again.stdout)["status"] == "already_ended"
+    assert json.loads(again.stdout)["ended_as"] == "cancelled"
     assert len(_terminal_events(gateway, invocation_id)) == 1

@@ -67,6 +67,18 @@ def test_up_serves_runs_and_publishes_then_stops_cleanly(running_up) -> None:
     rejected = toolexec("publish", str(broken), "--json", cwd=cwd)
     assert rejected.returncode == 1
     assert json.loads(rejected.stdout)[0]["type"] == "tool.publish.rejected"
+    plain = toolexec("publish", str(broken), cwd=cwd)  # the readable report, no TypeError
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert "rejected" in plain.stderr and "E3105" in plain.stderr
+    unreadable = cwd / "unreadable"
+    unreadable.mkdir()
+    (unreadable / "tool.yaml").write_text("tool_id: [unclosed\n  : :\n")
+    for as_json in (("--json",), ()):  # malformed YAML is a rejection, never exit 0
+        refused = toolexec("publish", str(unreadable), *as_json, cwd=cwd)
+        assert refused.returncode == 1, refused.stdout
+        assert "None@None" not in refused.stderr
+    refused = toolexec("publish", str(unreadable), "--json", cwd=cwd)
+    assert json.loads(refused.stdout)[0]["error"]["code"] == "E3105"
 
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0

@@ -21,7 +21,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.cli_process import REPO, clean_env, start_up, stop
-from toolexec.cli_authoring import source_integrity
+from toolexec.usecases.authoring import source_integrity
 
 pytestmark = [pytest.mark.integration]
 
@@ -182,11 +182,11 @@ async def test_run_with_parameters_the_schema_refuses_carries_E3301(http_gateway
     assert body["error"]["code"] == "E3301"
 
 
-async def test_help_and_a_run_without_a_tool(http_gateway: str) -> None:
+async def test_help_and_a_run_without_a_tool_is_E3004(http_gateway: str) -> None:
     async with _http_session(http_gateway) as session:
         helped = await session.call_tool("help", {"topic": "execute"})
         is_error, body = await _call(session, "execute", action="run")
     text = "".join(b.text for b in helped.content if isinstance(b, mcp_types.TextContent))
     assert "sign" in text and "lock" in text
     assert is_error
-    assert body["error"]["code"] == "E3301"
+    assert body["error"]["code"] == "E3004"

@@ -12,8 +12,8 @@ import pytest
 from projections.database import make_engine, migrate
 from tests.cli_process import toolexec
 from toolexec.bench_search import publish, relevance_set
-from toolexec.gateway import GatewayContext, create_app
-from toolexec.mcp_gateway import Gateway
+from toolexec.gateway.http import GatewayContext, create_app
+from toolexec.gateway.mcp import Gateway
 from toolexec.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from toolexec.cli_authoring import register
+from toolexec.cli.authoring import register
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "tools"
 

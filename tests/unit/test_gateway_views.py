@@ -6,15 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from prometheus_client import REGISTRY
 
 from contracts.envelope import new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import InvokeCompleted, InvokeFailed
+from domain.retry import RetryPolicy
 from projections.invocations import new_invocation
-from toolexec.gateway import invocation_view, wait_bound
+from toolexec.gateway.http import invocation_view, wait_bound
+from toolexec.gateway.status_page import AuditFilters, render
 from toolexec.metrics import PipelineMetrics
-from toolexec.status_page import AuditFilters, render
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -39,12 +41,20 @@ def test_a_truncated_summary_is_kept_as_text_only() -> None:
     assert view.result is None and view.result_summary == '{"long": "abc…'
 
 
-def test_the_sync_wait_covers_timeout_times_attempts_plus_slack() -> None:
+def test_the_sync_wait_covers_every_attempt_and_backoff_plus_slack() -> None:
     manifest = {"timeout_default": 10, "retry_policy": {"max_attempts": 3}}
-    assert wait_bound(manifest, registry_wait=5) == 10 * 3 + 5 + 10
+    backoffs = 0.1 + 0.2  # the longest full-jitter delays before retries 2 and 3
+    assert wait_bound(manifest, registry_wait=5) == pytest.approx(10 * 3 + backoffs + 5 + 10)
     assert wait_bound({"config": {"timeout": 2}}, registry_wait=0) == 2 + 10
     assert wait_bound(None, registry_wait=0) == 30 + 10
     assert wait_bound({"timeout_default": "soon"}, registry_wait=0) == 30 + 10
+
+
+def test_the_sync_wait_counts_the_attempts_the_executor_makes() -> None:
+    """A retry_policy without max_attempts means 3 attempts (domain.retry), not 1."""
+    manifest = {"timeout_default": 10, "retry_policy": {}}
+    assert RetryPolicy.from_manifest(manifest).max_attempts == 3
+    assert wait_bound(manifest, registry_wait=0) > 10 * 3
 
 
 @dataclass

@@ -1,0 +1,91 @@
+"""The CLI, the HTTP gateway and the MCP server are adapters over the same use cases:
+the same bad input gets the same E3xxx code from each, against one running `up`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import mcp_types
+import pytest
+
+from tests.cli_process import toolexec
+from tests.integration.gateway_support import RunningGateway, running_gateway
+from toolexec.gateway.mcp import Gateway, build_server
+from toolexec.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+NOT_JSON = object()  # the parameters `{"x": NaN}`: not strict JSON
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    with running_gateway(tmp_path_factory.mktemp("front-ends")) as running:
+        yield running
+
+
+def _cli(gateway: RunningGateway, tool_id: str, parameters: Any, lockfile: Any) -> str:
+    params = '{"x": NaN}' if parameters is NOT_JSON else json.dumps(parameters)
+    args = ["run", tool_id, "--params", params, "--json", "--timeout", "60"]
+    if lockfile is not None:
+        path = gateway.cwd / "case.lock.json"
+        path.write_text(json.dumps(lockfile))
+        args += ["--lock", str(path)]
+    done = toolexec(*args, cwd=gateway.cwd, env=gateway.env)
+    assert done.returncode in (1, 2), (done.stdout, done.stderr)
+    return str(json.loads(done.stdout)["error"]["code"])
+
+
+def _http(gateway: RunningGateway, tool_id: str, parameters: Any, lockfile: Any) -> str:
+    body: dict[str, Any] = {"tool_id": tool_id, "timeout_seconds": 60}
+    body["parameters"] = {"x": float("nan")} if parameters is NOT_JSON else parameters
+    if lockfile is not None:
+        body["lockfile"] = lockfile
+    content = json.dumps(body)  # allow_nan: the gateway must refuse NaN itself
+    response = gateway.http.post("/v1/tools/invoke", content=content,
+                                 headers={"Content-Type": "application/json"})
+    assert response.status_code >= 400, response.text
+    return str(response.json()["error"]["code"])
+
+
+def _mcp(gateway: RunningGateway, tool_id: str, parameters: Any, lockfile: Any) -> str:
+    import anyio
+
+    async def call() -> mcp_types.CallToolResult:
+        settings = Settings(state_dir=gateway.cwd / ".toolexec")
+        server = build_server(Gateway(settings, []))
+        arguments: dict[str, Any] = {"action": "run", "tool_id": tool_id, "timeout": 60,
+                                     "parameters": {"x": float("nan")}
+                                     if parameters is NOT_JSON else parameters}
+        if lockfile is not None:
+            arguments["lockfile"] = lockfile
+        return await server.call_tool("execute", arguments)
+
+    result = anyio.run(call)
+    assert result.is_error
+    text = next(b.text for b in result.content if isinstance(b, mcp_types.TextContent))
+    return str(json.loads(text)["error"]["code"])
+
+
+FRONT_ENDS: dict[str, Callable[[RunningGateway, str, Any, Any], str]] = {
+    "cli": _cli, "http": _http, "mcp": _mcp}
+
+CASES = [
+    pytest.param("no_such_tool", {}, None, "E3101", id="unknown tool"),
+    pytest.param("word_stats", {"text": 7}, None, "E3301", id="parameters the schema refuses"),
+    pytest.param("word_stats", [1, 2], None, "E3004", id="parameters not an object"),
+    pytest.param("word_stats", NOT_JSON, None, "E3004", id="parameters not strict JSON"),
+    pytest.param("word_stats", {"text": "a"}, [1], "E3004", id="lockfile not an object"),
+    pytest.param("", {}, None, "E3004", id="no tool id"),
+]
+
+
+@pytest.mark.parametrize("front_end", sorted(FRONT_ENDS))
+@pytest.mark.parametrize(("tool_id", "parameters", "lockfile", "code"), CASES)
+def test_the_same_bad_input_gets_the_same_code_from_every_front_end(
+        gateway: RunningGateway, front_end: str, tool_id: str, parameters: Any,
+        lockfile: Any, code: str, tmp_path: Path) -> None:
+    assert FRONT_ENDS[front_end](gateway, tool_id, parameters, lockfile) == code

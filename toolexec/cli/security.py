@@ -1,0 +1,140 @@
+"""CLI commands for capability tokens and policies: `token issue`, `policy apply`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from domain.errors import ToolexecError
+from domain.scopes import Scopes, is_namespace
+from toolexec import rights
+from toolexec.cli.output import bad_usage, fail_with
+from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
+from toolexec.runtime_file import read_runtime
+from toolexec.settings import Settings, kafka_client_options
+
+err = Console(stderr=True)
+out = Console()
+SOURCE = "urn:toolexec:cli"
+
+token_app = typer.Typer(no_args_is_help=True, help="Capability tokens (RS256 JWT).")
+policy_app = typer.Typer(no_args_is_help=True, help="ABAC policies (Cedar).")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(token_app, name="token")
+    app.add_typer(policy_app, name="policy")
+
+
+def _tool_grant(text: str) -> tuple[str, str]:
+    tool_id, _, version_range = text.partition("@")
+    if not tool_id:
+        raise typer.BadParameter(f"--tool expects ID[@RANGE], got {text!r}")
+    return tool_id, version_range or "*"
+
+
+def _namespaces(option: str, patterns: list[str]) -> tuple[str, ...]:
+    for pattern in patterns:
+        if not is_namespace(pattern):
+            raise typer.BadParameter(f"{option} expects a tool id, a prefix ending in '*' "
+                                     f"(e.g. acme_*) or '*', got {pattern!r}")
+    return tuple(patterns)
+
+
+Namespaces = list[str]
+
+
+@token_app.command("issue")
+def issue(
+    sub: Annotated[str, typer.Option("--sub", help="agent DID (the token subject)")],
+    tool: Annotated[Namespaces, typer.Option(
+        "--tool", help="invoke: ID[@RANGE], repeatable")] = [],  # noqa: B006
+    publish: Annotated[Namespaces, typer.Option(
+        "--publish", help="publish tools: ID, PREFIX* or *, repeatable")] = [],  # noqa: B006
+    lifecycle: Annotated[Namespaces, typer.Option(
+        "--lifecycle", help="deprecate/remove/restore tools: ID, PREFIX* or *, "
+        "repeatable")] = [],  # noqa: B006
+    approve: Annotated[Namespaces, typer.Option(
+        "--approve", help="decide approvals of invocations: ID, PREFIX* or *, "
+        "repeatable")] = [],  # noqa: B006
+    policy: Annotated[bool, typer.Option("--policy", help="apply policy sets")] = False,
+    audit: Annotated[bool, typer.Option(
+        "--audit", help="read the audit trail and every caller's invocations")] = False,
+    admin: Annotated[bool, typer.Option(
+        "--admin", help="every scope on every tool; the only right to publish or retire "
+        "runtimes, primitives and MCP servers")] = False,
+    ttl: Annotated[int, typer.Option("--ttl", min=1, help="lifetime in seconds")] = 900,
+    key: Annotated[Path | None, typer.Option("--key", help="RSA private key (PEM); "
+                                                "default: the embedded dev key")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Sign a capability token (RS256) granting the tools it may invoke (--tool) and
+    its scopes (--publish, --lifecycle, --approve, --policy, --audit, --admin)."""
+    grants = [_tool_grant(t) for t in tool]
+    scopes = Scopes(publish=_namespaces("--publish", publish),
+                    lifecycle=_namespaces("--lifecycle", lifecycle),
+                    approve=_namespaces("--approve", approve),
+                    policy=policy, audit=audit, admin=admin)
+    if not grants and scopes.empty:
+        raise typer.BadParameter("grant something: --tool, --publish, --lifecycle, "
+                                 "--approve, --policy, --audit or --admin")
+    settings = Settings()
+    if ttl > settings.token_max_ttl_seconds:
+        raise typer.BadParameter(f"--ttl {ttl} exceeds the {settings.token_max_ttl_seconds} s "
+                                 "maximum lifetime accepted (TOOLEXEC_TOKEN_MAX_TTL_SECONDS)")
+    key_path = key or ensure_dev_keys(Path(settings.state_dir)).private
+    if not key_path.exists():
+        bad_usage(f"{key_path} does not exist", as_json)
+    now = int(time.time())
+    jti = str(uuid.uuid4())
+    token = issue_token(load_private_key(key_path), subject=sub, tools=grants,
+                        ttl_seconds=ttl, now=now, jti=jti, scopes=scopes)
+    if as_json:
+        out.print_json(data={"token": token, "sub": sub, "jti": jti, "iat": now,
+                             "exp": now + ttl, "tools": [{"tool_id": t, "version_range": r}
+                                                         for t, r in grants],
+                             "scopes": scopes.to_claim()})
+    else:
+        out.print(token, markup=False, highlight=False, soft_wrap=True)
+
+
+@policy_app.command("apply")
+def apply(
+    file: Annotated[Path, typer.Argument(help="Cedar policy file (.cedar, or .json)")],
+    set_id: Annotated[str | None, typer.Option("--set", help="policy set id "
+                                                "(default: the file name)")] = None,
+    version: Annotated[str | None, typer.Option("--version", help="default: content hash")] = None,
+    token: Annotated[str | None, typer.Option(
+        "--token", help="capability token (JWT) with the policy scope; default "
+        "TOOLEXEC_TOKEN (needed when authorization is on)")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Validate a policy file and emit policy.updated to the running system. With
+    authorization on, the token needs the policy scope (or admin)."""
+    from toolexec.usecases.policy import apply_policy, policy_event, read_policy_file
+
+    settings = Settings()
+    try:
+        text = read_policy_file(file)
+        runtime = read_runtime(settings) or {}
+        bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
+        if not bootstrap:
+            raise ToolexecError("no running toolexec found: start `toolexec up` first "
+                                "or set TOOLEXEC_KAFKA_BOOTSTRAP", code="E3001")
+        event = policy_event(text, policy_set_id=set_id or file.stem, version=version)
+        capability = rights.caller(settings, token or settings.token, runtime)
+        asyncio.run(apply_policy(bootstrap, event, capability, kafka_client_options(settings)))
+    except ToolexecError as error:
+        fail_with(error, as_json)
+    data = event.data
+    if as_json:
+        out.print_json(data={"type": event.type, "policy_set_id": data.policy_set_id,
+                             "version": data.version, "event_id": event.id})
+    else:
+        err.print(f"applied policy set {data.policy_set_id} version {data.version}")

@@ -1,0 +1,240 @@
+"""`toolexec mcp`: an MCP server (official SDK) that lets agents reach toolexec.
+
+Tools:
+- `search`  query the registry read model (tool ids, types, descriptions, tags);
+- `load`    one tool's manifest, files and metadata from the registry read model
+            (file contents too, read from the registry topic of the running system);
+- `execute` `run` invokes a tool through the full event pipeline, exactly as
+            `toolexec run` does (the running `up` found via .toolexec/runtime.json,
+            else an embedded stack for the call); `sign` computes a tool source's
+            canonical integrity; `lock` freezes a tool's verified chain to a lockfile;
+- `help`    what the tools do and how to call them.
+
+Every failure comes back as an MCP tool error (`isError`) whose structured content
+and text are `{"error": {"code": "E3xxx", "message", "details"}}`. Served over stdio
+by default, or streamable HTTP (`--http`, path `/mcp`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import mcp_types
+import structlog
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain.errors import InvalidRequest, ToolexecError
+from projections.database import make_engine, migrate
+from toolexec.embeddings import embedder_from_settings
+from toolexec.runtime_file import read_runtime
+from toolexec.settings import Settings
+from toolexec.state_files import ensure_state_dir
+from toolexec.usecases import registry
+from toolexec.usecases.authoring import lock_chain, source_integrity
+from toolexec.usecases.invoke import ToolSpec, check_parameters, completed_result, invoke_tool
+
+log = structlog.get_logger(__name__)
+
+HELP = {
+    "overview": (
+        "toolexec runs tools (manifests plus content-addressed files) through an "
+        "event-sourced pipeline: resolve -> authorize -> execute -> finalize. "
+        "Tools: search (find tools), load (inspect one), execute (run | sign | lock), "
+        "help (this text). Errors carry E3xxx codes."),
+    "search": "search(query, limit=10): tools best matching the query (name, tags, "
+              "description, parameters; typos and partial words too), best first, each "
+              "with a score and the fields it matched; `mode` says how they were ranked "
+              "(lexical, or hybrid with semantic vectors). An empty query lists tools.",
+    "load": "load(tool_id, version=None): the manifest, files (path, sha256, size, "
+            "content when available) and metadata (integrity, lifecycle, versions).",
+    "execute": (
+        "execute(action, ...): action 'run' with tool_id, parameters (object), "
+        "version_range ('*', '^1'...), lockfile (object), token (capability JWT), "
+        "timeout; returns the result or the failure's code. Action 'sign' with path "
+        "(a tool source) returns its canonical integrity sha256:<hex>. Action 'lock' "
+        "with tool_id and version_range freezes the verified chain to a lockfile "
+        "(written to `path` when given)."),
+}
+
+
+class GatewayError(InvalidRequest):
+    """A request the gateway itself refuses (bad arguments): E3004, as the CLI and the
+    HTTP gateway answer a malformed request."""
+
+
+class Gateway:
+    """The state behind the MCP tools: settings, tool directories, the read-model
+    engine (opened on first use)."""
+
+    def __init__(self, settings: Settings, tools: list[Path]) -> None:
+        self.settings = settings
+        self.tools = tools
+        self._engine: AsyncEngine | None = None
+
+    async def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            runtime = read_runtime(self.settings) or {}
+            url = runtime.get("database_url") or self.settings.effective_database_url
+            if not self.settings.database_url:
+                ensure_state_dir(self.settings.state_dir)
+            engine = make_engine(url)
+            await migrate(engine)
+            self._engine = engine
+        return self._engine
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+
+    async def search(self, query: str, limit: int) -> dict[str, Any]:
+        found = await registry.search(await self.engine(), query, limit,
+                                      embedder=embedder_from_settings(self.settings))
+        return {"query": query, **found}
+
+    async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:
+        tool, found = await registry.tool_version(await self.engine(), tool_id, version)
+        bootstrap = self.settings.kafka_bootstrap or (
+            read_runtime(self.settings) or {}).get("kafka_bootstrap")
+        texts = await registry.file_texts(self.settings, bootstrap, tool_id, found["version"])
+        return {
+            "tool_id": tool_id, "version": found["version"], "manifest": found["manifest"],
+            "files": [{**f, "content": texts.get(f["path"])} for f in found["files"]],
+            "metadata": {
+                "tool_type": found["tool_type"], "executor": found["executor"],
+                "integrity": found["integrity"], "lifecycle": found["lifecycle"],
+                "description": found["description"], "published_at": found["published_at"],
+                "published_by": found["published_by"], "source": found["source"],
+                "current_version": tool["current_version"], "tags": tool["tags"],
+                "versions": [v["version"] for v in tool["versions"]]},
+        }
+
+    async def run(self, tool_id: str, parameters: Any, version_range: str,
+                  lockfile: Any, token: str | None, timeout: float) -> dict[str, Any]:
+        spec = ToolSpec.parse(f"{tool_id}@{version_range}")
+        parameters = check_parameters(parameters, lockfile=lockfile,
+                                      max_bytes=self.settings.max_parameter_bytes)
+        terminal = await invoke_tool(self.settings, spec, parameters, lockfile=lockfile,
+                                     token=token, tools=self.tools, timeout=timeout)
+        return {"action": "run", **completed_result(terminal)}
+
+    def sign(self, path: str | None) -> dict[str, Any]:
+        if not path:
+            raise GatewayError("action 'sign' needs the path of a tool source")
+        tool_id, version, integrity = source_integrity(Path(path))
+        return {"action": "sign", "status": "signed", "tool_id": tool_id, "version": version,
+                "integrity": integrity}
+
+    def lock(self, tool_id: str, version_range: str, path: str | None) -> dict[str, Any]:
+        dirs = self.tools or [self.settings.tools_dir]
+        lockfile, warnings = lock_chain(tool_id, version_range, dirs)
+        if path:
+            try:
+                Path(path).write_text(json.dumps(lockfile, indent=2, sort_keys=True) + "\n",
+                                      encoding="utf-8")
+            except OSError as error:
+                raise GatewayError(f"cannot write {path}: {error.strerror or error}",
+                                   details={"path": path}) from error
+        return {"action": "lock", "status": "locked", "lockfile": lockfile,
+                "warnings": warnings, "path": path}
+
+
+def _ok(payload: dict[str, Any]) -> mcp_types.CallToolResult:
+    text = json.dumps(payload, ensure_ascii=False, default=str)
+    return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)],
+                                    structured_content=json.loads(text))
+
+
+def _error(error: ToolexecError) -> mcp_types.CallToolResult:
+    body = {"error": {"code": error.code, "message": error.message,
+                      "details": dict(error.details or {})}}
+    text = json.dumps(body, ensure_ascii=False, default=str)
+    return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)],
+                                    structured_content=json.loads(text), is_error=True)
+
+
+async def _guarded(work: Any) -> mcp_types.CallToolResult:
+    """Run one tool's work; toolexec errors and an unreachable store become tool errors."""
+    try:
+        return _ok(await work())
+    except ToolexecError as error:
+        return _error(error)
+    except (SQLAlchemyError, OSError) as error:  # boundary: the read-model store is down
+        return _error(ToolexecError(f"projection store unavailable: {error}"[:500],
+                                    code="E3001"))
+    except Exception as error:  # boundary: the agent gets a coded error, the log the cause
+        log.exception("gateway.mcp.unexpected_error")
+        return _error(ToolexecError(f"toolexec could not serve the request: "
+                                    f"{type(error).__name__}", code="E3001"))
+
+
+class CodedMCPServer(MCPServer):
+    """An MCP server whose argument errors carry a code too: arguments that do not
+    match a tool's input schema answer `{"error": {"code": "E3004", ...}}` rather than
+    the SDK's pydantic text."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as error:
+            if not isinstance(error.__cause__, ValidationError):
+                raise
+            problems = [{"loc": [str(part) for part in e["loc"]], "msg": e["msg"],
+                         "type": e["type"]} for e in error.__cause__.errors()]
+            return _error(GatewayError(f"arguments of {name!r} do not match its input schema",
+                                       details={"errors": problems}))
+
+
+def build_server(gateway: Gateway) -> MCPServer:
+    """The MCP server exposing search, load, execute and help over `gateway`."""
+    @contextlib.asynccontextmanager
+    async def lifespan(_: MCPServer) -> AsyncIterator[None]:
+        try:
+            yield None
+        finally:  # the engine is opened again on the next use
+            await gateway.close()
+
+    server = CodedMCPServer("toolexec", version="0.1.0", instructions=HELP["overview"],
+                            lifespan=lifespan)
+
+    @server.tool(description=HELP["search"])
+    async def search(query: str = "", limit: int = 10) -> mcp_types.CallToolResult:
+        return await _guarded(lambda: gateway.search(query, limit))
+
+    @server.tool(description=HELP["load"])
+    async def load(tool_id: str, version: str | None = None) -> mcp_types.CallToolResult:
+        return await _guarded(lambda: gateway.load(tool_id, version))
+
+    @server.tool(description=HELP["execute"])
+    async def execute(action: Literal["run", "sign", "lock"], tool_id: str | None = None,
+                      parameters: dict[str, Any] | None = None, version_range: str = "*",
+                      lockfile: dict[str, Any] | None = None, token: str | None = None,
+                      path: str | None = None,
+                      timeout: float = 120.0) -> mcp_types.CallToolResult:
+        async def work() -> dict[str, Any]:
+            if action == "sign":
+                return gateway.sign(path)
+            if not tool_id:
+                raise GatewayError(f"action {action!r} needs a tool_id")
+            if action == "lock":
+                return gateway.lock(tool_id, version_range, path)
+            return await gateway.run(tool_id, parameters or {}, version_range, lockfile,
+                                     token, timeout)
+        return await _guarded(work)
+
+    @server.tool(name="help", description="How to use toolexec's MCP tools.")
+    def help_(topic: str | None = None) -> str:
+        if topic is None:
+            return "\n\n".join(HELP.values())
+        return HELP.get(topic, f"unknown topic {topic!r}; topics: {', '.join(HELP)}")
+
+    return server
