@@ -10,6 +10,7 @@ from alembic import context
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from projections.search import migration_managed
 from projections.tables import metadata
 
 config = context.config
@@ -18,7 +19,8 @@ config = context.config
 def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=metadata,
                       render_as_batch=connection.dialect.name == "sqlite",
-                      compare_type=True)
+                      compare_type=True,
+                      include_name=lambda name, *_: not migration_managed(name))
     with context.begin_transaction():
         context.run_migrations()
 

@@ -7,19 +7,34 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from projections.search import Filters, SearchResult, search
 from projections.tables import circuits, invocations, registry_tools, registry_versions
 
 
 async def search_tools(conn: AsyncConnection, query: str, *, limit: int = 50,
-                       include_removed: bool = False) -> list[dict[str, Any]]:
-    """Tools whose search text holds every word of `query` (case-insensitive)."""
-    words = [w.lower() for w in query.split() if w]
-    conditions = [registry_tools.c.search_text.contains(w, autoescape=True) for w in words]
-    if not include_removed:
-        conditions.append(registry_tools.c.lifecycle.not_in(("removed",)))
-    statement = (select(registry_tools).where(and_(True, *conditions))
-                 .order_by(registry_tools.c.tool_id).limit(limit))
-    return [dict(row) for row in (await conn.execute(statement)).mappings()]
+                       include_removed: bool = False, offset: int = 0,
+                       tool_type: str | None = None, tag: str | None = None,
+                       lifecycle: str | None = None,
+                       embedder: Any = None) -> list[dict[str, Any]]:
+    """Tools matching `query`, best first (each row with `score` and `matched`
+    fields); an empty query lists them by id. See `search_tools_page`."""
+    return (await search_tools_page(
+        conn, query, limit=limit, include_removed=include_removed, offset=offset,
+        tool_type=tool_type, tag=tag, lifecycle=lifecycle, embedder=embedder)).rows
+
+
+async def search_tools_page(conn: AsyncConnection, query: str, *, limit: int = 50,
+                            include_removed: bool = False, offset: int = 0,
+                            tool_type: str | None = None, tag: str | None = None,
+                            lifecycle: str | None = None,
+                            embedder: Any = None) -> SearchResult:
+    """One page of ranked search (`projections.search.search`): rows, the ranking
+    `mode` (list, lexical, hybrid), the total number of matches and the query words.
+    Removed tools are left out unless `include_removed` or `lifecycle="removed"`."""
+    filters = Filters(tool_type=tool_type, tag=tag, lifecycle=lifecycle,
+                      include_removed=include_removed)
+    return await search(conn, query, limit=limit, offset=offset, filters=filters,
+                        embedder=embedder)
 
 
 async def show_tool(conn: AsyncConnection, tool_id: str) -> dict[str, Any] | None:

@@ -3,7 +3,8 @@
 The SQL counterpart of the in-memory `registry_view` (which the resolver uses): the
 same rules — a version is immutable, the first publication wins; a lifecycle change
 names one version or all — plus what people search by: the current version (highest
-active, else highest deprecated), tags and a lower-case search text. File contents
+active, else highest deprecated), tags, a lower-case search text and the fields of the
+full-text index (`domain.search`). File contents
 stay in the log; rows keep each file's path, sha256, size and executable bit.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.events import ToolLifecycleChanged, ToolPublished
+from domain.search import content_hash, field_texts
 from domain.semver import sort_versions
 from projections.store import AggregateModel, Row, Rows
 from projections.tables import iso, registry_tools, registry_versions
@@ -75,12 +77,16 @@ def _tool_row(ordered: list[Row], at: str) -> Row:
     shown = current or ordered[-1]
     tags = _tags(shown["manifest"])
     words = [shown["tool_id"], shown["tool_type"], shown["description"], *tags]
+    fields = field_texts(shown["tool_id"], shown["manifest"], tags)
     return {"tool_id": shown["tool_id"], "tool_type": shown["tool_type"],
             "description": shown["description"],
             "current_version": current["version"] if current else None,
             "latest_version": ordered[-1]["version"], "lifecycle": shown["lifecycle"],
             "tags": tags, "search_text": " ".join(w for w in words if w).lower(),
-            "versions_count": len(ordered), "updated_at": at}
+            "versions_count": len(ordered), "updated_at": at,
+            "search_name": fields["name"], "search_tags": fields["tags"],
+            "search_parameters": fields["parameters"],
+            "search_hash": content_hash({**fields, "description": shown["description"]})}
 
 
 def _tags(manifest: dict[str, Any]) -> list[str]:

@@ -81,7 +81,15 @@ registry_tools = Table(
     Column("search_text", Text, nullable=False),
     Column("versions_count", Integer, nullable=False),
     Column("updated_at", String(32), nullable=False),
+    Column("search_name", Text, nullable=False, server_default=""),
+    Column("search_tags", Text, nullable=False, server_default=""),
+    Column("search_parameters", Text, nullable=False, server_default=""),
+    Column("search_hash", String(64), nullable=False, server_default=""),
 )
+"""`search_*`: the indexed fields besides `description`, as space-separated words
+(`domain.search.field_texts`); `search_hash` is the sha256 of everything indexed, the
+key of a tool's stored embedding. The full-text index itself (SQLite FTS5 table kept
+by triggers, PostgreSQL generated tsvector column) is made by migration 0007 only."""
 
 registry_versions = Table(
     "registry_versions", metadata,

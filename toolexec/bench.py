@@ -24,7 +24,7 @@ from rich.console import Console
 from toolexec.bench_report import ScenarioResult, machine_info, render, report_document
 
 SCENARIOS = ("overhead", "gateway-overhead", "throughput", "script-throughput", "idle",
-             "hot-path", "replay", "sandbox")
+             "hot-path", "replay", "sandbox", "search")
 NEEDS_STACK = frozenset({"overhead", "gateway-overhead", "throughput", "script-throughput",
                          "idle"})
 
@@ -95,6 +95,11 @@ async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
         results.append(await _guarded("replay", lambda: _replay(sizes)))
     if "sandbox" in chosen:
         results.append(await _guarded("sandbox", lambda: _sandbox(sizes)))
+    if "search" in chosen:
+        from toolexec import bench_search
+
+        results.append(await _guarded("search", lambda: bench_search.run(
+            quick=sizes is QUICK)))
     if NEEDS_STACK.intersection(chosen):
         results.extend(await _with_stack(chosen, sizes))
     return sorted(results, key=lambda r: SCENARIOS.index(r.name))

@@ -25,8 +25,10 @@ from projections.catalog import read_models
 from projections.database import make_engine, migrate
 from projections.rebuild import restore_indexes
 from projections.runner import ProjectionRunner
+from projections.search_vectors import EmbeddingFollower
 from toolexec import keys
 from toolexec.archive_source import EmbeddedArchive
+from toolexec.embeddings import embedder_from_settings
 from toolexec.read_model_thread import ThreadedRunner
 from toolexec.settings import Settings, fetch_waits, kafka_client_options
 from toolexec.state_files import ensure_state_dir
@@ -50,6 +52,8 @@ class ReadModels:
     engine: AsyncEngine
     runners: dict[str, ThreadedRunner] = field(default_factory=dict)
     topics: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    embeddings: EmbeddingFollower | None = None
+    """Embeds new tool texts for semantic search (PostgreSQL with an embeddings URL)."""
 
     def _distinct(self) -> list[ThreadedRunner]:
         return list({id(runner): runner for runner in self.runners.values()}.values())
@@ -65,6 +69,8 @@ class ReadModels:
 
     async def stop(self) -> None:
         """Stop the runners (batches in flight roll back) and close the engine."""
+        if self.embeddings is not None:
+            await self.embeddings.stop()
         for runner in self._distinct():
             await runner.stop()
         self.runners.clear()
@@ -98,6 +104,10 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         handle.runners = dict.fromkeys(models, runner)
         await runner.start()
         handle.topics = {name: tuple(model.topics) for name, model in models.items()}
+        embedder = embedder_from_settings(settings)
+        if embedder is not None and engine.dialect.name == "postgresql":
+            handle.embeddings = EmbeddingFollower(engine, embedder)
+            handle.embeddings.start()
     except BaseException:
         await handle.stop()
         raise

@@ -80,6 +80,16 @@ class Settings(BaseSettings):
     the system's CAs."""
     database_url: str | None = None
     """SQLAlchemy URL of the projection store; None = SQLite under `state_dir`."""
+    embeddings_url: str | None = None
+    """OpenAI-compatible embeddings endpoint for semantic tool search (e.g.
+    `http://127.0.0.1:8080/v1`; `/embeddings` is appended unless the URL ends with it).
+    Used on PostgreSQL with pgvector only; None = full-text search alone."""
+    embeddings_model: str = "text-embedding-3-small"
+    """Model name sent to the embeddings endpoint (stored vectors are per model)."""
+    embeddings_dimensions: int | None = Field(default=None, ge=1, le=16000)
+    """Dimensions asked of the endpoint (`dimensions` in the request); None = its default."""
+    embeddings_key_file: Path | None = None
+    """File holding the endpoint's API key (sent as a bearer token); None = no key."""
     redis_url: str | None = None
     """Redis shared by every replica for the executor's idempotency claims and the
     authorize step's decision cache (e.g. `redis://host:6379/0`); None = SQLite claims
@@ -312,6 +322,7 @@ class Settings(BaseSettings):
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
                      "require_auth", "sandbox", "abac_url", "token", "fact_signing_key",
                      "kafka_sasl_username", "kafka_sasl_password_file", "kafka_ssl_cafile",
+                     "embeddings_url", "embeddings_key_file",
                      mode="before")
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:

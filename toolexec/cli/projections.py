@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from domain.errors import ToolexecError
 from toolexec.cli.output import echo_json, fail
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
@@ -141,6 +142,8 @@ def rebuild_command(
                 fail("E3000", f"rebuild failed: {error}"[:1000], as_json)
 
     reports = _with_engine(settings, work, as_json)
+    if any(m.name == "registry" for m in chosen):
+        _embed_rebuilt_registry(settings, as_json)
     rows = [{"name": r.name, "records": r.records, "applied": r.applied,
              "duplicates": r.duplicates, "undecodable": r.undecodable,
              "seconds": round(r.seconds, 3), "events_per_second": round(r.events_per_second, 1),
@@ -152,6 +155,30 @@ def rebuild_command(
         out.print(f"{row['name']}: {row['records']} records in {row['seconds']} s "
                   f"({row['events_per_second']:.0f} events/s, {row['workers']} worker(s)), "
                   f"{row['undecodable']} undecodable")
+
+
+def _embed_rebuilt_registry(settings: Settings, as_json: bool) -> None:
+    """Embed the rebuilt registry's texts that have no stored vector (semantic search on
+    PostgreSQL; stored vectors are reused by content hash). A failing endpoint is said,
+    not fatal: `toolexec up` tries again."""
+    from projections.search_vectors import embed_missing
+    from toolexec.embeddings import embedder_from_settings
+
+    embedder = embedder_from_settings(settings)
+    if embedder is None:
+        return
+
+    async def work(engine: AsyncEngine) -> int:
+        with _progress("embeddings", "texts", as_json) as update:
+            return await embed_missing(engine, embedder, progress=update)
+
+    try:
+        embedded = _with_engine(settings, work, as_json)
+    except ToolexecError as error:
+        err.print(f"[yellow]warning:[/] {escape(str(error))}")
+        return
+    if embedded and not as_json:
+        out.print(f"embeddings: {embedded} new text(s) embedded, stored ones reused")
 
 
 @contextlib.contextmanager
@@ -437,26 +464,43 @@ def _lifecycle_cell(version: dict[str, Any]) -> str:
 
 
 def search(
-    query: Annotated[str, typer.Argument(help="words that must all appear")],
+    query: Annotated[str, typer.Argument(help="words to look for (typos and partial words "
+                                              "are matched too)")],
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    offset: Annotated[int, typer.Option(min=0, max=1_000_000,
+                                        help="skip this many results (paging)")] = 0,
+    tool_type: Annotated[str | None, typer.Option("--type", help="only tools of this type")] = None,
+    tag: Annotated[str | None, typer.Option(help="only tools with this tag")] = None,
+    lifecycle: Annotated[str | None, typer.Option(
+        help="only tools in this lifecycle (removed ones are left out otherwise)")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Search published tools by id, type, description and tags."""
-    from projections.queries import search_tools
+    """Search published tools, best match first (name, tags, description, parameters)."""
+    from projections.queries import search_tools_page
+    from toolexec.embeddings import embedder_from_settings
 
-    async def work(engine: AsyncEngine) -> list[dict[str, Any]]:
+    settings = Settings()
+
+    async def work(engine: AsyncEngine) -> Any:
         async with engine.connect() as conn:
-            return await search_tools(conn, query, limit=limit)
+            return await search_tools_page(conn, query, limit=limit, offset=offset,
+                                           tool_type=tool_type, tag=tag, lifecycle=lifecycle,
+                                           embedder=embedder_from_settings(settings))
 
-    tools = _with_engine(Settings(), work, as_json)
+    page = _with_engine(settings, work, as_json)
     if as_json:
-        echo_json({"tools": tools})
+        echo_json({"tools": page.rows, "mode": page.mode, "total": page.total,
+                   "terms": page.describe_terms(), "warning": page.warning})
         return
-    table = Table("tool", "version", "type", "lifecycle", "description")
-    for tool in tools:
+    table = Table("tool", "version", "type", "lifecycle", "score", "matched", "description")
+    for tool in page.rows:
         table.add_row(tool["tool_id"], tool["current_version"] or tool["latest_version"],
-                      tool["tool_type"], tool["lifecycle"], tool["description"])
+                      tool["tool_type"], tool["lifecycle"],
+                      "" if tool["score"] is None else f"{tool['score']:.3f}",
+                      ", ".join(tool["matched"]), tool["description"])
     out.print(table)
+    out.print(f"{len(page.rows)} of {page.total} ({page.mode})"
+              + (f"; {escape(page.warning)}" if page.warning else ""))
 
 
 def show(

@@ -44,11 +44,14 @@ from projections.queries import (
     list_circuits,
     list_invocations,
     search_tools,
+    search_tools_page,
     show_tool,
 )
 from projections.registry_snapshot import registry_snapshot
+from projections.search import MAX_SEARCH_OFFSET
 from toolexec import metrics, rights
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
+from toolexec.embeddings import embedder_from_settings
 from toolexec.gateway import status_page
 from toolexec.gateway.access import (
     bearer,
@@ -460,10 +463,20 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.get("/v1/tools", response_model=ToolList, tags=["registry"],
              responses=documented(422, 503))
     async def tools(q: Annotated[str, Query(max_length=200)] = "",
-                    limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ToolList:
-        """Published tools whose id, type, description or tags hold every word of `q`."""
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                    offset: Annotated[int, Query(ge=0, le=MAX_SEARCH_OFFSET)] = 0,
+                    tool_type: Annotated[str | None, Query(max_length=40)] = None,
+                    tag: Annotated[str | None, Query(max_length=200)] = None,
+                    lifecycle: Annotated[str | None, Query(max_length=20)] = None) -> ToolList:
+        """Published tools best matching `q` (name, tags, description, parameters; typos
+        and partial words too), each with `score` and `matched` fields; all by id
+        without `q`."""
         async with ctx.engine.connect() as conn:
-            return ToolList(tools=await search_tools(conn, q, limit=limit))
+            page = await search_tools_page(conn, q, limit=limit, offset=offset,
+                                           tool_type=tool_type, tag=tag, lifecycle=lifecycle,
+                                           embedder=embedder_from_settings(ctx.settings))
+        return ToolList(tools=page.rows, mode=page.mode, total=page.total,
+                        warning=page.warning)
 
     @app.get("/v1/tools/{tool_id}", response_model=ToolDetail, tags=["registry"],
              responses=documented(404, 503))

@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
+from toolexec.embeddings import embedder_from_settings
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
 from toolexec.state_files import ensure_state_dir
@@ -48,8 +49,10 @@ HELP = {
         "event-sourced pipeline: resolve -> authorize -> execute -> finalize. "
         "Tools: search (find tools), load (inspect one), execute (run | sign | lock), "
         "help (this text). Errors carry E3xxx codes."),
-    "search": "search(query, limit=10): tools whose id, type, description or tags "
-              "contain every word of the query. An empty query lists tools.",
+    "search": "search(query, limit=10): tools best matching the query (name, tags, "
+              "description, parameters; typos and partial words too), best first, each "
+              "with a score and the fields it matched; `mode` says how they were ranked "
+              "(lexical, or hybrid with semantic vectors). An empty query lists tools.",
     "load": "load(tool_id, version=None): the manifest, files (path, sha256, size, "
             "content when available) and metadata (integrity, lifecycle, versions).",
     "execute": (
@@ -93,8 +96,9 @@ class Gateway:
             self._engine = None
 
     async def search(self, query: str, limit: int) -> dict[str, Any]:
-        results = await registry.search(await self.engine(), query, limit)
-        return {"query": query, "results": results, "total": len(results)}
+        found = await registry.search(await self.engine(), query, limit,
+                                      embedder=embedder_from_settings(self.settings))
+        return {"query": query, **found}
 
     async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:
         tool, found = await registry.tool_version(await self.engine(), tool_id, version)

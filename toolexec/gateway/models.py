@@ -165,6 +165,12 @@ class LifecycleResult(BaseModel):
 
 class ToolList(BaseModel):
     tools: list[dict[str, Any]]
+    mode: str | None = Field(default=None, description="How the tools were ranked: list "
+                             "(no query, by id), lexical (full text) or hybrid (full text "
+                             "and vectors).")
+    total: int | None = Field(default=None, description="Matches in all (paging).")
+    warning: str | None = Field(default=None, description="Why the ranking is not the one "
+                                "asked for (E3106: the embeddings endpoint failed).")
 
 
 class ToolDetail(BaseModel):

@@ -10,24 +10,30 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.errors import InvalidRequest, ToolexecError, ToolNotFound, VersionNotFound
 from domain.publication_limits import packed_content
-from projections.queries import search_tools, show_tool
+from projections.queries import search_tools_page, show_tool
 from toolexec.settings import Settings, kafka_client_options
 
 MAX_INLINE_FILE_BYTES = 256 * 1024
 MAX_SEARCH_LIMIT = 1000
 
 
-async def search(engine: AsyncEngine, query: str, limit: int) -> list[dict[str, Any]]:
-    """Tools whose id, type, description or tags contain every word of `query`."""
+async def search(engine: AsyncEngine, query: str, limit: int,
+                 embedder: Any = None) -> dict[str, Any]:
+    """The tools best matching `query`, best first: `results` (each with `score` and
+    the `matched` fields), `total`, `mode` (list, lexical, hybrid) and, when the
+    embeddings endpoint failed, `warning`."""
     if not 1 <= limit <= MAX_SEARCH_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_SEARCH_LIMIT}",
                              details={"limit": limit})
     async with engine.connect() as conn:
-        rows = await search_tools(conn, query, limit=limit)
-    return [{"tool_id": r["tool_id"], "tool_type": r["tool_type"],
-             "description": r["description"],
-             "version": r["current_version"] or r["latest_version"],
-             "lifecycle": r["lifecycle"], "tags": r["tags"]} for r in rows]
+        page = await search_tools_page(conn, query, limit=limit, embedder=embedder)
+    results = [{"tool_id": r["tool_id"], "tool_type": r["tool_type"],
+                "description": r["description"],
+                "version": r["current_version"] or r["latest_version"],
+                "lifecycle": r["lifecycle"], "tags": r["tags"], "score": r["score"],
+                "matched": r["matched"]} for r in page.rows]
+    found = {"results": results, "total": page.total, "mode": page.mode}
+    return found if page.warning is None else {**found, "warning": page.warning}
 
 
 async def tool_version(engine: AsyncEngine, tool_id: str,
