@@ -30,7 +30,7 @@ FIELD_WEIGHTS = (10.0, 5.0, 2.0, 1.0)
 gets the same ratios as weights A..D."""
 INTERNAL_COLUMNS = ("search_name", "search_tags", "search_parameters", "search_hash")
 MIGRATION_MANAGED = ("registry_search", "registry_embeddings", "search_vector")
-"""Objects of migration 0007 that the SQLAlchemy tables do not describe."""
+"""Objects of migration 0006 that the SQLAlchemy tables do not describe."""
 MAX_SEARCH_OFFSET = 1_000_000
 """The largest paging offset the front ends accept (SQLite's integers have a bound)."""
 FUSION_DEPTH = 100

@@ -89,7 +89,7 @@ registry_tools = Table(
 """`search_*`: the indexed fields besides `description`, as space-separated words
 (`domain.search.field_texts`); `search_hash` is the sha256 of everything indexed, the
 key of a tool's stored embedding. The full-text index itself (SQLite FTS5 table kept
-by triggers, PostgreSQL generated tsvector column) is made by migration 0007 only."""
+by triggers, PostgreSQL generated tsvector column) is made by migration 0006 only."""
 
 registry_versions = Table(
     "registry_versions", metadata,

@@ -8,7 +8,7 @@ generated `search_vector` tsvector column (weights A..D by field) with a GIN ind
 and, when the `vector` extension can be created, `registry_embeddings` (one vector per
 content hash and model; outside the registry read model, so a rebuild reuses them).
 
-Revision ID: 0007
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-11-25 15:30:00.000000
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0007'
+revision = '0006'
 down_revision = '0005'
 branch_labels = None
 depends_on = None
