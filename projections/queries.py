@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from contracts.events import TERMINAL_TYPES
 from projections.search import Filters, SearchResult, search
-from projections.tables import circuits, invocations, registry_tools, registry_versions
+from projections.tables import (
+    audit_log,
+    circuits,
+    invocations,
+    iso,
+    registry_tools,
+    registry_versions,
+)
+
+PENDING_STATUSES = ("requested", "resolved", "authorized", "running")
+"""An invocation's statuses before its terminal event."""
 
 
 async def search_tools(conn: AsyncConnection, query: str, *, limit: int = 50,
@@ -86,3 +98,40 @@ async def list_circuits(conn: AsyncConnection, *, open_only: bool = False) -> li
         statement = statement.where(or_(circuits.c.state == "open",
                                         circuits.c.state == "half_open"))
     return [dict(row) for row in (await conn.execute(statement)).mappings()]
+
+
+async def recent_endings(conn: AsyncConnection, since: datetime, *, limit: int,
+                         subject: str | None = None) -> list[dict[str, Any]]:
+    """The newest (at most `limit`) terminal events since `since`, each with its
+    invocation's tool, duration and error code: the audit trail's time index bounds
+    the scan, the invocations row is read by its key."""
+    # `type || ''`: the planner must walk the time index, not every terminal event ever.
+    conditions = [audit_log.c.time >= iso(since),
+                  audit_log.c.type.concat("").in_(sorted(TERMINAL_TYPES))]
+    if subject is not None:
+        conditions.append(invocations.c.subject == subject)
+    statement = (select(audit_log.c.time, audit_log.c.type, audit_log.c.invocation_id,
+                        invocations.c.tool_id, invocations.c.duration_ms,
+                        invocations.c.error_code)
+                 .join(invocations, invocations.c.invocation_id == audit_log.c.invocation_id)
+                 .where(and_(*conditions)).order_by(audit_log.c.time.desc()).limit(limit))
+    return [dict(row) for row in (await conn.execute(statement)).mappings()]
+
+
+def _pending(subject: str | None) -> Any:
+    # By (tool_id, status), the index the invocations table has: every published tool.
+    conditions = [invocations.c.tool_id.in_(select(registry_tools.c.tool_id)),
+                  invocations.c.status.in_(PENDING_STATUSES)]
+    if subject is not None:
+        conditions.append(invocations.c.subject == subject)
+    return and_(*conditions)
+
+
+async def pending_invocations(conn: AsyncConnection, *, limit: int,
+                              subject: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """How many invocations of published tools have not ended, and the oldest `limit`."""
+    count = (await conn.execute(select(func.count()).select_from(invocations)
+                                .where(_pending(subject)))).scalar_one()
+    statement = (select(invocations).where(_pending(subject))
+                 .order_by(invocations.c.updated_at).limit(limit))
+    return count, [dict(row) for row in (await conn.execute(statement)).mappings()]

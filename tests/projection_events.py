@@ -71,7 +71,8 @@ def captoken(sub: str, jti: str) -> str:
 
 def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "completed",
                start: float = 0.0, token: str | None = None,
-               parameters: dict[str, Any] | None = None) -> list[Envelope]:
+               parameters: dict[str, Any] | None = None,
+               subject: str = "bob") -> list[Envelope]:
     """The events of one invocation, from request to its terminal event."""
     link = ChainLink(tool_id=tool_id, version="1.0.0", integrity=INTEGRITY, tool_type="script",
                      executor=None)
@@ -97,7 +98,7 @@ def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "
                             stage="authorize"), 0.03)
         return events
     follow(PermissionDecided(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
-                             decision="allow", reason="ok", enforced=True, subject="bob",
+                             decision="allow", reason="ok", enforced=True, subject=subject,
                              token_jti="j1", chain=[link], parameters=params), 0.02)
     follow(ExecutionStarted(invocation_id=invocation_id, attempt=1, tool_id=tool_id,
                             version="1.0.0", primitive="subprocess", sandbox="none",

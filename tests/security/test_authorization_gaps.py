@@ -168,6 +168,38 @@ def test_the_status_page_needs_a_token(secured, adas_invocation) -> None:
         assert write.status_code == 401
 
 
+def test_the_live_status_and_invocation_pages_read_like_the_api(secured,
+                                                               adas_invocation) -> None:
+    page_of_ada = f"/invocations/{adas_invocation}"
+    with httpx.Client(base_url=secured.url, timeout=60) as nobody:  # no session cookie
+        assert nobody.get("/status.json").status_code == 401
+        anonymous = nobody.get(page_of_ada)
+        assert anonymous.status_code == 401 and "ada's secret" not in anonymous.text
+
+    bob = bearer(_token(secured, "did:example:bob"))
+    bobs_status = secured.http.get("/status.json", headers=bob)
+    assert bobs_status.status_code == 200
+    assert adas_invocation not in bobs_status.text and "ada's secret" not in bobs_status.text
+    refused = secured.http.get(page_of_ada, headers=bob)
+    assert refused.status_code == 403 and "E3206" in refused.text
+    assert "ada's secret" not in refused.text
+
+    ada = bearer(_token(secured, "did:example:ada"))
+    adas_status = secured.http.get("/status.json", headers=ada).json()
+    assert adas_invocation in {v["invocation_id"] for v in adas_status["invocations"]}
+    own = secured.http.get(page_of_ada, headers=ada)
+    assert own.status_code == 200 and "ada&#x27;s secret" in own.text
+    assert "tool.invoke.completed" in own.text
+
+    auditor = _token(secured, "did:example:auditor", audit=True)
+    with httpx.Client(base_url=secured.url, cookies={"toolexec_token": auditor},
+                      timeout=60) as browser:
+        assert browser.get(page_of_ada).status_code == 200
+        everyone = browser.get("/status.json").json()
+        assert adas_invocation in {v["invocation_id"] for v in everyone["invocations"]}
+        assert everyone["traffic"]["tools"]["py_echo"]
+
+
 # --- token lifetime --------------------------------------------------------------------
 
 

@@ -15,8 +15,9 @@ from contracts.events import InvokeCompleted, InvokeFailed
 from domain.retry import RetryPolicy
 from projections.invocations import new_invocation
 from toolexec.gateway.http import invocation_view, wait_bound
-from toolexec.gateway.status_page import AuditFilters, render
+from toolexec.gateway.status_page import AuditFilters, invocation_page, render
 from toolexec.metrics import PipelineMetrics
+from toolexec.usecases.status import invocation_summary
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -112,11 +113,26 @@ def test_a_failure_is_counted_with_its_code() -> None:
 
 def test_the_status_page_escapes_every_value() -> None:
     hostile = "<img src=x onerror=alert(1)>"
-    page = render(invocations=[invocation_view(row(tool_id=hostile))],
-                  circuits=[{"service_id": hostile, "state": "open", "failure_count": 1,
-                             "since": "t", "reason": hostile}],
+    summary = invocation_summary(row(tool_id=hostile, invocation_id=hostile))
+    page = render(snapshot={"generated_at": hostile, "invocations": [summary],
+                            "pending": {"count": 1, "invocations": [summary]},
+                            "circuits": [{"service_id": hostile, "state": "open",
+                                          "failure_count": 1, "since": "t",
+                                          "reason": hostile}]},
                   tools=[{"tool_id": hostile, "current_version": "1.0.0",
                           "latest_version": "1.0.0", "tool_type": "script",
                           "lifecycle": "active", "description": hostile}],
                   filters=AuditFilters(tool=hostile), audit_rows=[])
     assert hostile not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert 'href="/invocations/%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E"' in page
+
+
+def test_the_invocation_page_escapes_its_timeline() -> None:
+    hostile = "</pre><script>alert(1)</script>"
+    view = invocation_view(row(tool_id=hostile, status="completed", result_summary=hostile))
+    record = {"event_id": hostile, "time": "2026-11-23T12:00:00.000000Z", "type": "tool.invoke.completed",
+              "topic": "toolexec.invocations", "partition": 0, "offset": 7,
+              "event": {"data": {"output": hostile}}}
+    page = invocation_page(view, [record])
+    assert "<script>" not in page and "&lt;/pre&gt;&lt;script&gt;" in page
+    assert "toolexec.invocations/0@7" in page

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 from aiokafka.errors import KafkaError
@@ -95,11 +96,14 @@ from toolexec.sources import bash_syntax_check
 from toolexec.usecases.audit import audit_page, utc
 from toolexec.usecases.cancel import cancel_invocation, shown_status
 from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
+from toolexec.usecases.status import status_snapshot
 
 REQUESTED_BY = "urn:toolexec:gateway"
 WAIT_SLACK_SECONDS = 10.0
 HEALTH_TIMEOUT = 3.0
 CATCH_UP_SECONDS = 10.0  # right after start the read models fold a backlog
+TIMELINE_LIMIT = 1000
+STATUS_SCRIPT = (Path(__file__).parent / "static" / "status.js").read_bytes()
 
 
 class LogProbe(Protocol):
@@ -547,6 +551,21 @@ def _operations_routes(app: FastAPI, ctx: GatewayContext) -> None:
 
     session_routes(app, ctx.settings)
 
+    _status_routes(app, ctx)
+
+
+def _status_routes(app: FastAPI, ctx: GatewayContext) -> None:
+    """The status page, its JSON and script, and the invocation pages: read like
+    `GET /v1/invocations` and `GET /v1/audit` (same token, same subject filter)."""
+
+    def viewer(capability: Capability | None) -> status_page.Viewer | None:
+        return None if capability is None else status_page.Viewer(
+            capability.subject, sees_everything=subject_filter(capability) is None)
+
+    def html(body: str, status_code: int = 200) -> HTMLResponse:
+        return HTMLResponse(body, status_code=status_code, headers={
+            "Content-Security-Policy": status_page.CONTENT_SECURITY_POLICY})
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page(request: Request, audit_tool: str = "", audit_type: str = "",
                    audit_invocation: str = "", audit_limit: int = 50) -> HTMLResponse:
@@ -559,20 +578,48 @@ def _operations_routes(app: FastAPI, ctx: GatewayContext) -> None:
         filters = status_page.AuditFilters(tool=audit_tool.strip(), type=audit_type.strip(),
                                            invocation=audit_invocation.strip(),
                                            limit=max(1, min(audit_limit, 500)))
+        snapshot = await status_snapshot(ctx.engine, subject=subject)
         async with ctx.engine.connect() as conn:
-            invocations = await list_invocations(conn, limit=50, subject=subject)
-            circuits = await list_circuits(conn)
             tools = await search_tools(conn, "", limit=500)
         audit_rows = None
         if filters.active:
             audit_rows = await audit_page(ctx.engine, AuditQuery(
                 type=filters.type or None, invocation_id=filters.invocation or None,
                 tool_id=filters.tool or None, subject=subject), filters.limit)
-        return HTMLResponse(status_page.render(
-            invocations=[invocation_view(row) for row in invocations], circuits=circuits,
-            tools=tools, filters=filters, audit_rows=audit_rows,
-            viewer=None if capability is None else status_page.Viewer(
-                capability.subject, sees_everything=subject is None)))
+        return html(status_page.render(snapshot=snapshot, tools=tools, filters=filters,
+                                       audit_rows=audit_rows, viewer=viewer(capability)))
+
+    @app.get("/status.json", include_in_schema=False)
+    async def status_json(request: Request) -> JSONResponse:
+        """What the status page refreshes: recent and pending invocations, breakers,
+        the last hour's traffic per tool."""
+        capability = caller(ctx.settings, read_token(request))
+        snapshot = await status_snapshot(ctx.engine, subject=subject_filter(capability))
+        return JSONResponse(snapshot, headers={"Cache-Control": "no-store"})
+
+    @app.get(status_page.SCRIPT_PATH, include_in_schema=False)
+    async def status_script() -> Response:
+        return Response(STATUS_SCRIPT, media_type="text/javascript; charset=utf-8")
+
+    @app.get("/invocations/{invocation_id}", response_class=HTMLResponse,
+             include_in_schema=False)
+    async def invocation_page(invocation_id: str, request: Request) -> HTMLResponse:
+        try:
+            capability = caller(ctx.settings, read_token(request))
+        except ApiError as error:
+            return sign_in_page(f"{error.code}: {error.message}",
+                                status=401 if error.status == 401 else error.status)
+        try:
+            row = await _known_invocation(ctx, invocation_id)
+            check_visible(capability, row)
+        except ApiError as error:
+            return html(status_page.problem_page(
+                "invocation not shown", f"{error.code}: {error.message}"), error.status)
+        await ctx.catch_up("audit", CATCH_UP_SECONDS)
+        records = await audit_page(ctx.engine, AuditQuery(
+            invocation_id=invocation_id, subject=subject_filter(capability)), TIMELINE_LIMIT)
+        return html(status_page.invocation_page(invocation_view(row), records,
+                                                viewer(capability)))
 
 
 async def _check(probe: Awaitable[Any]) -> dict[str, Any]:

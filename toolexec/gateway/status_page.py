@@ -1,8 +1,13 @@
-"""The gateway's status page (`GET /`): server-rendered HTML over the read models.
+"""The gateway's status page (`GET /`) and invocation pages (`GET /invocations/{id}`):
+server-rendered HTML over the read models.
 
-Recent invocations with status and latency, circuit-breaker states, registry contents,
-and an audit search form whose results are the records `GET /v1/audit` answers for
-the same filters. No JavaScript; every value is HTML-escaped.
+Recent invocations with status and latency, pending work, circuit-breaker states,
+registry contents, and an audit search form whose results are the records
+`GET /v1/audit` answers for the same filters; every invocation links to its page, the
+timeline of its audit records. Every value is HTML-escaped. One small script
+(`static/status.js`, the only script the page's Content-Security-Policy allows) polls
+`GET /status.json` to refresh the tables and draw the last hour's charts; without it
+the page is still whole, as of its loading.
 """
 
 from __future__ import annotations
@@ -10,9 +15,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from html import escape
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from toolexec.gateway.models import InvocationView
 
@@ -28,7 +34,25 @@ th { background: #f4f4f4; } code { font-size: 12px; overflow-wrap: anywhere; }
 form { display: flex; gap: .5rem; flex-wrap: wrap; align-items: end; }
 label { display: flex; flex-direction: column; font-size: 12px; }
 .empty { color: #777; font-style: italic; }
+#live { color: #555; font-size: 12px; } #live.stale { color: #b3261e; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr));
+          gap: 1rem; }
+figure { margin: 0; } figcaption { font-size: 12px; font-weight: 600; }
+svg.chart { width: 100%; height: 170px; background: #fafafa; border: 1px solid #eee; }
+.legend { font-size: 12px; display: flex; gap: .8rem; flex-wrap: wrap; }
+.swatch { display: inline-block; width: .8rem; height: .8rem; margin-right: .25rem;
+          vertical-align: -1px; }
+pre { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 12px; margin: 0;
+      max-height: 16rem; overflow: auto; }
+dl { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; }
+dt { font-weight: 600; } dd { margin: 0; } td.time { white-space: nowrap; }
 """
+
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'unsafe-inline'; "
+                           "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; "
+                           "base-uri 'none'")
+"""Sent with every page: no script but the gateway's own runs, whatever a value holds."""
+SCRIPT_PATH = "/static/status.js"
 
 
 @dataclass(frozen=True)
@@ -74,19 +98,40 @@ def _table(section: str, headers: Sequence[str], rows: Iterable[str], empty: str
             f"<tbody>{body}</tbody></table>")
 
 
-def _latency(view: InvocationView) -> str:
-    return "" if view.duration_ms is None else f"{view.duration_ms:.1f} ms"
+def invocation_href(invocation_id: str) -> str:
+    """The path of an invocation's page."""
+    return "/invocations/" + quote(invocation_id, safe="")
 
 
-def invocations_table(views: Sequence[InvocationView]) -> str:
-    rows = (f'<tr data-invocation="{escape(v.invocation_id)}">'
-            + _cell(v.invocation_id) + _cell(v.tool_id)
-            + _cell(v.version or v.version_range)
-            + _cell(v.status, f"status {v.status}") + _cell(_latency(v))
-            + _cell(v.error.code if v.error else "") + _cell(v.updated_at) + "</tr>"
-            for v in views)
-    return _table("invocations", ("invocation", "tool", "version", "status", "latency",
-                                  "error", "updated"), rows, "No invocations yet.")
+def _invocation_cell(invocation_id: str | None) -> str:
+    if not invocation_id:
+        return "<td></td>"
+    return (f'<td><a href="{escape(invocation_href(invocation_id))}">'
+            f"{escape(invocation_id)}</a></td>")
+
+
+def _latency(duration_ms: float | None) -> str:
+    return "" if duration_ms is None else f"{duration_ms:.1f} ms"
+
+
+INVOCATION_COLUMNS = ("invocation", "tool", "version", "status", "latency", "error", "updated")
+
+
+def invocations_table(summaries: Sequence[Mapping[str, Any]], section: str = "invocations",
+                      empty: str = "No invocations yet.") -> str:
+    """Rows of invocation summaries (`toolexec.usecases.status.invocation_summary`)."""
+    rows = (f'<tr data-invocation="{escape(v["invocation_id"])}">'
+            + _invocation_cell(v["invocation_id"]) + _cell(v["tool_id"]) + _cell(v["version"])
+            + _cell(v["status"], f"status {v['status']}") + _cell(_latency(v["duration_ms"]))
+            + _cell(v["error_code"] or "") + _cell(v["updated_at"]) + "</tr>"
+            for v in summaries)
+    return _table(section, INVOCATION_COLUMNS, rows, empty)
+
+
+def pending_section(count: int, summaries: Sequence[Mapping[str, Any]]) -> str:
+    shown = f" (the oldest {len(summaries)} shown)" if count > len(summaries) else ""
+    return (f'<p><span id="pending-count">{count}</span> invocation(s) not ended{shown}.</p>'
+            + invocations_table(summaries, "pending", "Nothing pending."))
 
 
 def circuits_table(circuits: Sequence[Mapping[str, Any]]) -> str:
@@ -123,7 +168,7 @@ def audit_section(filters: AuditFilters, rows: Sequence[Mapping[str, Any]] | Non
     link = f'<p><a href="/v1/audit?{escape(filters.api_query())}">as JSON</a> · ' \
            f"{len(rows)} record(s)</p>"
     table_rows = (f'<tr data-event="{escape(str(r["event_id"]))}">' + _cell(r["time"])
-                  + _cell(r["type"]) + _cell(r["invocation_id"]) + _cell(r["tool_id"])
+                  + _cell(r["type"]) + _invocation_cell(r["invocation_id"]) + _cell(r["tool_id"])
                   + _cell(f"{r['topic']}/{r['partition']}@{r['offset']}")
                   + f"<td><code>{escape(json.dumps(r['event'].get('data'))[:300])}</code></td>"
                   + "</tr>" for r in rows)
@@ -141,23 +186,100 @@ def viewer_line(viewer: Viewer | None) -> str:
             '<button type="submit">Sign out</button></form></p>')
 
 
-def render(*, invocations: Sequence[InvocationView], circuits: Sequence[Mapping[str, Any]],
-           tools: Sequence[Mapping[str, Any]], filters: AuditFilters,
-           audit_rows: Sequence[Mapping[str, Any]] | None,
+def _head(title: str) -> str:
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>{escape(title)}</title>"
+            f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style>')
+
+
+CHARTS = ('<section id="traffic"><h2>Last hour, per tool</h2>'
+          '<p class="empty" id="traffic-note">Charts load with the first refresh.</p>'
+          '<div class="legend" id="legend"></div><div class="charts">'
+          '<figure><figcaption>invocations ended /s</figcaption>'
+          '<svg class="chart" id="chart-rate" role="img" aria-label="invocations per second">'
+          "</svg></figure>"
+          '<figure><figcaption>latency p50 (solid) / p95 (dashed), ms</figcaption>'
+          '<svg class="chart" id="chart-latency" role="img" aria-label="latency"></svg></figure>'
+          '<figure><figcaption>error rate, % of ended (cancellations excluded)</figcaption>'
+          '<svg class="chart" id="chart-errors" role="img" aria-label="error rate"></svg>'
+          "</figure></div></section>")
+
+
+def render(*, snapshot: Mapping[str, Any], tools: Sequence[Mapping[str, Any]],
+           filters: AuditFilters, audit_rows: Sequence[Mapping[str, Any]] | None,
            viewer: Viewer | None = None) -> str:
-    """The whole page."""
+    """The whole status page; `snapshot` is `toolexec.usecases.status.status_snapshot`'s."""
+    pending = snapshot["pending"]
     return (
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        "<title>toolexec status</title>"
-        f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style></head>'
+        _head("toolexec status") + f'<script src="{SCRIPT_PATH}" defer></script></head>'
         f"<body><h1>toolexec status</h1>{viewer_line(viewer)}"
         '<p><a href="/docs">API (OpenAPI)</a> · <a href="/asyncapi.json">events (AsyncAPI)</a>'
-        ' · <a href="/health">health</a> · <a href="/metrics">metrics</a></p>'
+        ' · <a href="/health">health</a> · <a href="/metrics">metrics</a> · '
+        '<a href="/status.json">status as JSON</a> · '
+        f'<span id="live">as of {escape(snapshot["generated_at"])}</span></p>'
+        f"{CHARTS}"
         f'<section id="invocations"><h2>Recent invocations</h2>'
-        f"{invocations_table(invocations)}</section>"
-        f'<section id="circuits"><h2>Circuit breakers</h2>{circuits_table(circuits)}</section>'
+        f'<div id="invocations-body">{invocations_table(snapshot["invocations"])}</div></section>'
+        f'<section id="pending"><h2>Pending work</h2><div id="pending-body">'
+        f'{pending_section(pending["count"], pending["invocations"])}</div></section>'
+        f'<section id="circuits"><h2>Circuit breakers</h2><div id="circuits-body">'
+        f'{circuits_table(snapshot["circuits"])}</div></section>'
         f'<section id="registry"><h2>Registry ({len(tools)} tools)</h2>'
         f"{registry_table(tools)}</section>"
         f'<section id="audit"><h2>Audit search</h2>{audit_section(filters, audit_rows)}'
         "</section></body></html>"
     )
+
+
+def _event_data(record: Mapping[str, Any]) -> str:
+    data = json.dumps(record["event"].get("data"), indent=1, ensure_ascii=False)
+    return data if len(data) <= 4000 else data[:4000] + "\n…"
+
+
+def _since_first(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each record's time after the first one's, e.g. "+12.5 ms"."""
+    try:
+        times = [datetime.fromisoformat(r["time"]) for r in records]
+    except ValueError:
+        return ["" for _ in records]
+    return [f"+{(t - times[0]).total_seconds() * 1000:.1f} ms" for t in times]
+
+
+def timeline_table(records: Sequence[Mapping[str, Any]]) -> str:
+    rows = (f'<tr data-event="{escape(str(r["event_id"]))}">' + _cell(r["time"], "time")
+            + _cell(elapsed) + _cell(r["type"])
+            + _cell(f"{r['topic']}/{r['partition']}@{r['offset']}")
+            + f"<td><pre>{escape(_event_data(r))}</pre></td></tr>"
+            for r, elapsed in zip(records, _since_first(records), strict=True))
+    return _table("timeline", ("time", "after", "type", "position", "data"), rows,
+                  "No audit record of this invocation yet.")
+
+
+def invocation_page(view: InvocationView, records: Sequence[Mapping[str, Any]],
+                    viewer: Viewer | None = None) -> str:
+    """One invocation: its summary and the timeline of its audit records."""
+    facts = {"tool": view.tool_id, "version": view.version or view.version_range,
+             "status": view.status, "latency": _latency(view.duration_ms),
+             "attempts": view.attempts, "subject": view.subject,
+             "requested by": view.requested_by, "requested at": view.requested_at,
+             "finished at": view.finished_at,
+             "error": f"{view.error.code} ({view.error.stage}): {view.error.message}"
+             if view.error else None,
+             "result": view.result_summary}
+    summary = "".join(f"<dt>{escape(name)}</dt><dd>{escape(str(value))}</dd>"
+                      for name, value in facts.items() if value not in (None, ""))
+    json_link = f"/v1/audit?{urlencode({'invocation': view.invocation_id, 'limit': 1000})}"
+    return (
+        _head(f"invocation {view.invocation_id}") + "</head><body>"
+        f'<p><a href="/">← status</a></p>{viewer_line(viewer)}'
+        f'<h1>Invocation <code id="invocation-id">{escape(view.invocation_id)}</code></h1>'
+        f'<dl id="summary">{summary}</dl>'
+        f'<section id="timeline"><h2>Timeline ({len(records)} events)</h2>'
+        f'<p><a href="{escape(json_link)}">as JSON</a></p>{timeline_table(records)}</section>'
+        "</body></html>")
+
+
+def problem_page(title: str, problem: str) -> str:
+    """A page saying why nothing is shown (e.g. an unknown invocation)."""
+    return (_head(title) + '</head><body><p><a href="/">← status</a></p>'
+            f'<h1>{escape(title)}</h1><p id="problem">{escape(problem)}</p></body></html>')
