@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from toolexec.bench import SCENARIOS
+from toolexec.bench.command import SCENARIOS
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 
 from projections.database import make_engine, migrate
 from tests.cli_process import toolexec
-from toolexec.bench_search import publish, relevance_set
+from toolexec.bench.search import publish, relevance_set
 from toolexec.gateway.http import GatewayContext, create_app
 from toolexec.gateway.mcp import Gateway
 from toolexec.settings import Settings

@@ -17,7 +17,7 @@ from projections.search_vectors import embed_missing
 from tests.embedding_server import EmbeddingServer
 from tests.projection_db import *  # noqa: F403 - fixtures
 from tests.projection_db import _fresh_postgres
-from toolexec.bench_search import publish, relevance_set
+from toolexec.bench.search import publish, relevance_set
 from toolexec.embeddings import EmbeddingError, OpenAIEmbeddings
 
 pytestmark = pytest.mark.integration

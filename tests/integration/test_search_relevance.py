@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.embedding_server import EmbeddingServer
 from tests.projection_db import *  # noqa: F403 - fixtures
-from toolexec.bench_search import KINDS, evaluate, publish, relevance_set
+from toolexec.bench.search import KINDS, evaluate, publish, relevance_set
 
 pytestmark = pytest.mark.integration
 

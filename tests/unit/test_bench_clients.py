@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import httpx
 
-from toolexec.bench_clients import ShardedClients
+from toolexec.bench.clients import ShardedClients
 
 
 async def test_requests_go_to_the_least_busy_client_and_connections_add_up() -> None:

@@ -17,8 +17,8 @@ PACKAGES = ("toolexec", "consumers", "projections")
 ALLOWED: dict[tuple[str, str], str] = {
     # The replay benchmark writes and reads a log on the embedded broker it starts itself
     # (`toolexec bench`): PLAINTEXT on loopback by construction.
-    ("toolexec/bench_replay.py", "AIOKafkaProducer"): "bench on its own embedded broker",
-    ("toolexec/bench_replay.py", "AIOKafkaConsumer"): "bench on its own embedded broker",
+    ("toolexec/bench/replay.py", "AIOKafkaProducer"): "bench on its own embedded broker",
+    ("toolexec/bench/replay.py", "AIOKafkaConsumer"): "bench on its own embedded broker",
 }
 
 

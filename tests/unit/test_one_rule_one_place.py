@@ -13,10 +13,10 @@ from contracts.kafka_binding import KafkaRecord, encode, send_event
 
 
 def test_the_terminal_events_are_the_completed_and_failed_facts() -> None:
-    assert TERMINAL_TYPES == {"tool.invoke.completed", "tool.invoke.failed"}
-    assert TERMINAL_TYPES <= set(EVENT_MODELS)
+    assert {"tool.invoke.completed", "tool.invoke.failed"} == TERMINAL_TYPES
+    assert set(EVENT_MODELS) >= TERMINAL_TYPES
     assert all(topics.TOPIC_OF_TYPE[t] == topics.INVOCATIONS for t in TERMINAL_TYPES)
-    assert TERMINAL_STATUSES == {"completed", "failed"}
+    assert {"completed", "failed"} == TERMINAL_STATUSES
 
 
 def test_every_part_uses_the_contracts_terminal_set() -> None:

@@ -14,7 +14,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from domain.errors import ToolexecError
-from toolexec import bench
+from toolexec.bench import command as bench
 from toolexec.cli import (
     authoring,
     broker,

@@ -21,7 +21,7 @@ from domain.model import ResolvedChain, SubprocessPlan, ToolSource
 from domain.plan import build_plan
 from domain.registry import InMemoryRegistry
 from toolexec import keys
-from toolexec.bench_stack import bench_settings
+from toolexec.bench.stack import bench_settings
 from toolexec.client import InvocationClient
 from toolexec.sources import load_builtin_sources, load_source
 
@@ -167,7 +167,7 @@ class BenchEnvironment:
         self.execute_workers = execute_workers
         self._tmp = tempfile.TemporaryDirectory(prefix="toolexec-bench-")
         self.root = Path(self._tmp.name)
-        self.http = ChildProcess(python_module("toolexec.bench_http"), self.root / "http.log")
+        self.http = ChildProcess(python_module("toolexec.bench.http"), self.root / "http.log")
         self.stack = ChildProcess([], self.root / "stack.log")
         self.http_host = ""
         self.bootstrap = ""
@@ -186,7 +186,7 @@ class BenchEnvironment:
     async def _start(self) -> None:
         self.http_host = f"127.0.0.1:{await self.http.start()}"
         self.tools_dir = write_bench_tools(self.root, self.http_host)
-        self.stack.argv = python_module("toolexec.bench_stack", str(self.root / "state"),
+        self.stack.argv = python_module("toolexec.bench.stack", str(self.root / "state"),
                                         str(self.tools_dir), str(self.execute_workers))
         announced = json.loads(await self.stack.start())
         self.bootstrap = announced["bootstrap"]

@@ -1,6 +1,6 @@
 """A tiny keep-alive HTTP/1.1 server for `toolexec bench`, run as its own process.
 
-`python -m toolexec.bench_http` listens on 127.0.0.1 (a free port), prints the port on
+`python -m toolexec.bench.http` listens on 127.0.0.1 (a free port), prints the port on
 one stdout line and answers every GET with a small JSON body until stdin closes. It
 runs in a process of its own so that serving requests never competes for the GIL with
 the pipeline or the load generator it is measured against.

@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from toolexec.bench_report import ScenarioResult, machine_info, render, report_document
+from toolexec.bench.report import ScenarioResult, machine_info, render, report_document
 
 SCENARIOS = ("overhead", "gateway-overhead", "throughput", "script-throughput", "idle",
              "hot-path", "replay", "sandbox", "search")
@@ -84,7 +84,7 @@ def bench(
 
 async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
     """Run `chosen` scenarios in the issue's order; a stack is started only if needed."""
-    from toolexec.bench_hotpath import hot_path
+    from toolexec.bench.hotpath import hot_path
 
     results: list[ScenarioResult] = []
     if "hot-path" in chosen:
@@ -96,7 +96,7 @@ async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
     if "sandbox" in chosen:
         results.append(await _guarded("sandbox", lambda: _sandbox(sizes)))
     if "search" in chosen:
-        from toolexec import bench_search
+        from toolexec.bench import search as bench_search
 
         results.append(await _guarded("search", lambda: bench_search.run(
             quick=sizes is QUICK)))
@@ -106,9 +106,9 @@ async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
 
 
 async def _with_stack(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
-    from toolexec import bench_pipeline as pipeline
-    from toolexec import bench_up
-    from toolexec.bench_env import BenchEnvironment
+    from toolexec.bench import pipeline
+    from toolexec.bench import up as bench_up
+    from toolexec.bench.env import BenchEnvironment
 
     err.print("bench: starting the embedded stack (broker, pipeline, HTTP server)...")
     async with BenchEnvironment(execute_workers=sizes.producers) as env:
@@ -130,7 +130,7 @@ async def _replay(sizes: Sizes) -> ScenarioResult:
     """Scenario 5 on a broker of its own: a rebuild reads a log, it needs no pipeline
     (an idle one polls and would take a share of the cores from both the rebuild and
     its raw baseline)."""
-    from toolexec.bench_replay import REPLAY_TOPICS, replay
+    from toolexec.bench.replay import REPLAY_TOPICS, replay
     from toolexec.embedded_broker import EmbeddedBroker
 
     with tempfile.TemporaryDirectory(prefix="toolexec-bench-") as root:
@@ -140,7 +140,7 @@ async def _replay(sizes: Sizes) -> ScenarioResult:
 
 async def _sandbox(sizes: Sizes) -> ScenarioResult:
     """Scenario 6 needs no stack: it runs the subprocess primitive in this process."""
-    from toolexec.bench_sandbox import sandbox_entry
+    from toolexec.bench.sandbox import sandbox_entry
 
     with tempfile.TemporaryDirectory(prefix="toolexec-bench-") as root:
         return await sandbox_entry(Path(root), calls=sizes.overhead_calls,

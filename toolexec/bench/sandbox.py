@@ -19,9 +19,9 @@ from consumers.primitives import bubblewrap, landlock
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import resolve_sandbox, run_subprocess
 from domain.sandbox_policy import SandboxPolicy
-from toolexec.bench_env import SCRIPT_PARAMS, script_plan, write_bench_tools
-from toolexec.bench_pipeline import DirectSpawn
-from toolexec.bench_report import Figure, ScenarioResult, percentile
+from toolexec.bench.env import SCRIPT_PARAMS, script_plan, write_bench_tools
+from toolexec.bench.pipeline import DirectSpawn
+from toolexec.bench.report import Figure, ScenarioResult, percentile
 
 SANDBOX_TARGET_MS = 2.0
 Call = Callable[[], Awaitable[bool]]

@@ -1,6 +1,6 @@
 """The system under test of `toolexec bench`, run as its own process.
 
-`python -m toolexec.bench_stack STATE_DIR TOOLS_DIR WORKERS` starts an embedded stack
+`python -m toolexec.bench.stack STATE_DIR TOOLS_DIR WORKERS` starts an embedded stack
 (its own Tansu broker, every pipeline consumer and, as `toolexec up` runs them, the SQL
 read models), publishes the built-in tools and the tools under TOOLS_DIR, waits until
 its registry view holds them, prints one JSON line `{"bootstrap": ..., "published": N}`
@@ -21,7 +21,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from toolexec.bench_report import percentile
+from toolexec.bench.report import percentile
 from toolexec.logs import configure_logging
 from toolexec.publishing import publish_event
 from toolexec.read_models import ReadModels, start_read_models

@@ -49,8 +49,8 @@ from projections.invocations import invocations_model
 from projections.rebuild import RebuildReport, default_workers, rebuild_together
 from projections.registry_table import registry_model
 from projections.store import ReadModel
-from toolexec.bench_env import SCRIPT_PARAMS, bench_sources, script_chain, write_bench_tools
-from toolexec.bench_report import Figure, ScenarioResult
+from toolexec.bench.env import SCRIPT_PARAMS, bench_sources, script_chain, write_bench_tools
+from toolexec.bench.report import Figure, ScenarioResult
 from toolexec.embedded_broker import ensure_topics
 from toolexec.publishing import publish_event
 

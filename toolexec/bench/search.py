@@ -38,9 +38,9 @@ from projections.database import async_url, make_engine, migrate
 from projections.queries import search_tools_page
 from projections.registry_table import registry_model
 from projections.store import Record, apply
-from toolexec.bench_report import Figure, ScenarioResult, latency_figures, percentile
+from toolexec.bench.report import Figure, ScenarioResult, latency_figures, percentile
 
-RELEVANCE_DIR = Path(__file__).resolve().parent.parent / "tests" / "search_relevance"
+RELEVANCE_DIR = Path(__file__).resolve().parents[2] / "tests" / "search_relevance"
 KINDS = ("exact", "typo", "partial", "paraphrase")
 LATENCY_TOOLS = 10_000
 P99_TARGET_MS = 20.0

@@ -23,8 +23,8 @@ import aiohttp
 import httpx
 
 from domain.model import SubprocessPlan
-from toolexec.bench_clients import ShardedClients
-from toolexec.bench_env import (
+from toolexec.bench.clients import ShardedClients
+from toolexec.bench.env import (
     API_PARAMS,
     API_TOOL,
     SCRIPT_PARAMS,
@@ -32,8 +32,8 @@ from toolexec.bench_env import (
     BenchEnvironment,
     CpuMeter,
 )
-from toolexec.bench_env import script_plan as build_script_plan
-from toolexec.bench_report import Figure, ScenarioResult, latency_figures, percentile
+from toolexec.bench.env import script_plan as build_script_plan
+from toolexec.bench.report import Figure, ScenarioResult, latency_figures, percentile
 
 Call = Callable[[], Awaitable[bool]]
 OVERHEAD_TARGET_MS = 5.0
@@ -201,7 +201,7 @@ async def api_throughput(env: BenchEnvironment, *, concurrency: int,
     aiohttp (the executor's client) straight to the server."""
     url = f"http://{env.http_host}/item/{API_PARAMS['word']}"
     # httpx at its best: one client with 50 requests in flight is several times
-    # slower than sharded clients (see toolexec.bench_clients).
+    # slower than sharded clients (see toolexec.bench.clients).
     http = ShardedClients(lambda n: httpx.AsyncClient(
         limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)),
         max_connections=concurrency)

@@ -20,10 +20,10 @@ from types import TracebackType
 
 import httpx
 
-from toolexec.bench_env import SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment, processes_cpu
-from toolexec.bench_env import script_plan as build_script_plan
-from toolexec.bench_pipeline import OVERHEAD_TARGET_MS, DirectSpawn, sequential
-from toolexec.bench_report import Figure, ScenarioResult, latency_figures, percentile
+from toolexec.bench.env import SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment, processes_cpu
+from toolexec.bench.env import script_plan as build_script_plan
+from toolexec.bench.pipeline import OVERHEAD_TARGET_MS, DirectSpawn, sequential
+from toolexec.bench.report import Figure, ScenarioResult, latency_figures, percentile
 from toolexec.broker_control import stop_broker
 from toolexec.settings import Settings
 

@@ -32,8 +32,8 @@ from domain.model import ResolvedChain
 from domain.plan import build_plan
 from domain.policy import AccessRequest, DecisionCache, PolicyBundle, ToolResource, decide
 from domain.validation import validate_parameters
-from toolexec.bench_env import SCRIPT_PARAMS, SCRIPT_TOOL, bench_registry, write_bench_tools
-from toolexec.bench_report import Figure, ScenarioResult, percentile
+from toolexec.bench.env import SCRIPT_PARAMS, SCRIPT_TOOL, bench_registry, write_bench_tools
+from toolexec.bench.report import Figure, ScenarioResult, percentile
 
 HOT_PATH_TARGET_US = 5000.0
 
