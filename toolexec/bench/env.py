@@ -196,7 +196,7 @@ class BenchEnvironment:
         await self.client.start()
 
     async def read_model_lag(self) -> dict[str, dict[str, float]]:
-        """The stack's read models' lag since the last call (see `bench_stack`)."""
+        """The stack's read models' lag since the last call (see `toolexec.bench.stack`)."""
         return json.loads(await self.stack.ask("lag"))["lag"]
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
