@@ -459,6 +459,12 @@ def search(
     out.print(table)
 
 
+def _publisher_cell(publisher: dict[str, Any]) -> str:
+    if publisher["key_id"] is None:
+        return "-"
+    return f"{escape(publisher['key_id'])} ({publisher['verdict'].replace('_', ' ')})"
+
+
 def show(
     tool_id: Annotated[str, typer.Argument(metavar="TOOL", help="tool id")],
     as_json: JsonFlag = False,
@@ -470,9 +476,13 @@ def show(
         async with engine.connect() as conn:
             return await show_tool(conn, tool_id)
 
-    tool = _with_engine(Settings(), work, as_json)
+    settings = Settings()
+    tool = _with_engine(settings, work, as_json)
     if tool is None:
         fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})
+    from toolexec.usecases.registry import with_publishers
+
+    tool = {**tool, "versions": with_publishers(tool["versions"], settings)}
     if as_json:
         echo_json({"tool": tool})
         return
@@ -480,8 +490,8 @@ def show(
               f"{tool['current_version'] or '-'}, {tool['lifecycle']}: {tool['description']}")
     if tool["tags"]:
         out.print("tags: " + ", ".join(tool["tags"]))
-    table = Table("version", "lifecycle", "integrity", "published")
+    table = Table("version", "lifecycle", "integrity", "published", "signed by")
     for version in tool["versions"]:
         table.add_row(version["version"], _lifecycle_cell(version), version["integrity"],
-                      version["published_at"])
+                      version["published_at"], _publisher_cell(version["publisher"]))
     out.print(table)

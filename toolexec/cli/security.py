@@ -14,7 +14,7 @@ from rich.console import Console
 from domain.errors import ToolexecError
 from domain.scopes import Scopes, is_namespace
 from toolexec import rights
-from toolexec.cli.output import bad_usage, fail_with
+from toolexec.cli.output import bad_usage, echo_json, fail_with
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
@@ -25,11 +25,35 @@ SOURCE = "urn:toolexec:cli"
 
 token_app = typer.Typer(no_args_is_help=True, help="Capability tokens (RS256 JWT).")
 policy_app = typer.Typer(no_args_is_help=True, help="ABAC policies (Cedar).")
+keys_app = typer.Typer(no_args_is_help=True, help="Publisher keys (Ed25519).")
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
     app.add_typer(policy_app, name="policy")
+    app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("new")
+def keys_new(
+    path: Annotated[Path, typer.Argument(help="private key file to write (PEM, 0600); the "
+                                              "public key goes to PATH.pub")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Make a publisher's Ed25519 key pair: sign with `toolexec publish --sign-key PATH`,
+    give PATH.pub (or the key id printed) to the operators' trust store."""
+    from toolexec.keys import new_publisher_keys
+
+    try:
+        made = new_publisher_keys(path)
+    except OSError as error:
+        bad_usage(str(error), as_json)
+    if as_json:
+        echo_json({"private_key": str(made.private), "public_key": str(made.public),
+                   "key_id": made.key_id})
+        return
+    err.print(f"wrote {made.private} (private, keep it) and {made.public}", highlight=False)
+    out.print(made.key_id, highlight=False)
 
 
 def _tool_grant(text: str) -> tuple[str, str]:

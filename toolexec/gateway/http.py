@@ -33,7 +33,7 @@ from domain.capability import Capability
 from domain.errors import ToolexecError
 from domain.lifecycle import LifecycleChange
 from domain.manifest import normalise_manifest
-from domain.model import ToolFile, ToolSource
+from domain.model import PublisherSignature, ToolFile, ToolSource
 from domain.paths import canonical_relative
 from domain.plan import DEFAULT_TIMEOUT_SECONDS, manifest_timeout
 from domain.retry import RetryPolicy, longest_run_seconds
@@ -86,7 +86,7 @@ from toolexec.gateway.models import (
     ToolDetail,
     ToolList,
 )
-from toolexec.publishing import Publication, plan_publications, planned_tool_ids
+from toolexec.publishing import Publication, plan_publications, planned_tool_ids, signed
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
 from toolexec.usecases.audit import audit_page, utc
@@ -343,6 +343,9 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
         caller_needs = () if publication.event is None else (publication.need,)
         try:
             rights.demand(capability, caller_needs)
+            if body.publisher_signature is not None:
+                publication = signed(publication, PublisherSignature(
+                    body.publisher_signature.key_id, body.publisher_signature.signature))
         except ToolexecError as error:
             raise ApiError(error.code, error.message, error.details) from None
         if publication.event is None:  # already published with these contents
