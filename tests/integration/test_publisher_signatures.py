@@ -125,6 +125,8 @@ def test_a_version_signed_by_the_trusted_key_runs_and_show_names_the_signer(
     assert shown.returncode == 0, shown.stderr
     [version] = json.loads(shown.stdout)["tool"]["versions"]
     assert version["publisher"] == {"key_id": keys["trusted"]["key_id"], "verdict": "trusted"}
+    detail = system.http.get("/v1/tools/signed_good").json()["tool"]["versions"][0]
+    assert detail["publisher"] == version["publisher"]
 
 
 def test_a_client_side_signature_by_an_untrusted_key_is_refused(

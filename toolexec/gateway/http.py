@@ -92,6 +92,7 @@ from toolexec.sources import bash_syntax_check
 from toolexec.usecases.audit import audit_page, utc
 from toolexec.usecases.cancel import cancel_invocation, shown_status
 from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
+from toolexec.usecases.registry import with_publishers
 
 REQUESTED_BY = "urn:toolexec:gateway"
 WAIT_SLACK_SECONDS = 10.0
@@ -471,12 +472,14 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.get("/v1/tools/{tool_id}", response_model=ToolDetail, tags=["registry"],
              responses=documented(404, 503))
     async def tool(tool_id: str) -> ToolDetail:
-        """One tool with every version (manifest, file hashes, integrity, lifecycle)."""
+        """One tool with every version (manifest, file hashes, integrity, lifecycle,
+        publisher signature and the trust store's verdict on it)."""
         async with ctx.engine.connect() as conn:
             found = await show_tool(conn, tool_id)
         if found is None:
             raise ApiError("E3101", f"tool {tool_id!r} not found", {"tool_id": tool_id})
-        return ToolDetail(tool=found)
+        return ToolDetail(tool={**found, "versions": with_publishers(found["versions"],
+                                                                     ctx.settings)})
 
     @app.get("/v1/audit", response_model=AuditPage, tags=["audit"],
              responses=documented(401, 403, 422, 503))
