@@ -111,6 +111,13 @@ def test_policy_test_lists_exactly_the_invocations_the_candidate_changes(
     assert "no-word-stats-for-ada: ada is done with word counts" in denied["reason"]
     assert answer["skipped"] >= 1  # the token refused (E3204) is not replayed
 
+    printed = toolexec("policy", "test", str(cwd / "rules-candidate.cedar"), "--set",
+                       "rules", cwd=cwd, env=AUTH)
+    assert printed.returncode == 0, printed.stderr
+    assert f"{recorded[f'{ADA} word_stats']} word_stats@1.1.0 {ADA}: allow -> deny" \
+        in printed.stdout
+    assert f"{recorded[f'{BOB} hello']} hello@1.0.0 {BOB}: deny -> allow" in printed.stdout
+
 
 def test_the_set_in_force_changes_nothing_and_tool_narrows_the_replay(
         cwd: Path, recorded: dict[str, str]) -> None:
