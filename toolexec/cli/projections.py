@@ -24,7 +24,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from toolexec.cli.output import echo_json, fail
+from domain.errors import ToolexecError
+from toolexec.cli.output import echo_json, fail, fail_with
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
 from toolexec.state_files import ensure_state_dir
@@ -482,7 +483,10 @@ def show(
         fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})
     from toolexec.usecases.registry import with_publishers
 
-    tool = {**tool, "versions": with_publishers(tool["versions"], settings)}
+    try:
+        tool = {**tool, "versions": with_publishers(tool["versions"], settings)}
+    except ToolexecError as error:  # an unreadable trust store entry
+        fail_with(error, as_json)
     if as_json:
         echo_json({"tool": tool})
         return

@@ -60,10 +60,15 @@ def up(
     """Run the whole system (embedded default: broker, consumers, read models, HTTP
     gateway); Ctrl-C stops it."""
     from toolexec.broker_control import BrokerUnavailable
+    from toolexec.keys import trust_store
 
     settings = Settings()
     if gateway_port is not None:
         settings = settings.model_copy(update={"gateway_port": gateway_port})
+    try:
+        trust_store(settings)  # a bad trust store entry stops `up` before anything starts
+    except ToolexecError as error:
+        fail_with(error, False)
     lock = acquire_up_lock(settings)
     if lock is None:
         status = runtime_status(settings)

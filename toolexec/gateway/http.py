@@ -478,8 +478,11 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
             found = await show_tool(conn, tool_id)
         if found is None:
             raise ApiError("E3101", f"tool {tool_id!r} not found", {"tool_id": tool_id})
-        return ToolDetail(tool={**found, "versions": with_publishers(found["versions"],
-                                                                     ctx.settings)})
+        try:
+            versions = with_publishers(found["versions"], ctx.settings)
+        except ToolexecError as error:  # an unreadable trust store entry
+            raise ApiError(error.code, error.message, error.details) from None
+        return ToolDetail(tool={**found, "versions": versions})
 
     @app.get("/v1/audit", response_model=AuditPage, tags=["audit"],
              responses=documented(401, 403, 422, 503))
