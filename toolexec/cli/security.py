@@ -233,7 +233,7 @@ def _what_if(file: Path, set_id: str | None, version: str | None, since: str | N
         return
     err.print(f"{answer['replayed']} decision(s) replayed, {answer['skipped']} left out "
               f"(authorization off, token refused, or tool version unknown); "
-              f"{answer['changed']} would change", highlight=False)
+              f"{answer['changed']} would change", highlight=False, soft_wrap=True)
     if not answer["changes"]:
         return
     table = Table("tool", "agent", "allow->deny", "deny->allow")
@@ -245,4 +245,4 @@ def _what_if(file: Path, set_id: str | None, version: str | None, since: str | N
         out.print(f"{change['invocation_id']} {escape(change['tool_id'])}@"
                   f"{escape(change['version'])} {escape(change['subject'])}: "
                   f"{change['before']} -> {change['after']} ({escape(change['reason'])})",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)  # one line per invocation
