@@ -104,8 +104,10 @@ async def authorize_request(request: Envelope, resolved: Envelope, chain: Resolv
                                          code="E3205")
             policy = await _policy_decision(capability, data, chain, deps, now=now.timestamp())
     except AuthorizationError as error:
+        subject = error.details.get("subject")  # known once the token was accepted
         denied = PermissionDecided(decision="deny", reason=error.message, enforced=True,
                                    error=error_info(error),
+                                   subject=subject if isinstance(subject, str) else None,
                                    policy_version=error.details.get("policy_version"),
                                    **common)
         decision = derive(resolved, denied, step="authorize", now=now)

@@ -1,7 +1,8 @@
 """Step 1 — resolve: tool.invoke.requested -> tool.chain.resolved | tool.invoke.failed.
 
 Reads the registry view, follows executors to a primitive (or takes the lockfile's
-pins), recomputes every link's integrity and lets each parent validate its child.
+pins), recomputes every link's integrity, checks each link's publisher signature
+against the trust store and lets each parent validate its child.
 The step returns its fact; the pipeline appends it to the log (consumers.invocation).
 """
 
@@ -19,6 +20,7 @@ from domain.errors import IntegrityMismatch, RegistryError, ToolexecError, Versi
 from domain.integrity import verify_chain
 from domain.lockfile import parse_lockfile, verify_lockfile
 from domain.model import ResolvedChain
+from domain.publisher_signature import NO_TRUST_STORE, TrustStore, check_chain_publishers
 from domain.request_limits import (
     DEFAULT_MAX_PARAMETER_BYTES,
     PayloadRejected,
@@ -34,6 +36,7 @@ class ResolveDeps:
     registry_wait_seconds: float = 5.0
     chains: ChainCache = field(default_factory=ChainCache)
     max_parameter_bytes: int = DEFAULT_MAX_PARAMETER_BYTES
+    trust: TrustStore = NO_TRUST_STORE
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class Resolved:
 async def resolve_request(event: Envelope, deps: ResolveDeps) -> Resolved | Envelope:
     """The request's chain, or its terminal `tool.invoke.failed`: E3004 for a request
     that is not strict JSON within the size bound (any Kafka producer may write one),
-    E31xx for the registry, integrity."""
+    E31xx for the registry, integrity and publisher trust (E3107)."""
     request: InvokeRequested = event.data
     try:
         check_request_payload(request.parameters, lockfile=request.lockfile,
@@ -58,6 +61,7 @@ async def resolve_request(event: Envelope, deps: ResolveDeps) -> Resolved | Enve
     try:
         chain = await _resolve_with_catch_up(request, deps)
         verify_chain(chain)
+        check_chain_publishers(chain.links, deps.trust)
         warnings = list(chain.warnings) + ensure_chain_valid(chain, strict=deps.strict_chain)
     except ToolexecError as error:
         return failed(event, error, stage="resolve", invocation_id=request.invocation_id,

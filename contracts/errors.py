@@ -53,6 +53,9 @@ _ROWS: Final[tuple[tuple[str, str, int, str], ...]] = (
     ("E3104", "Tool deprecated", 410, "Use recommended replacement tool"),
     ("E3105", "Tool manifest invalid", 422, "Fix manifest schema"),
     ("E3106", "Semantic search failed", 500, "Check Ollama service availability"),
+    ("E3107", "Publisher signature missing or untrusted", 403,
+     "Publish the version signed (`toolexec publish --sign-key`) by a key the trust store "
+     "lists for its tool id"),
     ("E3201", "Token expired", 401, "Obtain new capability token"),
     ("E3202", "Invalid token signature", 401, "Verify token signing key"),
     ("E3203", "Malformed token", 401, "Check JWT format"),

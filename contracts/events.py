@@ -71,15 +71,29 @@ class ExecutorPin(BaseModel):
     integrity: Integrity = Field(description="Integrity of that executor version.")
 
 
+class PublisherSignature(BaseModel):
+    """A publisher's Ed25519 signature over a version's integrity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key_id: str = Field(pattern=r"^ed25519:[A-Za-z0-9_-]{43}$",
+                        description="`ed25519:` + the publisher's raw public key, unpadded "
+                                    "base64url.")
+    signature: str = Field(pattern=r"^[A-Za-z0-9_-]{86}$",
+                           description="Ed25519 signature over `toolexec.tool.published/v1\\n` "
+                                       "+ integrity, unpadded base64url.")
+
+
 class ToolPublished(EventData):
     """A tool version entered the registry; the log alone can rebuild it and its files.
 
     v2 adds `executor_pin`; v1 records (no pin) are still read: their executor is
-    resolved by its range at each invocation, as before pins existed."""
+    resolved by its range at each invocation, as before pins existed. v3 adds
+    `publisher_signature`; v1 and v2 records read as unsigned."""
 
     EVENT_TYPE: ClassVar[str] = "tool.published"
-    SCHEMA_VERSION: ClassVar[str] = "2"
-    READABLE_SCHEMA_VERSIONS: ClassVar[tuple[str, ...]] = ("1",)
+    SCHEMA_VERSION: ClassVar[str] = "3"
+    READABLE_SCHEMA_VERSIONS: ClassVar[tuple[str, ...]] = ("1", "2")
 
     tool_id: NonEmpty = Field(description="Registry id of the tool.")
     version: NonEmpty = Field(description="Semantic version of this publication.")
@@ -97,6 +111,9 @@ class ToolPublished(EventData):
     )
     published_by: str | None = Field(default=None, description="Who published (subject).")
     source: str | None = Field(default=None, description="Where it came from (path, URL).")
+    publisher_signature: PublisherSignature | None = Field(
+        default=None, description="The publisher's signature over `integrity`; None when "
+                                  "published unsigned.")
 
 
 class ValidationIssue(BaseModel):

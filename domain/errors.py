@@ -40,7 +40,8 @@ class InvalidRequest(RequestError):
 
 class RegistryError(ToolexecError):
     """E3100-E3149: tool not found (E3101), version not found (E3102), conflict
-    (E3103), deprecated (E3104), manifest or chain invalid (E3105)."""
+    (E3103), deprecated (E3104), manifest or chain invalid (E3105), publisher not
+    trusted (E3107)."""
 
     code = "E3105"
 
@@ -69,6 +70,13 @@ class IntegrityMismatch(RegistryError):
     """A chain link's recomputed integrity differs from the recorded one."""
 
     code = "E3105"
+
+
+class PublisherNotTrusted(RegistryError):
+    """A version the trust store requires signed is unsigned, wrongly signed or signed
+    by an untrusted key (E3107)."""
+
+    code = "E3107"
 
 
 class ChainInvalid(RegistryError):

@@ -68,6 +68,15 @@ class ToolSource:
 
 
 @dataclass(frozen=True, slots=True)
+class PublisherSignature:
+    """A publisher's Ed25519 signature over a version's integrity and the key id that
+    names its public key (`domain.publisher_signature`)."""
+
+    key_id: str
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
 class ExecutorPin:
     """The exact executor version (and its integrity) a tool version runs on, fixed
     when the tool version was published."""
@@ -97,6 +106,7 @@ class ToolVersion:
     lifecycle_reason: str | None = None
     replacement_tool_id: str | None = None
     executor_pin: ExecutorPin | None = None
+    publisher_signature: PublisherSignature | None = None
 
     @property
     def tool_type(self) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from domain.model import ExecutorPin, ToolFile, ToolVersion
+from domain.model import ExecutorPin, PublisherSignature, ToolFile, ToolVersion
 from domain.registry import InMemoryRegistry
 from projections.tables import registry_versions
 
@@ -35,6 +35,7 @@ async def registry_snapshot(conn: AsyncConnection, tool_ids: Iterable[str]) -> I
 def version_from_row(row: Mapping[str, Any]) -> ToolVersion:
     """A `registry_versions` row as a ToolVersion (file hashes, no contents)."""
     pin = row["executor_pin"]
+    signature = row.get("publisher_signature")
     return ToolVersion(
         tool_id=row["tool_id"], version=row["version"], manifest=row["manifest"],
         files=tuple(ToolFile(path=f["path"], sha256=f["sha256"],
@@ -43,4 +44,6 @@ def version_from_row(row: Mapping[str, Any]) -> ToolVersion:
         lifecycle_reason=row["lifecycle_reason"],
         replacement_tool_id=row["replacement_tool_id"],
         executor_pin=None if pin is None else ExecutorPin(
-            pin["tool_id"], pin["version"], pin["integrity"]))
+            pin["tool_id"], pin["version"], pin["integrity"]),
+        publisher_signature=None if signature is None else PublisherSignature(
+            signature["key_id"], signature["signature"]))

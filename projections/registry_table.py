@@ -60,7 +60,9 @@ def _version_row(data: ToolPublished, envelope: Envelope) -> Row:
             "files": [{"path": f.path, "sha256": f.sha256, "size": f.size,
                        "is_executable": f.is_executable} for f in data.files],
             "published_at": iso(envelope.time), "published_by": data.published_by,
-            "source": data.source, "event_id": envelope.id}
+            "source": data.source, "event_id": envelope.id,
+            "publisher_signature": None if data.publisher_signature is None
+            else data.publisher_signature.model_dump(mode="json")}
 
 
 def current_version(ordered: list[Row]) -> Row | None:

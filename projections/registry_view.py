@@ -26,7 +26,7 @@ import structlog
 from contracts.envelope import Envelope
 from contracts.events import ToolLifecycleChanged, ToolPublished
 from domain.errors import RegistryError
-from domain.model import ExecutorPin, ToolFile, ToolVersion
+from domain.model import ExecutorPin, PublisherSignature, ToolFile, ToolVersion
 from domain.publication_limits import (
     DEFAULT_LIMITS,
     PublicationLimits,
@@ -60,7 +60,15 @@ def tool_version_from_event(event: ToolPublished,
     return ToolVersion(tool_id=event.tool_id, version=event.version, manifest=event.manifest,
                        files=tuple(files), integrity=event.integrity,
                        executor_pin=None if pin is None else ExecutorPin(
-                           pin.tool_id, pin.version, pin.integrity))
+                           pin.tool_id, pin.version, pin.integrity),
+                       publisher_signature=publisher_signature_of(event))
+
+
+def publisher_signature_of(event: ToolPublished) -> PublisherSignature | None:
+    """The publisher signature a `tool.published` carries, as the domain's value."""
+    signature = event.publisher_signature
+    return None if signature is None else PublisherSignature(signature.key_id,
+                                                             signature.signature)
 
 
 class RegistryView:

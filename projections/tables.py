@@ -109,6 +109,7 @@ registry_versions = Table(
     Column("published_by", String(200)),
     Column("source", Text),
     Column("event_id", String(200), nullable=False),
+    Column("publisher_signature", JSON),
 )
 
 # --- invocations -------------------------------------------------------------------------

@@ -24,6 +24,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from domain.capability import ALGORITHM, TokenLifetime
+from domain.errors import InvalidRequest
+from domain.publisher_signature import (
+    KEY_ID_PREFIX,
+    TrustStore,
+    public_key_of,
+    publisher_key_id,
+)
 from domain.scopes import NO_SCOPES, Scopes
 from toolexec.settings import Settings
 from toolexec.state_files import ensure_state_dir
@@ -179,8 +186,75 @@ def fact_verify_keys(settings: Settings) -> list[ed25519.Ed25519PublicKey]:
     return keys
 
 
+# --- publisher keys ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PublisherKeys:
+    """A publisher key pair written by `toolexec keys new`, and its key id."""
+
+    private: Path
+    public: Path
+    key_id: str
+
+
+def new_publisher_keys(private: Path) -> PublisherKeys:
+    """Make an Ed25519 publisher key pair: `private` (PEM, 0600; refused when it
+    exists) and `<private>.pub` beside it (PEM public key, to hand to operators)."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    public = private.with_name(private.name + ".pub")
+    for path in (private, public):
+        if path.exists():
+            raise FileExistsError(f"{path} exists: a key is never overwritten")
+    _write_private_file(private, key)
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return PublisherKeys(private, public, publisher_key_id(key.public_key()))
+
+
+def load_publisher_private_key(path: Path) -> ed25519.Ed25519PrivateKey:
+    """The Ed25519 private key in the PEM file `path` (ValueError otherwise)."""
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise ValueError(f"{path} does not hold an Ed25519 private key")
+    return key
+
+
+def publisher_key_id_of(entry: str) -> str:
+    """A trust store entry as a key id: a key id (`ed25519:...`) as it is, or the path
+    of a PEM public key file. ValueError when it is neither."""
+    if entry.startswith(KEY_ID_PREFIX):
+        public_key_of(entry)
+        return entry
+    key = serialization.load_pem_public_key(Path(entry).read_bytes())
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise ValueError(f"{entry} does not hold an Ed25519 public key")
+    return publisher_key_id(key)
+
+
+def trust_store(settings: Settings) -> TrustStore:
+    """The trust store of `settings`: `trusted_publishers` (prefix -> key ids or PEM
+    files) and `require_signatures`. InvalidRequest (E3004) naming an entry that is no
+    Ed25519 public key."""
+    prefixes: dict[str, list[str]] = {}
+    for prefix, entries in settings.trusted_publishers.items():
+        for entry in entries:
+            try:
+                prefixes.setdefault(prefix, []).append(publisher_key_id_of(entry))
+            except (OSError, ValueError) as error:
+                raise InvalidRequest(
+                    f"TOOLEXEC_TRUSTED_PUBLISHERS[{prefix!r}]: {entry!r} is neither a "
+                    f"publisher key id nor an Ed25519 public key file: {error}",
+                    details={"prefix": prefix, "entry": entry}) from None
+    return TrustStore.of(prefixes, required=settings.require_signatures)
+
+
 def _write_private(path: Path, key: Any, state_dir: Path) -> None:
     ensure_state_dir(state_dir)
+    _write_private_file(path, key)
+
+
+def _write_private_file(path: Path, key: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())

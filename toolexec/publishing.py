@@ -21,20 +21,24 @@ import base64
 import gzip
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contracts.envelope import Envelope, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import ExecutorPin as PinContract
 from contracts.events import PublishedFile, ToolPublished, ToolPublishRejected
+from contracts.events import PublisherSignature as SignatureContract
 from contracts.kafka_binding import encode
-from domain.errors import ToolexecError
+from domain.errors import PublisherNotTrusted, ToolexecError
 from domain.integrity import seal
-from domain.model import ExecutorPin, Issue, ToolSource, ToolVersion
+from domain.model import ExecutorPin, Issue, PublisherSignature, ToolSource, ToolVersion
 from domain.publication import plan_publication
 from domain.publication_limits import DEFAULT_LIMITS, MIB, PublicationLimits, PublicationTooLarge
+from domain.publisher_signature import sign_integrity, signature_valid
 from domain.registry import RegistryView
 from domain.scopes import Need, publish_need
 from domain.validation import executor_name, validate_source
@@ -208,6 +212,32 @@ def publish_event(source: ToolSource, *, now: datetime, published_by: str | None
                          details={"limit": "record_bytes", "max": max_record_bytes,
                                   "actual": size})
     return event
+
+
+def signed(publication: Publication, signature: PublisherSignature) -> Publication:
+    """`publication` with its `tool.published` carrying the publisher `signature`;
+    PublisherNotTrusted (E3107) when the signature is not valid over its integrity
+    (made for other contents, or not a signature). Other publications are returned
+    as they are: only a new version records a signature."""
+    event = publication.event
+    if event is None or not isinstance(event.data, ToolPublished):
+        return publication
+    if not signature_valid(signature, event.data.integrity):
+        raise PublisherNotTrusted(
+            f"the publisher signature given for {publication.tool_id}@{publication.version} "
+            f"is not a valid signature of its integrity {event.data.integrity}",
+            details={"tool_id": publication.tool_id, "version": publication.version,
+                     "integrity": event.data.integrity, "key_id": signature.key_id})
+    data = event.data.model_copy(update={"publisher_signature": SignatureContract(
+        key_id=signature.key_id, signature=signature.signature)})
+    return replace(publication, event=replace(event, data=data))
+
+
+def sign_publications(publications: Sequence[Publication],
+                      private_key: Ed25519PrivateKey) -> list[Publication]:
+    """Every new version of `publications` signed with the publisher's `private_key`."""
+    return [signed(p, sign_integrity(private_key, p.integrity)) if p.status == "published"
+            and p.integrity else p for p in publications]
 
 
 def record_size(event: Envelope) -> int:

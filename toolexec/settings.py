@@ -109,6 +109,13 @@ class Settings(BaseSettings):
     fact_public_keys: list[Path] = Field(default_factory=list)
     """PEM files of Ed25519 public keys whose fact signatures are trusted (every
     pipeline's, old and new while rotating); the embedded key is always trusted."""
+    trusted_publishers: dict[str, list[str]] = Field(default_factory=dict)
+    """The publisher trust store: tool id prefix ("" = every tool) -> the publisher keys
+    trusted for it, each a key id (`ed25519:...`) or a PEM public key file, e.g.
+    `TOOLEXEC_TRUSTED_PUBLISHERS='{"acme.": ["/keys/acme.pub"]}'` (docs/publishers.md)."""
+    require_signatures: bool = False
+    """Resolution refuses (E3107) a version whose tool id a trust store prefix matches
+    unless a key trusted for it signed its integrity; off, signatures are only shown."""
     token_public_keys: list[Path] = Field(default_factory=list)
     """PEM or JWKS files of the RSA public keys accepted for capability tokens
     (several for rotation; read again on every verification)."""

@@ -440,7 +440,8 @@ class Stack:
             registry=self.registry, clock=utc_now,
             resolve={"strict_chain": self.settings.strict_chain,
                      "registry_wait_seconds": self.settings.registry_wait_seconds,
-                     "max_parameter_bytes": self.settings.max_parameter_bytes},
+                     "max_parameter_bytes": self.settings.max_parameter_bytes,
+                     "trust": keys.trust_store(self.settings)},
             authorize=authorize.AuthorizeDeps(
                 clock=utc_now, require_auth=self.settings.auth_required,
                 public_keys=lambda: keys.verification_keys(self.settings),

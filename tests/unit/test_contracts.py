@@ -68,9 +68,11 @@ def test_commands_go_to_the_requests_topic_and_facts_to_the_invocations_topic() 
 
 
 def test_registry_holds_the_spec_codes_with_their_statuses() -> None:
-    # the spec's 58, E3804 (a fact the pipeline did not sign), E3805 and E3806 (audit export)
-    assert len(ERROR_CODES) == 61
+    # the spec's 58, E3804 (a fact the pipeline did not sign), E3805 and E3806 (audit
+    # export), E3107 (publisher signature missing or untrusted)
+    assert len(ERROR_CODES) == 62
     assert http_status_for("E3804") == 403
+    assert http_status_for("E3107") == 403
     assert http_status_for("E3004") == 400
     assert http_status_for("E3101") == 404
     assert http_status_for("E3105") == 422
@@ -148,7 +150,7 @@ def test_every_model_documents_every_field() -> None:
         for name, field in model.model_fields.items():
             assert field.description, f"{event_type}.{name}"
         assert event_type == model.EVENT_TYPE
-        assert SCHEMA_VERSION[event_type] == ("2" if event_type == "tool.published" else "1")
+        assert SCHEMA_VERSION[event_type] == ("3" if event_type == "tool.published" else "1")
 
 
 # --- envelope ------------------------------------------------------------------------

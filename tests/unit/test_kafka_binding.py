@@ -324,14 +324,17 @@ def test_bad_attribute_headers_are_undecodable(name: str, value: bytes | None) -
     undecodable(record.key, record.value, replace_header(record, name, value))
 
 
-def test_a_tool_published_record_of_contract_version_1_is_still_read() -> None:
+def test_tool_published_records_of_contract_versions_1_and_2_are_still_read() -> None:
     unpinned = _published().model_copy(update={"executor_pin": None})
     record = encode(envelope_of(unpinned))
-    assert header(record, "ce_dataschema") == b"urn:toolexec:schema:tool.published:v2"
-    v1 = replace_header(record, "ce_dataschema", b"urn:toolexec:schema:tool.published:v1")
-    assert decode(record.key, record.value, v1).data == unpinned
-    v3 = replace_header(record, "ce_dataschema", b"urn:toolexec:schema:tool.published:v3")
-    undecodable(record.key, record.value, v3)
+    assert header(record, "ce_dataschema") == b"urn:toolexec:schema:tool.published:v3"
+    for old in (b"v1", b"v2"):
+        earlier = replace_header(record, "ce_dataschema",
+                                 b"urn:toolexec:schema:tool.published:" + old)
+        assert decode(record.key, record.value, earlier).data == unpinned
+        assert decode(record.key, record.value, earlier).data.publisher_signature is None
+    v4 = replace_header(record, "ce_dataschema", b"urn:toolexec:schema:tool.published:v4")
+    undecodable(record.key, record.value, v4)
 
 
 def test_missing_partition_key_is_undecodable() -> None:

@@ -134,18 +134,30 @@ def _print_validation(reports: Sequence[dict[str, Any]], unreadable: Sequence[So
 
 def integrity(
     path: Annotated[Path, typer.Argument(help="a tool directory, manifest, .py or .md file")],
+    sign_key: Annotated[Path | None, typer.Option(
+        "--sign-key", help="publisher's Ed25519 private key (PEM): also print the "
+        "publisher_signature of the integrity (for POST /v1/tools/register)")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Print the canonical integrity (sha256:<hex>) of the tool source at PATH."""
+    from domain.publisher_signature import sign_integrity
+    from toolexec.usecases.publish import publisher_private_key
+
     _require_existing([path], as_json)
     try:
+        key = None if sign_key is None else publisher_private_key(sign_key)
         tool_id, version, value = source_integrity(path)
     except ToolexecError as error:
         fail_with(error, as_json)
+    signature = None if key is None else sign_integrity(key, value)
+    signed = {} if signature is None else {"publisher_signature": {
+        "key_id": signature.key_id, "signature": signature.signature}}
     if as_json:
-        echo_json({"tool_id": tool_id, "version": version, "integrity": value})
+        echo_json({"tool_id": tool_id, "version": version, "integrity": value, **signed})
     else:
         typer.echo(value)
+        if signature is not None:
+            typer.echo(f"{signature.key_id} {signature.signature}")
 
 
 # -------------------------------------------------------------------------------- lock

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from domain.errors import ToolexecError
-from toolexec.cli.output import echo_json, fail
+from toolexec.cli.output import echo_json, fail, fail_with
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
 from toolexec.state_files import ensure_state_dir
@@ -503,6 +503,12 @@ def search(
               + (f"; {escape(page.warning)}" if page.warning else ""))
 
 
+def _publisher_cell(publisher: dict[str, Any]) -> str:
+    if publisher["key_id"] is None:
+        return "-"
+    return f"{escape(publisher['key_id'])} ({publisher['verdict'].replace('_', ' ')})"
+
+
 def show(
     tool_id: Annotated[str, typer.Argument(metavar="TOOL", help="tool id")],
     as_json: JsonFlag = False,
@@ -514,9 +520,16 @@ def show(
         async with engine.connect() as conn:
             return await show_tool(conn, tool_id)
 
-    tool = _with_engine(Settings(), work, as_json)
+    settings = Settings()
+    tool = _with_engine(settings, work, as_json)
     if tool is None:
         fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})
+    from toolexec.usecases.registry import with_publishers
+
+    try:
+        tool = {**tool, "versions": with_publishers(tool["versions"], settings)}
+    except ToolexecError as error:  # an unreadable trust store entry
+        fail_with(error, as_json)
     if as_json:
         echo_json({"tool": tool})
         return
@@ -524,8 +537,8 @@ def show(
               f"{tool['current_version'] or '-'}, {tool['lifecycle']}: {tool['description']}")
     if tool["tags"]:
         out.print("tags: " + ", ".join(tool["tags"]))
-    table = Table("version", "lifecycle", "integrity", "published")
+    table = Table("version", "lifecycle", "integrity", "published", "signed by")
     for version in tool["versions"]:
         table.add_row(version["version"], _lifecycle_cell(version), version["integrity"],
-                      version["published_at"])
+                      version["published_at"], _publisher_cell(version["publisher"]))
     out.print(table)

@@ -60,10 +60,15 @@ def up(
     """Run the whole system (embedded default: broker, consumers, read models, HTTP
     gateway); Ctrl-C stops it."""
     from toolexec.broker_control import BrokerUnavailable
+    from toolexec.keys import trust_store
 
     settings = Settings()
     if gateway_port is not None:
         settings = settings.model_copy(update={"gateway_port": gateway_port})
+    try:
+        trust_store(settings)  # a bad trust store entry stops `up` before anything starts
+    except ToolexecError as error:
+        fail_with(error, False)
     lock = acquire_up_lock(settings)
     if lock is None:
         status = runtime_status(settings)
@@ -194,6 +199,9 @@ def publish(
     token: Annotated[str | None, typer.Option(
         "--token", help="capability token (JWT) with the publish scope; default "
         "TOOLEXEC_TOKEN (needed when authorization is on)")] = None,
+    sign_key: Annotated[Path | None, typer.Option(
+        "--sign-key", help="publisher's Ed25519 private key (PEM, `toolexec keys new`): "
+        "sign each new version's integrity")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Validate and publish tools to a running system (tool.published / rejected).
@@ -208,7 +216,8 @@ def publish(
     if read_runtime(settings) is None:
         _warn_if_up_is_gone(settings)
     try:
-        publications = asyncio.run(publish_paths(paths, settings, token or settings.token))
+        publications = asyncio.run(publish_paths(paths, settings, token or settings.token,
+                                                 sign_key))
     except ToolexecError as error:
         fail_with(error, as_json)
     _report_publications(publications, as_json)
@@ -233,6 +242,9 @@ def _report_publications(publications: list[Publication], as_json: bool) -> None
         label = {"published": "published", "unchanged": "unchanged",
                  "rejected": "[red]rejected[/]"}[p.status]
         pin = f" on {p.executor_pin}" if p.executor_pin else ""
+        data = p.event.data if p.event is not None else None
+        signature = getattr(data, "publisher_signature", None)
+        pin += f", signed by {signature.key_id}" if signature is not None else ""
         name = f"{p.tool_id}@{p.version}" if p.tool_id else p.source.origin  # unreadable
         err.print(f"{label} {escape(name + pin)}", highlight=False)
     _report_rejections(publications)

@@ -34,7 +34,7 @@ from domain.capability import Capability
 from domain.errors import ToolexecError
 from domain.lifecycle import LifecycleChange
 from domain.manifest import normalise_manifest
-from domain.model import ToolFile, ToolSource
+from domain.model import PublisherSignature, ToolFile, ToolSource
 from domain.paths import canonical_relative
 from domain.plan import DEFAULT_TIMEOUT_SECONDS, manifest_timeout
 from domain.retry import RetryPolicy, longest_run_seconds
@@ -90,12 +90,13 @@ from toolexec.gateway.models import (
     ToolDetail,
     ToolList,
 )
-from toolexec.publishing import Publication, plan_publications, planned_tool_ids
+from toolexec.publishing import Publication, plan_publications, planned_tool_ids, signed
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
 from toolexec.usecases.audit import audit_page, utc
 from toolexec.usecases.cancel import cancel_invocation, shown_status
 from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
+from toolexec.usecases.registry import with_publishers
 from toolexec.usecases.status import status_snapshot
 
 REQUESTED_BY = "urn:toolexec:gateway"
@@ -350,6 +351,9 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
         caller_needs = () if publication.event is None else (publication.need,)
         try:
             rights.demand(capability, caller_needs)
+            if body.publisher_signature is not None:
+                publication = signed(publication, PublisherSignature(
+                    body.publisher_signature.key_id, body.publisher_signature.signature))
         except ToolexecError as error:
             raise ApiError(error.code, error.message, error.details) from None
         if publication.event is None:  # already published with these contents
@@ -485,12 +489,17 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.get("/v1/tools/{tool_id}", response_model=ToolDetail, tags=["registry"],
              responses=documented(404, 503))
     async def tool(tool_id: str) -> ToolDetail:
-        """One tool with every version (manifest, file hashes, integrity, lifecycle)."""
+        """One tool with every version (manifest, file hashes, integrity, lifecycle,
+        publisher signature and the trust store's verdict on it)."""
         async with ctx.engine.connect() as conn:
             found = await show_tool(conn, tool_id)
         if found is None:
             raise ApiError("E3101", f"tool {tool_id!r} not found", {"tool_id": tool_id})
-        return ToolDetail(tool=found)
+        try:
+            versions = with_publishers(found["versions"], ctx.settings)
+        except ToolexecError as error:  # an unreadable trust store entry
+            raise ApiError(error.code, error.message, error.details) from None
+        return ToolDetail(tool={**found, "versions": versions})
 
     @app.get("/v1/audit", response_model=AuditPage, tags=["audit"],
              responses=documented(401, 403, 422, 503))

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from contracts.events import PublisherSignature
+
 InvocationStatus = Literal["requested", "resolved", "authorized", "running", "completed",
                            "failed", "cancelled"]
 
@@ -124,6 +126,10 @@ class RegisterRequest(BaseModel):
     manifest: dict[str, JsonValue] = Field(description="The manifest (tool.yaml as JSON).")
     files: list[RegisterFile] = Field(default_factory=list, description="The tool's files "
                                       "(at most TOOLEXEC_MAX_TOOL_FILES, E3105 past it).")
+    publisher_signature: PublisherSignature | None = Field(
+        default=None, description="The publisher's signature over the version's integrity, "
+        "made client-side (`toolexec integrity PATH --sign-key KEY --json`); recorded in "
+        "tool.published. 403 E3107 when it does not verify against the integrity.")
 
 
 class RegisterResult(BaseModel):

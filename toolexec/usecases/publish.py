@@ -19,6 +19,8 @@ from toolexec.settings import Settings, kafka_client_options
 from toolexec.sources import bash_syntax_check, collect_sources
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from domain.model import ToolSource
     from domain.registry import RegistryView
     from domain.scopes import Need
@@ -100,9 +102,12 @@ async def publish_to_stack(stack: Any, tool_dirs: list[Path], settings: Settings
 
 async def publish_to_running(client: InvocationClient, runtime: Mapping[str, Any],
                              found: Found, settings: Settings,
-                             token: str | None) -> list[Publication]:
+                             token: str | None,
+                             sign_key: Ed25519PrivateKey | None = None) -> list[Publication]:
     """Plan `found` against the running system's registry as its log holds it, check
-    the caller's publish rights when authorization is on, then send what is new."""
+    the caller's publish rights when authorization is on, sign every new version with
+    the publisher's `sign_key` when given, then send what is new."""
+    from toolexec.publishing import sign_publications
     from toolexec.registry_reads import published_versions
 
     capability = rights.caller(settings, token, runtime)
@@ -112,6 +117,8 @@ async def publish_to_running(client: InvocationClient, runtime: Mapping[str, Any
     publications = plan(found, registry, settings,
                         published_by=capability.subject if capability else None)
     rights.demand(capability, needs(publications))
+    if sign_key is not None:
+        publications = sign_publications(publications, sign_key)
     for publication in publications:
         if publication.event is not None:
             await client.send(publication.event)
@@ -142,14 +149,16 @@ def no_running_system(settings: Settings) -> str:
 
 
 async def publish_paths(paths: list[Path], settings: Settings,
-                        token: str | None) -> list[Publication]:
-    """Publish the tools under `paths` to the running system (`toolexec publish`).
-    Raises InvalidRequest for a missing path, ToolexecError E3001 when no system runs,
-    AuthorizationError when the token may not publish them."""
+                        token: str | None, sign_key: Path | None = None) -> list[Publication]:
+    """Publish the tools under `paths` to the running system (`toolexec publish`),
+    each new version signed with the Ed25519 key in the PEM file `sign_key` when given.
+    Raises InvalidRequest for a missing path or an unusable key, ToolexecError E3001
+    when no system runs, AuthorizationError when the token may not publish them."""
     from domain.errors import ToolexecError
     from toolexec.client import InvocationClient
 
     require_existing(paths)
+    private_key = None if sign_key is None else publisher_private_key(sign_key)
     bootstrap = running_bootstrap(settings)
     if not bootstrap:
         raise ToolexecError(no_running_system(settings), code="E3001")
@@ -157,7 +166,20 @@ async def publish_paths(paths: list[Path], settings: Settings,
     found = find_sources(paths, settings).only_under(paths)
     async with InvocationClient(bootstrap, client_options=kafka_client_options(settings)
                                 ) as client:
-        return await publish_to_running(client, runtime, found, settings, token)
+        return await publish_to_running(client, runtime, found, settings, token,
+                                        sign_key=private_key)
+
+
+def publisher_private_key(path: Path) -> Ed25519PrivateKey:
+    """The publisher's Ed25519 key in the PEM file `path`; InvalidRequest (E3004) when
+    it cannot be read or is not one."""
+    from toolexec.keys import load_publisher_private_key
+
+    try:
+        return load_publisher_private_key(path)
+    except (OSError, ValueError, TypeError) as error:
+        raise InvalidRequest(f"{path} is not a usable Ed25519 private key (PEM): {error}",
+                             details={"path": str(path)}) from None
 
 
 def publication_json(p: Publication) -> dict[str, Any]:

@@ -78,3 +78,21 @@ async def file_texts(settings: Settings, bootstrap: str | None, tool_id: str,
         except (ToolexecError, UnicodeDecodeError):
             continue
     return texts
+
+
+def with_publishers(versions: list[dict[str, Any]],
+                    settings: Settings) -> list[dict[str, Any]]:
+    """Registry version rows, each with `publisher`: the key id that signed it (None
+    when unsigned) and the verdict of this process's trust store on it."""
+    from domain.model import PublisherSignature
+    from toolexec.keys import trust_store
+
+    trust = trust_store(settings)
+    shown = []
+    for row in versions:
+        raw = row.get("publisher_signature")
+        signature = None if raw is None else PublisherSignature(raw["key_id"], raw["signature"])
+        verdict = trust.verdict(row["tool_id"], row["integrity"], signature)
+        shown.append({**row, "publisher": {"key_id": None if raw is None else raw["key_id"],
+                                           "verdict": verdict.value}})
+    return shown
