@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumers.decision_cache import DecisionStore
-from consumers.events import derive, error_info, failed
+from consumers.derived_events import derive, error_info, failed
 from consumers.ports import Clock
 from contracts.envelope import Envelope
 from contracts.events import ChainResolved, PermissionDecided

@@ -30,7 +30,7 @@ from typing import Any
 
 from consumers.admission import AttemptGate, enter_attempt, leave_attempt, outcome_past_deadline
 from consumers.cancellation import Cancellations, JobCancelled
-from consumers.events import derive, error_info, failed
+from consumers.derived_events import derive, error_info, failed
 from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, Secrets
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consumers.events import derive, failed
+from consumers.derived_events import derive, failed
 from consumers.ports import Clock
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo

@@ -25,7 +25,7 @@ from typing import Any
 
 from consumers.authorize import AuthorizeDeps, authorize_request, denial_failure
 from consumers.delivery import FactLog
-from consumers.events import failed
+from consumers.derived_events import failed
 from consumers.execute import ExecuteDeps, execute_decision
 from consumers.finalize import FinalizeDeps, finalize_execution
 from consumers.invocation_facts import InvocationFacts

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from consumers.events import derive, failed
+from consumers.derived_events import derive, failed
 from consumers.ports import Clock, RegistryReader
 from contracts.envelope import Envelope
 from contracts.events import ChainLink, ChainResolved, InvokeRequested

@@ -26,7 +26,7 @@ import structlog
 
 from consumers.deadletter import DeadLetters
 from consumers.delivery import FactLog
-from consumers.events import failed
+from consumers.derived_events import failed
 from consumers.execute import AttemptTakenOver
 from consumers.invocation import InvocationDeps, failed_stage, run_invocation
 from consumers.invocation_facts import InvocationFacts

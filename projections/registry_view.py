@@ -71,8 +71,11 @@ def publisher_signature_of(event: ToolPublished) -> PublisherSignature | None:
                                                              signature.signature)
 
 
-class RegistryView:
-    """RegistryReader port implementation: fold + positions + bounded catch-up."""
+class RegistryLogView:
+    """The registry as folded from its topic, for the pipeline (the RegistryReader
+    port): fold + positions + bounded catch-up. Not the domain's `RegistryView`
+    protocol, which publishers read through the SQL read model
+    (`projections.registry_snapshot`)."""
 
     def __init__(self, end_offsets: EndOffsets | None = None,
                  limits: PublicationLimits = DEFAULT_LIMITS) -> None:

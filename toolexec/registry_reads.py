@@ -22,7 +22,7 @@ from contracts.kafka_binding import UndecodableRecord, decode, header_type
 from contracts.topics import REGISTRY
 from domain.publication_limits import PublicationLimits
 from projections.registry_table import NAME
-from projections.registry_view import RegistryView
+from projections.registry_view import RegistryLogView
 from projections.runner import stored_offsets
 
 log = structlog.get_logger(__name__)
@@ -59,13 +59,13 @@ async def registry_caught_up(engine: AsyncEngine, bootstrap: str,
 
 async def published_versions(bootstrap: str, limits: PublicationLimits,
                              timeout: float = LOG_READ_SECONDS, *,
-                             client_options: Mapping[str, Any] | None = None) -> RegistryView:
+                             client_options: Mapping[str, Any] | None = None) -> RegistryLogView:
     """The registry as the log holds it now: every record of the registry topic up to
     its end offsets, folded the way a running system folds it (the same limits).
 
     `toolexec publish` plans against this rather than the SQL read model, which may
     not have folded the last publications yet (or at all, when `up` stopped early)."""
-    view = RegistryView(limits=limits)
+    view = RegistryLogView(limits=limits)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **dict(client_options or {}))
     await consumer.start()
@@ -93,7 +93,7 @@ async def published_versions(bootstrap: str, limits: PublicationLimits,
     return view
 
 
-def _fold(view: RegistryView, record: Any) -> None:
+def _fold(view: RegistryLogView, record: Any) -> None:
     if header_type(record.headers) not in REGISTRY_TYPES:
         return
     try:

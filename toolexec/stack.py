@@ -47,7 +47,7 @@ from domain.capability import VerifiedTokens
 from domain.policy import DecisionCache
 from projections.circuit_view import CircuitView
 from projections.policy_view import PolicyView
-from projections.registry_view import RegistryView
+from projections.registry_view import RegistryLogView
 from toolexec import keys
 from toolexec.broker_control import BrokerWatch, SupervisedBroker, ensure_broker
 from toolexec.embedded_broker import ensure_topics
@@ -119,7 +119,7 @@ class Stack:
     run_consumers: bool = True
     group_prefix: str = "toolexec"
     execute_workers: int = 32
-    registry: RegistryView = field(init=False)
+    registry: RegistryLogView = field(init=False)
     circuits: CircuitView = field(init=False)
     policies: PolicyView = field(init=False)
     decisions: DecisionStore = field(init=False)
@@ -188,7 +188,7 @@ class Stack:
         self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
                                          **client_options)
         await self._offsets.start()
-        self.registry = RegistryView(end_offsets=self._registry_end_offsets,
+        self.registry = RegistryLogView(end_offsets=self._registry_end_offsets,
                                      limits=self.settings.publication_limits)
         self.circuits = CircuitView(end_offsets=self._circuits_end_offsets)
         self.decisions = self._decision_store()

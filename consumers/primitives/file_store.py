@@ -30,6 +30,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from domain import paths
 from domain.errors import ExecutionError, IntegrityMismatch, RegistryError
 from domain.model import ToolFile
 from domain.publication_limits import packed_content
@@ -46,16 +47,13 @@ Signature = tuple[int, int, int]
 
 
 def relative_parts(path: str, *, allow_root: bool = False) -> tuple[str, ...]:
-    """Split a POSIX path relative to a tool root into its components.
-
-    Refuses (ExecutionError E3401) absolute paths, `..` components, backslashes and
-    NUL bytes; `.` and empty components are dropped. `allow_root` accepts a path
-    naming the root itself ("." or ""), as a working directory may.
+    """Split a POSIX path relative to a tool root into its components (the rule of
+    `domain.paths.relative_parts`), refusing with ExecutionError E3401 what it refuses.
+    `allow_root` accepts a path naming the root itself ("." or ""), as a working
+    directory may.
     """
-    if "\x00" in path or "\\" in path or path.startswith("/"):
-        raise _unsafe(path)
-    parts = tuple(part for part in path.split("/") if part not in ("", "."))
-    if ".." in parts or (not parts and not allow_root):
+    parts = paths.relative_parts(path, allow_root=allow_root)
+    if parts is None:
         raise _unsafe(path)
     return parts
 

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.events import derive
+from consumers.derived_events import derive
 from consumers.resolve import chain_links
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope

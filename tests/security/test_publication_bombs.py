@@ -24,7 +24,7 @@ from contracts.events import PublishedFile, ToolPublished
 from domain.errors import RegistryError
 from domain.model import ToolFile
 from domain.publication_limits import PublicationTooLarge
-from projections.registry_view import RegistryView
+from projections.registry_view import RegistryLogView
 from tests.cli_process import toolexec
 from toolexec.publishing import publish_event, record_size
 from toolexec.sources import SourceError, load_source
@@ -93,11 +93,11 @@ def bomb_file(bomb: tuple[bytes, str], declared_size: int) -> PublishedFile:
 
 
 @pytest.fixture
-def view() -> Iterator[RegistryView]:
-    yield RegistryView()
+def view() -> Iterator[RegistryLogView]:
+    yield RegistryLogView()
 
 
-def fold(view: RegistryView, data: ToolPublished) -> None:
+def fold(view: RegistryLogView, data: ToolPublished) -> None:
     view.apply(new_envelope(data, source="urn:attacker", partitionkey=data.tool_id,
                             correlationid="x", id=f"forged-{data.tool_id}", time=NOW))
 
@@ -155,7 +155,7 @@ def test_a_publication_too_large_for_one_record_is_rejected_before_producing() -
 
 
 def test_a_forged_publication_declaring_a_small_size_is_refused_after_one_chunk(
-        bomb: tuple[bytes, str], view: RegistryView) -> None:
+        bomb: tuple[bytes, str], view: RegistryLogView) -> None:
     outcome, peak = peak_of(lambda: fold(view, forged_publication([bomb_file(bomb, 100)])))
     assert not isinstance(outcome, BaseException), outcome  # the view logs and moves on
     assert view.get("bomb", "1.0.0") is None
@@ -163,7 +163,7 @@ def test_a_forged_publication_declaring_a_small_size_is_refused_after_one_chunk(
 
 
 def test_a_forged_publication_declaring_its_real_size_is_refused_unread(
-        bomb: tuple[bytes, str], view: RegistryView) -> None:
+        bomb: tuple[bytes, str], view: RegistryLogView) -> None:
     outcome, peak = peak_of(lambda: fold(view, forged_publication([bomb_file(bomb,
                                                                              BOMB_BYTES)])))
     assert not isinstance(outcome, BaseException), outcome
@@ -171,7 +171,7 @@ def test_a_forged_publication_declaring_its_real_size_is_refused_unread(
     assert peak < 32 * 1024 * 1024
 
 
-def test_a_forged_publication_of_thirty_thousand_files_is_refused(view: RegistryView) -> None:
+def test_a_forged_publication_of_thirty_thousand_files_is_refused(view: RegistryLogView) -> None:
     empty = base64.b64encode(gzip.compress(b"", mtime=0)).decode()
     files = [PublishedFile(path=f"{i}.txt", sha256=hashlib.sha256(b"").hexdigest(),
                            is_executable=False, size=0, content_b64gz=empty)
@@ -181,7 +181,7 @@ def test_a_forged_publication_of_thirty_thousand_files_is_refused(view: Registry
 
 
 def test_a_forged_file_whose_bytes_do_not_match_its_sha256_is_refused(
-        view: RegistryView) -> None:
+        view: RegistryLogView) -> None:
     content = b"print('hello')\n"
     file = PublishedFile(path="main.py", sha256="1" * 64, is_executable=False,
                          size=len(content),
@@ -190,7 +190,7 @@ def test_a_forged_file_whose_bytes_do_not_match_its_sha256_is_refused(
     assert view.get("liar", "1.0.0") is None
 
 
-def test_the_registry_view_keeps_files_compressed(view: RegistryView) -> None:
+def test_the_registry_view_keeps_files_compressed(view: RegistryLogView) -> None:
     content = b"x = 1\n" * (5 * 1024 * 1024 // 6)  # 5 MB of source, a few KB of gzip
     file = PublishedFile(path="big.py", sha256=hashlib.sha256(content).hexdigest(),
                          is_executable=False, size=len(content),

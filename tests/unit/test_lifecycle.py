@@ -12,7 +12,7 @@ from contracts.events import PublishedFile, ToolLifecycleChanged, ToolPublished
 from domain.errors import RequestError, ToolNotFound, VersionNotFound, VersionRemoved
 from domain.lifecycle import LifecycleChange, decide_lifecycle_change
 from projections.registry_table import fold_registry
-from projections.registry_view import RegistryView
+from projections.registry_view import RegistryLogView
 from projections.store import Rows
 from tests.projection_events import envelope
 
@@ -109,7 +109,7 @@ def test_the_resolver_view_and_the_sql_table_fold_lifecycles_alike():
               _changed(None, "deprecated", "old"),
               _changed("1.1.0", "removed", "broken", "rg"),
               _changed("9.9.9", "removed")]  # an unknown version changes nothing
-    view = RegistryView()
+    view = RegistryLogView()
     rows: Rows = {"registry_tools": [], "registry_versions": []}
     for event in events:
         view.apply(event)

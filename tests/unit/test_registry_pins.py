@@ -11,7 +11,7 @@ from domain.model import ToolSource
 from domain.registry import InMemoryRegistry
 from projections.registry_snapshot import version_from_row
 from projections.registry_table import fold_registry
-from projections.registry_view import RegistryView
+from projections.registry_view import RegistryLogView
 from toolexec.publishing import plan_publications
 from toolexec.sources import load_builtin_sources, load_source
 
@@ -23,7 +23,7 @@ def _log() -> list:
     """Built-ins and hello, then a newer python_runtime published later."""
     builtins = load_builtin_sources()
     first = plan_publications([*builtins, HELLO], InMemoryRegistry(), now=NOW)
-    view = RegistryView()
+    view = RegistryLogView()
     for publication in first:
         assert publication.status == "published", publication.error
         view.apply(publication.event)
@@ -35,8 +35,8 @@ def _log() -> list:
     return [p.event for p in first] + [p.event for p in later]
 
 
-def _view(events: list) -> RegistryView:
-    view = RegistryView()
+def _view(events: list) -> RegistryLogView:
+    view = RegistryLogView()
     for event in events:
         view.apply(event)
     return view

@@ -19,7 +19,7 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from consumers.events import derive
+from consumers.derived_events import derive
 from consumers.policy_engine import CedarEvaluator
 from contracts.envelope import new_envelope
 from contracts.events import ChainLink, ChainResolved, InvokeRequested
