@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
 
-from domain.secret_scrub import MIN_SECRET, REDACTED, json_forms
+from domain.secret_scrub import MIN_SECRET, REDACTED, Scrubber, json_forms
 
 MIN_SECRET_CHARS: Final = MIN_SECRET
 
@@ -245,16 +245,16 @@ def redact_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Redacted:
 
 def _walk(value: Any, secrets: tuple[str, ...],
           text_rules: Callable[[str], tuple[str, int]] | None) -> Redacted:
-    literals = tuple(sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS},
-                            key=len, reverse=True))
+    scrub = Scrubber(secrets) if secrets else None  # the one rule for credential values
     count = 0
 
     def text(node: str) -> str:
         nonlocal count
-        for literal in literals:
-            if literal in node:
-                count += node.count(literal)
-                node = node.replace(literal, REDACTED)
+        if scrub:
+            scrubbed = scrub.text(node)
+            if scrubbed is not node and scrubbed != node:
+                count += max(scrubbed.count(REDACTED) - node.count(REDACTED), 1)
+                node = scrubbed
         if text_rules is not None:
             node, n = text_rules(node)
             count += n

@@ -3,6 +3,7 @@ invocation, sending an event to its type's topic."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,3 +70,22 @@ async def test_send_event_sends_an_already_encoded_record_as_it_is() -> None:
     await send_event(producer, event, record=signed)
     assert producer.sent[0]["value"] == b"{}"
     assert producer.sent[0]["headers"] == [("x-signed", b"1")]
+
+
+def test_redaction_scrubs_credentials_as_the_executor_does() -> None:
+    """Redaction's credential pass is the Scrubber: every form the executor scrubs
+    from a tool's output (here base64 and JSON-escaped) is scrubbed from a result too."""
+    import base64
+
+    from domain.redaction import redact_secrets
+    from domain.secret_scrub import Scrubber
+
+    secret = 'hunter2"pass'
+    value = {"plain": f"token={secret}", "b64": base64.b64encode(secret.encode()).decode(),
+             "json": json.dumps(secret)[1:-1], "other": "nothing to see"}
+    redacted = redact_secrets(value, secrets=(secret,))
+    assert redacted.value == Scrubber([secret]).value(value)
+    assert redacted.value["other"] == "nothing to see"
+    assert all(secret not in v and value["b64"] not in v
+               for k, v in redacted.value.items() if k != "other")
+    assert redacted.count == 3
