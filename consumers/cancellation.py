@@ -22,24 +22,18 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from domain.bounded import remember
-from domain.errors import ToolexecError
+from domain.errors import JobCancelled
 
 T = TypeVar("T")
 
 DEFAULT_CAPACITY = 10_000
 
 
-class JobCancelled(ToolexecError):
-    """E3703: the invocation was cancelled on request."""
-
-    code = "E3703"
-
-
 def cancelled_error(invocation_id: str, reason: str | None = None) -> JobCancelled:
     details = {"invocation_id": invocation_id}
     if reason:
         details["reason"] = reason
-    return JobCancelled("Job cancelled", code="E3703", details=details)
+    return JobCancelled("Job cancelled", details=details)
 
 
 class Cancellations:

@@ -114,3 +114,10 @@ class NetworkPolicyViolation(ExecutionError):
 
 class CircuitOpen(ToolexecError):
     code = "E3501"
+
+
+class JobCancelled(ToolexecError):
+    """E3703: the invocation was cancelled on request (an invocation that failed with
+    this code is shown as "cancelled" and is not an error of its tool)."""
+
+    code = "E3703"

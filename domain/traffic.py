@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-CANCELLED_CODE = "E3703"
+from domain.errors import JobCancelled
+
+CANCELLED_CODE = JobCancelled.code
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,11 @@ def evolve_invocation(row: Row | None, envelope: Envelope) -> Row | None:
     return new
 
 
+PENDING_STATUSES: tuple[str, ...] = ("requested", "resolved", "authorized", "running")
+"""The statuses `_apply` gives an invocation before its terminal event (then one of
+`contracts.events.TERMINAL_STATUSES`)."""
+
+
 def _apply(row: Row, envelope: Envelope, at: str) -> None:
     data: Any = envelope.data
     terminal = row["status"] in TERMINAL

@@ -9,6 +9,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts.events import TERMINAL_TYPES
+from projections.invocations import PENDING_STATUSES
 from projections.search import Filters, SearchResult, search
 from projections.tables import (
     audit_log,
@@ -18,9 +19,6 @@ from projections.tables import (
     registry_tools,
     registry_versions,
 )
-
-PENDING_STATUSES = ("requested", "resolved", "authorized", "running")
-"""An invocation's statuses before its terminal event."""
 
 
 async def search_tools(conn: AsyncConnection, query: str, *, limit: int = 50,

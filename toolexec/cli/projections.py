@@ -58,8 +58,10 @@ def register(app: typer.Typer) -> None:
 
 # --- plumbing ------------------------------------------------------------------------------
 
-def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
+def with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
                  as_json: bool = False) -> T:
+    """Run `work` on the read-model database of `settings` (migrated) and return its
+    value; a database that cannot be opened or read fails the command (E3001, exit 1)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from projections.database import make_engine, migrate
@@ -141,7 +143,7 @@ def rebuild_command(
                          {"reason": str(error)[:500]})
                 fail("E3000", f"rebuild failed: {error}"[:1000], as_json)
 
-    reports = _with_engine(settings, work, as_json)
+    reports = with_engine(settings, work, as_json)
     if any(m.name == "registry" for m in chosen):
         _embed_rebuilt_registry(settings, as_json)
     rows = [{"name": r.name, "records": r.records, "applied": r.applied,
@@ -173,7 +175,7 @@ def _embed_rebuilt_registry(settings: Settings, as_json: bool) -> None:
             return await embed_missing(engine, embedder, progress=update)
 
     try:
-        embedded = _with_engine(settings, work, as_json)
+        embedded = with_engine(settings, work, as_json)
     except ToolexecError as error:
         err.print(f"[yellow]warning:[/] {escape(str(error))}")
         return
@@ -261,7 +263,7 @@ def replay(
                 update(count, total)
         return count
 
-    count = _with_engine(Settings(), work, as_json)
+    count = with_engine(Settings(), work, as_json)
     if output == "table" and not as_json:
         out.print(table)
         err.print(f"{count} record(s)")
@@ -281,7 +283,7 @@ def verify(as_json: JsonFlag = False) -> None:
                 return await verify_audit(conn, update), await audit_findings(conn)
 
     started = time.perf_counter()
-    result, findings = _with_engine(Settings(), work, as_json)
+    result, findings = with_engine(Settings(), work, as_json)
     seconds = time.perf_counter() - started
     broken = None if result.broken is None else {
         "topic": result.broken.topic, "partition": result.broken.partition,
@@ -370,7 +372,7 @@ def export(
 
     try:
         try:
-            records, kid = _with_engine(settings, work, as_json)
+            records, kid = with_engine(settings, work, as_json)
         finally:
             sink.flush()
             if target is not None:
@@ -487,7 +489,7 @@ def search(
                                            tool_type=tool_type, tag=tag, lifecycle=lifecycle,
                                            embedder=embedder_from_settings(settings))
 
-    page = _with_engine(settings, work, as_json)
+    page = with_engine(settings, work, as_json)
     if as_json:
         echo_json({"tools": page.rows, "mode": page.mode, "total": page.total,
                    "terms": page.describe_terms(), "warning": page.warning})
@@ -521,7 +523,7 @@ def show(
             return await show_tool(conn, tool_id)
 
     settings = Settings()
-    tool = _with_engine(settings, work, as_json)
+    tool = with_engine(settings, work, as_json)
     if tool is None:
         fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})
     from toolexec.usecases.registry import with_publishers

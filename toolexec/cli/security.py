@@ -215,7 +215,7 @@ def _since(text: str | None, as_json: bool) -> datetime | None:
 
 def _what_if(file: Path, set_id: str | None, version: str | None, since: str | None,
              tool: str | None, as_json: bool) -> None:
-    from toolexec.cli.projections import _with_engine
+    from toolexec.cli.projections import with_engine
     from toolexec.usecases.policy import policy_what_if, read_policy_file, what_if_json
 
     settings = Settings()
@@ -224,7 +224,7 @@ def _what_if(file: Path, set_id: str | None, version: str | None, since: str | N
         text = read_policy_file(file)
     except ToolexecError as error:
         fail_with(error, as_json)
-    result = _with_engine(settings, lambda engine: policy_what_if(
+    result = with_engine(settings, lambda engine: policy_what_if(
         engine, text, policy_set_id=set_id or file.stem, version=version, since=moment,
         tool_id=tool, default=settings.policy_default), as_json)
     answer = what_if_json(result)

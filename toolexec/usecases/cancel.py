@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from contracts.events import TERMINAL_STATUSES
+from domain.errors import JobCancelled
 
 if TYPE_CHECKING:
     from toolexec.client import InvocationClient
@@ -31,7 +32,8 @@ class CancelOutcome:
 def shown_status(row: Mapping[str, Any]) -> str:
     """The status an invocations row is shown with: "cancelled" is a failure with E3703."""
     status = str(row["status"])
-    return "cancelled" if status == "failed" and row.get("error_code") == "E3703" else status
+    return ("cancelled" if status == "failed" and row.get("error_code") == JobCancelled.code
+            else status)
 
 
 async def cancel_invocation(client: InvocationClient, invocation_id: str,
