@@ -252,7 +252,7 @@ def _walk(value: Any, secrets: tuple[str, ...],
         nonlocal count
         if scrub:
             scrubbed = scrub.text(node)
-            if scrubbed is not node and scrubbed != node:
+            if scrubbed != node:
                 count += max(scrubbed.count(REDACTED) - node.count(REDACTED), 1)
                 node = scrubbed
         if text_rules is not None:
