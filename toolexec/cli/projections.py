@@ -478,16 +478,13 @@ def search(
     as_json: JsonFlag = False,
 ) -> None:
     """Search published tools, best match first (name, tags, description, parameters)."""
-    from projections.queries import search_tools_page
-    from toolexec.embeddings import embedder_from_settings
+    from toolexec.usecases.registry import search_page
 
     settings = Settings()
 
     async def work(engine: AsyncEngine) -> Any:
-        async with engine.connect() as conn:
-            return await search_tools_page(conn, query, limit=limit, offset=offset,
-                                           tool_type=tool_type, tag=tag, lifecycle=lifecycle,
-                                           embedder=embedder_from_settings(settings))
+        return await search_page(engine, settings, query, limit=limit, offset=offset,
+                                 tool_type=tool_type, tag=tag, lifecycle=lifecycle)
 
     page = with_engine(settings, work, as_json)
     if as_json:

@@ -45,14 +45,12 @@ from projections.queries import (
     list_circuits,
     list_invocations,
     search_tools,
-    search_tools_page,
     show_tool,
 )
 from projections.registry_snapshot import registry_snapshot
 from projections.search import MAX_SEARCH_OFFSET
 from toolexec import metrics, rights
 from toolexec.client import InvocationClient, InvocationNotDelivered, InvocationUnresolved
-from toolexec.embeddings import embedder_from_settings
 from toolexec.gateway import status_page
 from toolexec.gateway.access import (
     bearer,
@@ -96,7 +94,7 @@ from toolexec.sources import bash_syntax_check
 from toolexec.usecases.audit import audit_page, utc
 from toolexec.usecases.cancel import cancel_invocation, shown_status
 from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
-from toolexec.usecases.registry import with_publishers
+from toolexec.usecases.registry import search_page, with_publishers
 from toolexec.usecases.status import status_snapshot
 
 REQUESTED_BY = "urn:toolexec:gateway"
@@ -479,10 +477,9 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
         """Published tools best matching `q` (name, tags, description, parameters; typos
         and partial words too), each with `score` and `matched` fields; all by id
         without `q`."""
-        async with ctx.engine.connect() as conn:
-            page = await search_tools_page(conn, q, limit=limit, offset=offset,
-                                           tool_type=tool_type, tag=tag, lifecycle=lifecycle,
-                                           embedder=embedder_from_settings(ctx.settings))
+        page = await search_page(ctx.engine, ctx.settings, q, limit=limit,
+                                 offset=offset, tool_type=tool_type, tag=tag,
+                                 lifecycle=lifecycle)
         return ToolList(tools=page.rows, mode=page.mode, total=page.total,
                         warning=page.warning)
 

@@ -33,7 +33,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
-from toolexec.embeddings import embedder_from_settings
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings
 from toolexec.state_files import ensure_state_dir
@@ -96,8 +95,7 @@ class Gateway:
             self._engine = None
 
     async def search(self, query: str, limit: int) -> dict[str, Any]:
-        found = await registry.search(await self.engine(), query, limit,
-                                      embedder=embedder_from_settings(self.settings))
+        found = await registry.search(await self.engine(), self.settings, query, limit)
         return {"query": query, **found}
 
     async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:

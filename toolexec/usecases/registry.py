@@ -11,22 +11,34 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain.errors import InvalidRequest, ToolexecError, ToolNotFound, VersionNotFound
 from domain.publication_limits import packed_content
 from projections.queries import search_tools_page, show_tool
+from projections.search import SearchResult
+from toolexec.embeddings import embedder_from_settings
 from toolexec.settings import Settings, kafka_client_options
 
 MAX_INLINE_FILE_BYTES = 256 * 1024
 MAX_SEARCH_LIMIT = 1000
 
 
-async def search(engine: AsyncEngine, query: str, limit: int,
-                 embedder: Any = None) -> dict[str, Any]:
-    """The tools best matching `query`, best first: `results` (each with `score` and
-    the `matched` fields), `total`, `mode` (list, lexical, hybrid) and, when the
-    embeddings endpoint failed, `warning`."""
+async def search_page(engine: AsyncEngine, settings: Settings, query: str, *, limit: int,
+                      offset: int = 0, tool_type: str | None = None, tag: str | None = None,
+                      lifecycle: str | None = None) -> SearchResult:
+    """The page of tools best matching `query` (all by id without one), ranked with the
+    embeddings endpoint `settings` names, if any; what every front end's search reads."""
     if not 1 <= limit <= MAX_SEARCH_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_SEARCH_LIMIT}",
                              details={"limit": limit})
     async with engine.connect() as conn:
-        page = await search_tools_page(conn, query, limit=limit, embedder=embedder)
+        return await search_tools_page(conn, query, limit=limit, offset=offset,
+                                       tool_type=tool_type, tag=tag, lifecycle=lifecycle,
+                                       embedder=embedder_from_settings(settings))
+
+
+async def search(engine: AsyncEngine, settings: Settings, query: str,
+                 limit: int) -> dict[str, Any]:
+    """The tools best matching `query`, best first: `results` (each with `score` and
+    the `matched` fields), `total`, `mode` (list, lexical, hybrid) and, when the
+    embeddings endpoint failed, `warning`."""
+    page = await search_page(engine, settings, query, limit=limit)
     results = [{"tool_id": r["tool_id"], "tool_type": r["tool_type"],
                 "description": r["description"],
                 "version": r["current_version"] or r["latest_version"],
