@@ -241,15 +241,41 @@ class ExecutionStarted(EventData):
     )
 
 
-class ExecutionCheckpointed(EventData):
-    """A running attempt saved resumable state."""
+class ExecutionProgressed(EventData):
+    """A running attempt reported how far it has got (the tool-side progress protocol)."""
 
-    EVENT_TYPE: ClassVar[str] = "tool.execution.checkpointed"
+    EVENT_TYPE: ClassVar[str] = "tool.execution.progressed"
 
     invocation_id: NonEmpty = Field(description="Id of the invocation.")
     attempt: int = Field(ge=1, description="Attempt number, from 1.")
-    sequence: int = Field(ge=0, description="Checkpoint number within the attempt.")
-    state: JsonObject = Field(description="The tool's resumable state.")
+    sequence: int = Field(ge=0, description="Report number within the invocation, from 0, "
+                          "increasing across attempts.")
+    fraction: float | None = Field(default=None, ge=0, le=1,
+                                   description="Share of the work done, 0..1, when known.")
+    message: str = Field(default="", max_length=1000,
+                         description="What the tool is doing, in words (secrets scrubbed).")
+
+
+class ExecutionCheckpointed(EventData):
+    """A running attempt saved resumable state. The state itself is stored
+    content-addressed beside the log; the event carries its hash and sizes."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.execution.checkpointed"
+    SCHEMA_VERSION: ClassVar[str] = "2"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    attempt: int = Field(ge=1, description="Attempt number, from 1.")
+    sequence: int = Field(ge=0, description="Checkpoint number within the invocation, from 0, "
+                          "increasing across attempts.")
+    state_hash: Integrity = Field(description="sha256 of the state's canonical JSON (RFC 8785): "
+                                  "its address in the checkpoint store.")
+    size: int = Field(ge=0, description="Bytes of the state's canonical JSON.")
+    stored_size: int = Field(ge=0, description="Bytes kept in the store (after compression "
+                             "and delta).")
+    compression: Literal["none", "gzip"] = Field(description="How the stored bytes are encoded.")
+    delta_of: Integrity | None = Field(
+        default=None, description="state_hash of the checkpoint this one is stored as a "
+        "delta against, if any.")
 
 
 class ExecutionFinished(EventData):
@@ -376,7 +402,7 @@ EVENT_MODELS: Final[dict[str, type[EventData]]] = {
     for model in (
         ToolPublished, ToolPublishRejected, ToolLifecycleChanged,
         InvokeRequested, ChainResolved, PermissionDecided,
-        ExecutionStarted, ExecutionCheckpointed, ExecutionFinished,
+        ExecutionStarted, ExecutionProgressed, ExecutionCheckpointed, ExecutionFinished,
         InvokeCompleted, InvokeFailed, InvokeCancelRequested,
         CircuitStateChanged, PolicyUpdated, DeadLetterRecord,
     )

@@ -35,6 +35,7 @@ TOPIC_OF_TYPE: Final[dict[str, str]] = {
     "tool.chain.resolved": INVOCATIONS,
     "tool.permission.decided": INVOCATIONS,
     "tool.execution.started": INVOCATIONS,
+    "tool.execution.progressed": INVOCATIONS,
     "tool.execution.checkpointed": INVOCATIONS,
     "tool.execution.finished": INVOCATIONS,
     "tool.invoke.completed": INVOCATIONS,

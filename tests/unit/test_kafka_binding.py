@@ -23,6 +23,7 @@ from contracts.events import (
     DeadLetterRecord,
     EventData,
     ExecutionCheckpointed,
+    ExecutionProgressed,
     ExecutionFinished,
     ExecutionStarted,
     ExecutorPin,
@@ -99,7 +100,11 @@ SAMPLES: list[EventData] = [
     ExecutionStarted(invocation_id="inv-1", attempt=1, tool_id="hello", version="1.2.0",
                      primitive="subprocess", sandbox="bwrap",
                      plan_summary={"argv": ["python", "main.py"], "cwd": None}),
-    ExecutionCheckpointed(invocation_id="inv-1", attempt=1, sequence=0, state={"page": 2}),
+    ExecutionProgressed(invocation_id="inv-1", attempt=1, sequence=0, fraction=0.25,
+                        message="page 2 of 8"),
+    ExecutionCheckpointed(invocation_id="inv-1", attempt=1, sequence=0,
+                          state_hash="sha256:" + "ab" * 32, size=2048, stored_size=300,
+                          compression="gzip", delta_of="sha256:" + "cd" * 32),
     ExecutionFinished(invocation_id="inv-1", attempt=2, tool_id="hello", version="1.2.0",
                       outcome="failure", exit_code=3, duration_ms=12.5, stdout="",
                       stderr_tail="Traceback...", stderr_truncated=True, error=FAILURE,
@@ -251,7 +256,7 @@ def undecodable(key: object, value: object, headers: object) -> ErrorInfo:
 
 
 def valid_record() -> KafkaRecord:
-    return encode(envelope_of(SAMPLES[7]))
+    return encode(envelope_of(SAMPLES[8]))
 
 
 def test_garbage_bytes_without_headers_are_not_a_cloudevent() -> None:
@@ -278,7 +283,7 @@ def test_data_failing_the_model_lists_every_error_with_its_path() -> None:
     data = json.loads(record.value)
     del data["invocation_id"]
     data["attempt"] = 0
-    data["state"] = {"nested": {"bad": float("nan")}}
+    data["size"] = float("nan")
     data["surprise"] = True
     error = undecodable(record.key, json.dumps(data).encode(),
                         replace_header(record, "ce_dataschema", None))
