@@ -15,7 +15,14 @@ An invocation resumed after a restart passes what the log already holds of its
 attempts (`AttemptsOnLog`): finished attempts are not run again, and an attempt whose
 claim was abandoned by a dead executor is run again when its `started` fact never
 reached the log (the tool cannot have started), else it is recorded as unknown
-(E3404) unless the tool is idempotent.
+(E3404) unless the tool is idempotent — or resumable (`checkpoint_config.enabled`):
+the interrupted attempt is then concluded as unknown, not final, and the next one
+starts from the invocation's last checkpoint (at most MAX_RESUMES times).
+
+A subprocess tool's reports (progress, checkpoints) become facts while it runs
+(consumers.tool_reports); every attempt of a resumable tool after a checkpoint starts
+with that checkpoint's state (E3903/E3904 fail the invocation when it cannot be
+restored).
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ from typing import Any
 from consumers.admission import AttemptGate, enter_attempt, leave_attempt, outcome_past_deadline
 from consumers.cancellation import Cancellations, JobCancelled
 from consumers.derived_events import derive, error_info, failed
+from consumers.checkpoint_store import CheckpointStore
 from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, Secrets
+from consumers.tool_reports import AttemptReports, ReportTrail
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
 from contracts.events import ExecutionFinished, ExecutionStarted, PermissionDecided
@@ -49,6 +58,9 @@ from domain.validation import validate_parameters
 
 EVENT_STDOUT_MAX = 512 * 1024
 STDERR_TAIL = 2048
+MAX_RESUMES = 10
+"""Interrupted attempts of a resumable tool resumed per invocation; past them an
+interrupted attempt ends the invocation as unknown (E3404), as for other tools."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,8 @@ class ExecuteDeps:
     cancellations: Cancellations = dataclasses.field(default_factory=Cancellations)
     credential_grants: CredentialGrants = dataclasses.field(default_factory=CredentialGrants)
     """The operator's credential grants (TOOLEXEC_CREDENTIAL_GRANTS); none by default."""
+    checkpoints: CheckpointStore | None = None
+    """Where tools' checkpoint states are kept (None: checkpoints are dropped)."""
 
 
 class AttemptTakenOver(Exception):
@@ -74,10 +88,12 @@ class AttemptTakenOver(Exception):
 @dataclass(frozen=True)
 class AttemptsOnLog:
     """What the log holds of an invocation's attempts: the numbers of those started,
-    and the `tool.execution.finished` event of those finished."""
+    the `tool.execution.finished` event of those finished, and what they reported
+    (shared with the run, which keeps it up to date)."""
 
     started: frozenset[int] = frozenset()
     finished: Mapping[int, Envelope] = field(default_factory=dict)
+    reports: ReportTrail = field(default_factory=ReportTrail)
 
 
 NOTHING_ON_LOG = AttemptsOnLog()
@@ -128,6 +144,7 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
     policy = RetryPolicy.from_manifest(manifest)
     resolved_plan, secret_values = _resolve_env_secrets(plan, deps.secrets)
     secret_values += secret_parameter_values(manifest.get("parameters"), decision.parameters)
+    resumable = resumable_tool(manifest)
     attempt = 1
     while True:
         on_record = on_log.finished.get(attempt)
@@ -147,16 +164,23 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
             attempt += 1  # that attempt asked for a retry: go on with the next one
             continue
         if claim.status in _LEFT_UNFINISHED:
+            if resumable and _resumes(on_log) < MAX_RESUMES:
+                await deps.publish(await _conclude(
+                    key, _interrupted(event, decision, attempt, manifest, deps), deps))
+                attempt += 1  # the next attempt resumes from the last checkpoint
+                continue
             return await _conclude(key, _unknown(event, decision, attempt, manifest, deps), deps)
         cancels = deps.cancellations
         try:
             if cancels.is_cancelled(decision.invocation_id):
                 raise cancels.error(decision.invocation_id)
+            resume = await on_log.reports.resume_state(deps.checkpoints) if resumable else None
             passed = await cancels.interruptible(decision.invocation_id, enter_attempt(
                 deps.gate, manifest, decision.deadline, plan.timeout_seconds,
                 clock=deps.clock, sleep=deps.sleep))
         except ToolexecError as refused:  # E3002 deadline, E3501 breaker, E3504 rate
-            # limit, E3703 cancelled before the attempt started
+            # limit, E3703 cancelled before the attempt started, E3903/E3904 the
+            # checkpoint to resume from cannot be restored
             return await _conclude(key, failed(event, refused, stage="execute",
                                                invocation_id=decision.invocation_id,
                                                tool_id=decision.tool_id,
@@ -172,10 +196,12 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
             await leave_attempt(deps.gate, passed)
             raise
         started = time.perf_counter()
+        reports = AttemptReports(event, attempt, on_log.reports, deps.publish, deps.clock,
+                                 deps.checkpoints, Scrubber(secret_values), resume=resume)
         try:
             outcome = await cancels.interruptible(decision.invocation_id, _run_primitive(
                 deps, dataclasses.replace(resolved_plan, timeout_seconds=passed.timeout_seconds),
-                decision.parameters))
+                decision.parameters, reports))
         except JobCancelled as cancelled:
             outcome = PrimitiveOutcome(ok=False, error=cancelled.to_dict(),
                                        duration_ms=(time.perf_counter() - started) * 1000)
@@ -249,6 +275,30 @@ async def _claim(key: str, timeout: float, idempotent: bool, never_started: bool
         return claim
 
 
+def resumable_tool(manifest: Mapping[str, Any]) -> bool:
+    """Whether the tool declares itself resumable from its checkpoints."""
+    config = manifest.get("checkpoint_config")
+    return isinstance(config, Mapping) and config.get("enabled") is True
+
+
+def _resumes(on_log: AttemptsOnLog) -> int:
+    return sum(1 for finished in on_log.finished.values()
+               if finished.data.error is not None and finished.data.error.details.get("resumed"))
+
+
+def _interrupted(event: Envelope, decision: PermissionDecided, attempt: int,
+                 manifest: Mapping[str, Any], deps: ExecuteDeps) -> Envelope:
+    """An attempt of a resumable tool whose executor stopped during it: its outcome
+    is unknown, and the next attempt resumes from the last checkpoint."""
+    outcome = PrimitiveOutcome(ok=False, error={
+        "code": "E3404",
+        "message": "the executor stopped during this attempt; the next attempt resumes "
+                   "from the last checkpoint",
+        "details": {"attempt": attempt, "resumed": True}})
+    finished = _finished(decision, attempt, outcome, manifest, (), final=False)
+    return derive(event, finished, step=f"execute.finished.{attempt}", now=deps.clock())
+
+
 def _unknown(event: Envelope, decision: PermissionDecided, attempt: int,
              manifest: Mapping[str, Any], deps: ExecuteDeps) -> Envelope:
     """The executor that started this attempt stopped before finishing it, and the tool
@@ -263,11 +313,19 @@ def _unknown(event: Envelope, decision: PermissionDecided, attempt: int,
 
 
 async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan | McpPlan,
-                         params: Mapping[str, Any]) -> PrimitiveOutcome:
+                         params: Mapping[str, Any], reports: AttemptReports) -> PrimitiveOutcome:
     """Primitives report failures as outcomes; one that raises has a bug, and what the
-    tool did is then unknown (E3404), which is recorded rather than lost."""
+    tool did is then unknown (E3404), which is recorded rather than lost. A subprocess
+    tool's reports go to `reports`; what waits in it goes out when the tool ended."""
     try:
-        return await deps.runner.run(plan, params, secrets=deps.secrets)
+        if not isinstance(plan, SubprocessPlan):
+            return await deps.runner.run(plan, params, secrets=deps.secrets)
+        outcome = await deps.runner.run(plan, params, secrets=deps.secrets, session=reports)
+        try:
+            await reports.finish()
+        except ToolexecError as refused:  # its last checkpoint could not be stored
+            return dataclasses.replace(outcome, ok=False, error=refused.to_dict())
+        return outcome
     except Exception as exc:  # boundary: becomes an execution.finished with outcome unknown
         return PrimitiveOutcome(ok=False, error={
             "code": "E3404", "message": f"primitive failed unexpectedly: {exc!r}",

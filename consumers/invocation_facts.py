@@ -13,11 +13,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from consumers.execute import AttemptsOnLog
+from consumers.tool_reports import ReportTrail
 from contracts.envelope import Envelope
 from contracts.events import TERMINAL_TYPES
 
 FACT_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
-                        "tool.execution.started", "tool.execution.finished"}) | TERMINAL_TYPES
+                        "tool.execution.started", "tool.execution.finished",
+                        "tool.execution.progressed", "tool.execution.checkpointed"}
+                       ) | TERMINAL_TYPES
 """Fact types a run reads back: the steps' outcomes."""
 
 
@@ -30,6 +33,7 @@ class InvocationFacts:
     terminal: Envelope | None = None
     started: set[int] = field(default_factory=set)
     finished: dict[int, Envelope] = field(default_factory=dict)
+    reports: ReportTrail = field(default_factory=ReportTrail)
 
     def add(self, event: Envelope) -> None:
         """Take one fact into account (others are ignored); the first of a kind stays."""
@@ -44,6 +48,8 @@ class InvocationFacts:
             self.started.add(event.data.attempt)
         elif kind == "tool.execution.finished":
             self.finished.setdefault(event.data.attempt, event)
+        elif kind in ("tool.execution.progressed", "tool.execution.checkpointed"):
+            self.reports.saw(event)
 
     def add_all(self, events: Iterable[Envelope]) -> None:
         for event in events:
@@ -51,7 +57,7 @@ class InvocationFacts:
 
     def attempts(self) -> AttemptsOnLog:
         """The attempts part, as the execute step takes it."""
-        return AttemptsOnLog(frozenset(self.started), dict(self.finished))
+        return AttemptsOnLog(frozenset(self.started), dict(self.finished), self.reports)
 
     @classmethod
     def of(cls, events: Iterable[Envelope]) -> InvocationFacts:

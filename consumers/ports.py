@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from contracts.envelope import Envelope
 from domain.claims import ClaimDecision, ClaimRecord
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
+from domain.tool_reports import Report
 
 
 class Publish(Protocol):
@@ -48,6 +49,22 @@ class RegistryReader(Protocol):
         ...
 
 
+class ToolSession(Protocol):
+    """What one attempt of a subprocess tool exchanges with its executor while it runs
+    (the tool-side report protocol, consumers.primitives.report_file)."""
+
+    @property
+    def resume_state(self) -> bytes | None:
+        """The last checkpoint's state (canonical JSON) when the attempt resumes one."""
+        ...
+
+    async def receive(self, reports: Sequence[Report]) -> None:
+        """Take the reports read since the last call (called a few times a second,
+        with none too); raising a ToolexecError stops the tool, failing the attempt
+        with that error."""
+        ...
+
+
 class PrimitiveRunner(Protocol):
     """Runs a primitive plan: the only place where processes start or requests leave."""
 
@@ -57,6 +74,7 @@ class PrimitiveRunner(Protocol):
         params: Mapping[str, Any],
         *,
         secrets: Callable[[str], str | None],
+        session: ToolSession | None = None,
     ) -> PrimitiveOutcome: ...
 
     @property

@@ -24,6 +24,7 @@ from faststream.kafka import KafkaBroker
 
 from consumers import authorize, circuits
 from consumers.abac_client import HttpAbac
+from consumers.checkpoint_store import FileCheckpointStore
 from consumers.admission import AttemptGate
 from consumers.canaries import CanarySlots, LocalCanaries, RedisCanaries
 from consumers.claim_store import RedisClaims, SqliteClaims
@@ -450,7 +451,8 @@ class Stack:
                 verified=VerifiedTokens(lifetime=keys.token_lifetime(self.settings))),
             runner=self._primitives, claims=self._claims, secrets=env_snapshot.get,
             random=random.random, gate=AttemptGate(circuits=self.circuits, canaries=canaries),
-            credential_grants=self.settings.credential_grants_policy())
+            credential_grants=self.settings.credential_grants_policy(),
+            checkpoints=FileCheckpointStore(state / "checkpoints"))
         options = {k: v for k, v in consumer_kwargs(self.settings).items()
                    if k != "fetch_max_wait_ms"}
         assert self._signer is not None

@@ -75,7 +75,9 @@ class Confinement:
     directory (None: the run directory itself is that folder on the host);
     `etc_view`: a prepared folder to show as `/etc` in one mount, with `etc_binds`
     (entries of /etc) bound on their mount points in it (see sandbox_cache.EtcView;
-    None: each of SYSTEM_ETC_ENTRIES bound on its own)."""
+    None: each of SYSTEM_ETC_ENTRIES bound on its own);
+    `run_binds`: host files (host, inside) bound into the run directory, the first
+    read-write and the others read-only (the report protocol's files)."""
 
     uid: int | None = None
     disk_bytes: int = 1024 * 1024 * 1024
@@ -86,6 +88,7 @@ class Confinement:
     files: Path | None = None
     etc_view: Path | None = None
     etc_binds: tuple[str, ...] = ()
+    run_binds: tuple[tuple[Path, Path], ...] = ()
 
 
 class UnsafeMount(OSError):
@@ -136,6 +139,8 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str,
             args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
+    for index, (host, inside) in enumerate(confinement.run_binds):
+        args += ["--bind" if index == 0 else "--ro-bind", str(host), str(inside)]
     shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
              *confinement.extra_read_only]
     for prefix in dict.fromkeys(shown):

@@ -15,6 +15,7 @@ from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan
 from domain.sandbox_policy import SandboxPolicy, narrow_plan
 
 if TYPE_CHECKING:
+    from consumers.ports import ToolSession
     from consumers.primitives.mcp_servers import McpServers
 
 log = structlog.get_logger(__name__)
@@ -44,11 +45,14 @@ class Primitives:
         return self._policy
 
     async def run(self, plan: SubprocessPlan | HttpPlan | McpPlan, params: Mapping[str, Any], *,
-                  secrets: Callable[[str], str | None]) -> PrimitiveOutcome:
+                  secrets: Callable[[str], str | None],
+                  session: ToolSession | None = None) -> PrimitiveOutcome:
+        """Run `plan`; `session` receives a subprocess tool's reports (the others
+        have none)."""
         if isinstance(plan, SubprocessPlan):
             return await run_subprocess(plan, params, store=self._store,
                                         work_root=self._work_root, sandbox=self._sandbox,
-                                        policy=self._policy)
+                                        policy=self._policy, session=session)
         narrowed, cuts = narrow_plan(plan, self._policy)
         if cuts:
             log.info("sandbox.limits_narrowed", narrowed=[cut.to_dict() for cut in cuts])

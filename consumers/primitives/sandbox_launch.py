@@ -18,6 +18,7 @@ import asyncio
 import functools
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,9 +74,13 @@ class Launch:
 
 
 def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, path: str,
-                   policy: SandboxPolicy) -> Launch:
-    """The Launch of one run (see the module docstring). Raises ExecutionError E3405
-    when the sandbox cannot be set up as the policy requires."""
+                   policy: SandboxPolicy,
+                   binds: Sequence[tuple[Path, Path]] = ()) -> Launch:
+    """The Launch of one run (see the module docstring). `binds`: host files to show
+    inside the run directory under bubblewrap, (host, inside), the first read-write
+    (the report protocol's files, consumers.primitives.report_file); elsewhere they
+    are in the run directory already. Raises ExecutionError E3405 when the sandbox
+    cannot be set up as the policy requires."""
     launch = Launch(max_processes=plan.limits.max_processes)
     if sandbox not in ("bwrap", "landlock"):
         return launch
@@ -96,7 +101,7 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
         program = plan.argv[0] if plan.argv else ""
         if sandbox == "bwrap":
             launch.prefix = _bwrap(launch, run_dir, program, path, plan, policy, protected,
-                                   root)
+                                   root, tuple(binds))
         elif launch.egress is None and not bubblewrap.network_allowed(plan.network):
             launch.entry = landlock.child_entry(run_dir.path, run_dir.cwd, program, path,
                                                 protected=protected)
@@ -116,7 +121,7 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
 
 def _bwrap(launch: Launch, run_dir: RunDirectory, program: str, path: str,
            plan: SubprocessPlan, policy: SandboxPolicy, protected: tuple[Path, ...],
-           root: bool) -> list[str]:
+           root: bool, binds: tuple[tuple[Path, Path], ...]) -> list[str]:
     relay: tuple[str, ...] | None = None
     extra: tuple[Path, ...] = ()
     if launch.egress is not None:
@@ -134,7 +139,7 @@ def _bwrap(launch: Launch, run_dir: RunDirectory, program: str, path: str,
         uid=launch.uid, disk_bytes=disk_quota(plan.limits, policy),
         inner_max_processes=None if root else launch.max_processes, relay=relay,
         extra_read_only=extra, protected=protected, files=run_dir.files,
-        etc_view=etc.path, etc_binds=etc.refresh())
+        etc_view=etc.path, etc_binds=etc.refresh(), run_binds=binds)
     return bubblewrap.bwrap_prefix(run_dir.path, run_dir.cwd, program, path, confinement)
 
 

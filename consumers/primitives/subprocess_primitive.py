@@ -14,12 +14,14 @@ closed with E3405; falling back is the operator's explicit choice ("auto" via
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -31,6 +33,7 @@ from consumers.primitives.exit_status import (
     unwrap_bwrap_status,
 )
 from consumers.primitives.file_store import ContentStore, relative_parts
+from consumers.primitives.report_file import ReportChannel, follow, open_channel, tool_environment
 from consumers.primitives.run_directory import RunDirectory, environment, in_sandbox, on_host
 from consumers.primitives.sandbox_cache import shared_cache
 from consumers.primitives.sandbox_launch import Launch, prepare_launch
@@ -46,6 +49,9 @@ from domain.errors import ExecutionError, ToolexecError, ValidationFailed
 from domain.model import PrimitiveOutcome, SubprocessPlan
 from domain.sandbox_policy import SandboxPolicy, narrow_subprocess
 
+if TYPE_CHECKING:
+    from consumers.ports import ToolSession
+
 __all__ = ["DEFAULT_POLICY", "NO_SANDBOX", "SANDBOXES", "narrowed", "resolve_sandbox",
            "run_subprocess"]
 
@@ -57,8 +63,11 @@ DEFAULT_POLICY = SandboxPolicy()
 async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
                          store: ContentStore, work_root: Path,
                          sandbox: str = "rlimits",
-                         policy: SandboxPolicy = DEFAULT_POLICY) -> PrimitiveOutcome:
-    """Run `plan` once with `params` on stdin and return what was observed.
+                         policy: SandboxPolicy = DEFAULT_POLICY,
+                         session: ToolSession | None = None) -> PrimitiveOutcome:
+    """Run `plan` once with `params` on stdin and return what was observed; with a
+    `session`, the tool's reports are read while it runs and handed to it
+    (consumers.primitives.report_file), and a refusal of the session ends the run.
 
     Never raises for tool or plan problems: they come back as an outcome with
     `error = {code, message, details}` (E3301 parameters not JSON, E3105 tampered or
@@ -76,14 +85,19 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
         return _failed(error, started, sandbox)
     run_dir: RunDirectory | None = None
     launch: Launch | None = None
+    channel: ReportChannel | None = None
     try:
         run_dir = _run_directory(sandbox, store, plan, work_root, cwd_parts)
         env = environment(plan, run_dir.path)
-        launch = prepare_launch(sandbox, plan, run_dir, env["PATH"], policy)
+        if session is not None:
+            channel = open_channel(run_dir, sandbox, work_root, session.resume_state)
+            env = tool_environment(env, channel)
+        launch = prepare_launch(sandbox, plan, run_dir, env["PATH"], policy,
+                                binds=channel.binds if channel is not None else ())
         env.update(launch.env)
         rlimits = rlimits_for(plan.limits, sandbox, launch)
         process = ToolProcess(spawn(plan.argv, env, run_dir, rlimits, launch), plan.limits)
-        return await _supervise(process, stdin, plan, started, sandbox)
+        return await _supervise(process, stdin, plan, started, sandbox, channel, session)
     except ToolexecError as error:
         return _failed(error, started, sandbox)
     except OSError as error:  # the run directory could not be prepared (disk full...)
@@ -92,6 +106,8 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
     finally:
         if launch is not None:
             await launch.close()
+        if channel is not None:
+            channel.close()
         if run_dir is not None:
             run_dir.close()
 
@@ -116,18 +132,23 @@ def narrowed(plan: SubprocessPlan, policy: SandboxPolicy) -> SubprocessPlan:
 
 
 async def _supervise(process: ToolProcess, stdin: bytes, plan: SubprocessPlan,
-                     started: float, sandbox: str) -> PrimitiveOutcome:
+                     started: float, sandbox: str, channel: ReportChannel | None = None,
+                     session: ToolSession | None = None) -> PrimitiveOutcome:
     try:
         process.send_stdin(stdin)
-        timed_out = not await process.wait(plan.timeout_seconds)
+        if channel is None or session is None:
+            timed_out = not await process.wait(plan.timeout_seconds)
+            refused = None
+        else:
+            timed_out, refused = await _wait_following(process, plan, channel, session)
         status, usage = process.exit_status()
         if sandbox == "bwrap":
             status = unwrap_bwrap_status(status, process.stderr)
         elif sandbox == "landlock":
             check_landlock_setup(status, process.stderr)
         check_setup(status, process.stderr, egress_relay.MESSAGE_PREFIX, sandbox)
-        error = error_for(status, usage, timed_out, process.stderr, plan,
-                           inherited_rss=process.inherited_rss)
+        error = refused.to_dict() if refused is not None else error_for(
+            status, usage, timed_out, process.stderr, plan, inherited_rss=process.inherited_rss)
         return PrimitiveOutcome(
             ok=error is None,
             stdout=bytes(process.stdout.data), stderr=bytes(process.stderr.data),
@@ -138,6 +159,38 @@ async def _supervise(process: ToolProcess, stdin: bytes, plan: SubprocessPlan,
         )
     finally:
         process.release()
+
+
+async def _wait_following(process: ToolProcess, plan: SubprocessPlan, channel: ReportChannel,
+                          session: ToolSession) -> tuple[bool, ToolexecError | None]:
+    """Wait for the tool while its reports are followed: (timed out, the session's
+    refusal, which killed the tool). The reports it wrote last are read after it
+    exits."""
+    ended = asyncio.Event()
+    following = asyncio.create_task(follow(channel.reader, session.receive, ended))
+    waiting = asyncio.create_task(process.wait(plan.timeout_seconds))
+    try:
+        await asyncio.wait({following, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if following.done() and not following.cancelled() \
+                and isinstance(following.exception(), ToolexecError):
+            process.kill_group()
+            await waiting
+            error = following.exception()
+            assert isinstance(error, ToolexecError)
+            return False, error
+        timed_out = not await waiting
+        ended.set()
+        try:
+            await following
+        except ToolexecError as refusal:  # a refused last report fails the attempt too
+            return timed_out, refusal
+        return timed_out, None
+    finally:
+        for task in (following, waiting):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 def _encode_params(params: Mapping[str, Any]) -> bytes:

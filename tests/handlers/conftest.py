@@ -26,6 +26,7 @@ from consumers.deadletter import DeadLetters
 from consumers.delivery import DeliveringFactLog
 from consumers.invocation import InvocationDeps, invocation_deps
 from consumers.invocation_facts import InvocationFacts
+from consumers.ports import ToolSession
 from consumers.runs import InvocationRuns, RecordRef
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
@@ -72,7 +73,8 @@ class ScriptedRunner:
     interrupted: int = 0
 
     async def run(self, plan: SubprocessPlan | HttpPlan, params: Mapping[str, Any], *,
-                  secrets: Callable[[str], str | None]) -> PrimitiveOutcome:
+                  secrets: Callable[[str], str | None],
+                  session: ToolSession | None = None) -> PrimitiveOutcome:
         self.plans.append(plan)
         self.running.set()
         if self.blocking:

@@ -313,7 +313,7 @@ async def test_a_run_that_stalled_past_its_lease_leaves_the_conclusion_to_its_ne
         harness: Harness) -> None:
     other = InMemoryClaims("other-executor", rows=harness.claims.rows)
 
-    async def stalled_until_taken_over(plan, params, *, secrets):
+    async def stalled_until_taken_over(plan, params, *, secrets, session=None):
         key = next(iter(harness.claims.rows))
         assert await other.take_over(harness.claims.rows[key], now=1e10, lease_seconds=1)
         return PrimitiveOutcome(ok=True, stdout=b'{"echo": "late", "keys": 1}', exit_code=0)
