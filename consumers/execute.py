@@ -37,8 +37,8 @@ from typing import Any
 
 from consumers.admission import AttemptGate, enter_attempt, leave_attempt, outcome_past_deadline
 from consumers.cancellation import Cancellations, JobCancelled
-from consumers.derived_events import derive, error_info, failed
 from consumers.checkpoint_store import CheckpointStore
+from consumers.derived_events import derive, error_info, failed
 from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, Secrets
 from consumers.tool_reports import AttemptReports, ReportTrail
 from contracts.envelope import Envelope

@@ -24,9 +24,9 @@ from faststream.kafka import KafkaBroker
 
 from consumers import authorize, circuits
 from consumers.abac_client import HttpAbac
-from consumers.checkpoint_store import FileCheckpointStore
 from consumers.admission import AttemptGate
 from consumers.canaries import CanarySlots, LocalCanaries, RedisCanaries
+from consumers.checkpoint_store import FileCheckpointStore
 from consumers.claim_store import RedisClaims, SqliteClaims
 from consumers.deadletter import DeadLetters
 from consumers.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions

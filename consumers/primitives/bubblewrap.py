@@ -139,8 +139,7 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str,
             args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
-    for index, (host, inside) in enumerate(confinement.run_binds):
-        args += ["--bind" if index == 0 else "--ro-bind", str(host), str(inside)]
+    args += _run_binds(workdir, confinement.run_binds)
     shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
              *confinement.extra_read_only]
     for prefix in dict.fromkeys(shown):
@@ -211,6 +210,21 @@ def _run_directory(workdir: Path, size: int, files: Path, cwd: Path) -> list[str
         if folder not in made:
             made.add(folder)
             args += ["--perms", "0777", "--dir", f"{inside}/{folder}"]
+    return args
+
+
+def _run_binds(workdir: Path, binds: tuple[tuple[Path, Path], ...]) -> list[str]:
+    """Host files bound into the run directory, the first read-write, the others
+    read-only; their folders made searchable and not writable by the tool (bwrap
+    would make them 0700, closed to the tool's uid)."""
+    args: list[str] = []
+    made: set[Path] = set()
+    for index, (host, inside) in enumerate(binds):
+        for folder in reversed(inside.parents):
+            if folder.is_relative_to(workdir) and folder != workdir and folder not in made:
+                made.add(folder)
+                args += ["--perms", "0755", "--dir", str(folder)]
+        args += ["--bind" if index == 0 else "--ro-bind", str(host), str(inside)]
     return args
 
 

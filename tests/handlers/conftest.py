@@ -21,6 +21,7 @@ import pytest_asyncio
 from aiokafka.errors import KafkaConnectionError
 
 from consumers import authorize
+from consumers.checkpoint_store import CheckpointStore
 from consumers.claim_store import InMemoryClaims
 from consumers.deadletter import DeadLetters
 from consumers.delivery import DeliveringFactLog
@@ -196,7 +197,8 @@ def clock() -> datetime:
 
 def pipeline_deps(harness: Harness, *, authorize_deps: authorize.AuthorizeDeps,
                   secrets: Callable[[str], str | None] = lambda name: None,
-                  credential_grants: CredentialGrants | None = None) -> InvocationDeps:
+                  credential_grants: CredentialGrants | None = None,
+                  checkpoints: CheckpointStore | None = None) -> InvocationDeps:
     """The steps' ports as toolexec wires them, with the harness's fakes."""
 
     async def sleep(seconds: float) -> None:
@@ -210,7 +212,8 @@ def pipeline_deps(harness: Harness, *, authorize_deps: authorize.AuthorizeDeps,
     return invocation_deps(
         registry=harness.registry, clock=clock, authorize=authorize_deps,
         runner=harness.runner, claims=harness.claims, secrets=secrets, random=lambda: 0.0,
-        sleep=sleep, credential_grants=credential_grants or CredentialGrants())
+        sleep=sleep, credential_grants=credential_grants or CredentialGrants(),
+        checkpoints=checkpoints)
 
 
 def dead_letters_of(harness: Harness) -> DeadLetters:
@@ -220,13 +223,15 @@ def dead_letters_of(harness: Harness) -> DeadLetters:
 
 
 def build_harness(*, require_auth: bool = False, public_keys: list[Any] | None = None,
-                  runner: ScriptedRunner | None = None) -> Harness:
+                  runner: ScriptedRunner | None = None,
+                  checkpoints: CheckpointStore | None = None) -> Harness:
     registry = FakeRegistry()
     for tool in sealed_tools():
         registry.add(tool)
     harness = Harness(registry, runner or ScriptedRunner(), InMemoryClaims("test-executor"))
     deps = pipeline_deps(harness, authorize_deps=authorize.AuthorizeDeps(
-        clock=clock, require_auth=require_auth, public_keys=lambda: public_keys or []))
+        clock=clock, require_auth=require_auth, public_keys=lambda: public_keys or []),
+        checkpoints=checkpoints)
     harness.runs = InvocationRuns(deps, dead_letters_of(harness), consumer="test.pipeline")
     return harness
 
