@@ -27,7 +27,7 @@ from consumers.checkpoint_store import CheckpointStore, load_state
 from consumers.derived_events import derive
 from consumers.ports import Clock, Publish
 from contracts.envelope import Envelope
-from contracts.events import ExecutionCheckpointed, ExecutionProgressed, PermissionDecided
+from contracts.events import ExecutionCheckpointed, ExecutionProgressed
 from domain.checkpoints import DEFAULT_MAX_STATE_BYTES, Restored, encode_checkpoint
 from domain.errors import ToolexecError
 from domain.secret_scrub import Scrubber
@@ -86,7 +86,8 @@ class AttemptReports:
     """The ToolSession of one attempt (see the module docstring)."""
 
     cause: Envelope
-    """The permission decision: every report's event derives from it."""
+    """The permission decision (any event of the invocation carrying its
+    `invocation_id`): every report's event derives from it."""
     attempt: int
     trail: ReportTrail
     publish: Publish
@@ -98,6 +99,10 @@ class AttemptReports:
     monotonic: Callable[[], float] = time.monotonic
     _progress: Coalescer = field(default_factory=lambda: Coalescer(PROGRESS_INTERVAL))
     _checkpoints: Coalescer = field(default_factory=lambda: Coalescer(CHECKPOINT_INTERVAL))
+
+    @property
+    def invocation_id(self) -> str:
+        return str(self.cause.data.invocation_id)
 
     @property
     def resume_state(self) -> bytes | None:
@@ -123,10 +128,9 @@ class AttemptReports:
             await self._progressed(report)
 
     async def _progressed(self, report: Progress) -> None:
-        decision: PermissionDecided = self.cause.data
         sequence = self.trail.next_progress
         self.trail.next_progress += 1
-        data = ExecutionProgressed(invocation_id=decision.invocation_id, attempt=self.attempt,
+        data = ExecutionProgressed(invocation_id=self.invocation_id, attempt=self.attempt,
                                    sequence=sequence, fraction=report.fraction,
                                    message=self.scrub.text(report.message)[:MESSAGE_MAX])
         await self.publish(derive(self.cause, data,
@@ -142,10 +146,9 @@ class AttemptReports:
         stored, restored = encode_checkpoint(report.state, base,
                                              max_bytes=self.max_state_bytes)
         await self.store.put(stored)  # durable before its event exists
-        decision: PermissionDecided = self.cause.data
         sequence = self.trail.next_checkpoint
         data = ExecutionCheckpointed(
-            invocation_id=decision.invocation_id, attempt=self.attempt, sequence=sequence,
+            invocation_id=self.invocation_id, attempt=self.attempt, sequence=sequence,
             state_hash=stored.state_hash, size=stored.size, stored_size=stored.stored_size,
             compression=stored.compression, delta_of=stored.delta_of)
         await self.publish(derive(self.cause, data,

@@ -73,3 +73,11 @@ def test_quick_bench_compares_each_sandbox_with_a_bare_spawn(quick_report: dict)
     assert {"bare spawn p50 ms", "rlimits p50 ms", "rlimits over bare p50 ms",
             "default sandbox"} <= set(figures)
     assert f"{figures['default sandbox']} over bare p50 ms" in figures
+
+
+def test_quick_bench_pairs_checkpointing_with_the_same_tool_without(quick_report: dict) -> None:
+    figures = {s["name"]: s["figures"] for s in quick_report["scenarios"]}["checkpoints"]
+    assert {"with checkpoints ms/step p50", "without ms/step p50", "overhead ms/step p50",
+            "executor ms/checkpoint p50", "compression ratio", "deltas %"} <= set(figures)
+    assert figures["checkpoints"] >= 1 and figures["errors"] == 0
+    assert figures["compression ratio"] > 1  # what the store keeps is smaller than the state

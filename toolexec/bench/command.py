@@ -24,7 +24,7 @@ from rich.console import Console
 from toolexec.bench.report import ScenarioResult, machine_info, render, report_document
 
 SCENARIOS = ("overhead", "gateway-overhead", "throughput", "script-throughput", "idle",
-             "hot-path", "replay", "sandbox", "search")
+             "hot-path", "replay", "sandbox", "search", "checkpoints")
 NEEDS_STACK = frozenset({"overhead", "gateway-overhead", "throughput", "script-throughput",
                          "idle"})
 
@@ -42,14 +42,18 @@ class Sizes:
     hot_path_iterations: int
     replay_events: int
     idle_seconds: float
+    checkpoint_steps: int
+    checkpoint_rounds: int
 
 
 FULL = Sizes(overhead_calls=200, overhead_warmup=20, producers=50, throughput_seconds=20.0,
              script_in_flight=10, script_seconds=10.0, hot_path_iterations=10_000,
-             replay_events=100_000, idle_seconds=30.0)
+             replay_events=100_000, idle_seconds=30.0, checkpoint_steps=40,
+             checkpoint_rounds=5)
 QUICK = Sizes(overhead_calls=20, overhead_warmup=3, producers=50, throughput_seconds=3.0,
               script_in_flight=10, script_seconds=3.0, hot_path_iterations=500,
-              replay_events=10_000, idle_seconds=3.0)
+              replay_events=10_000, idle_seconds=3.0, checkpoint_steps=8,
+              checkpoint_rounds=1)
 
 err = Console(stderr=True)
 
@@ -100,6 +104,8 @@ async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:
 
         results.append(await _guarded("search", lambda: bench_search.run(
             quick=sizes is QUICK)))
+    if "checkpoints" in chosen:
+        results.append(await _guarded("checkpoints", lambda: _checkpoints(sizes)))
     if NEEDS_STACK.intersection(chosen):
         results.extend(await _with_stack(chosen, sizes))
     return sorted(results, key=lambda r: SCENARIOS.index(r.name))
@@ -145,6 +151,15 @@ async def _sandbox(sizes: Sizes) -> ScenarioResult:
     with tempfile.TemporaryDirectory(prefix="toolexec-bench-") as root:
         return await sandbox_entry(Path(root), calls=sizes.overhead_calls,
                                    warmup=sizes.overhead_warmup)
+
+
+async def _checkpoints(sizes: Sizes) -> ScenarioResult:
+    """Scenario 10 needs no stack: it runs the primitive and the checkpoint store here."""
+    from toolexec.bench.checkpoints import checkpoints_scenario
+
+    with tempfile.TemporaryDirectory(prefix="toolexec-bench-") as root:
+        return await checkpoints_scenario(Path(root), steps=sizes.checkpoint_steps,
+                                          rounds=sizes.checkpoint_rounds)
 
 
 async def _now(result: ScenarioResult) -> ScenarioResult:
