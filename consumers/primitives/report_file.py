@@ -49,6 +49,8 @@ READ_MAX = 1 << 20
 LINES_MAX = 1000
 """Lines parsed per poll; more wait for the next one."""
 POLL_SECONDS = 0.05
+DRAIN_MAX = 4 * LINE_MAX
+"""Bytes read after the tool ended (a tool that wrote gigabytes is not read to the end)."""
 WARNINGS_MAX = 20
 """Malformed lines named in the log per run (the rest are counted)."""
 
@@ -188,19 +190,25 @@ class ReportReader:
 async def follow(reader: ReportReader, receive: Callable[[list[Report]], Awaitable[None]],
                  ended: asyncio.Event, *, interval: float = POLL_SECONDS) -> None:
     """Hand the reports to `receive` while the tool runs, then what it wrote last,
-    until `ended` is set and the file is read to its end (a line left without its
-    line break is dropped). An exception of `receive` ends the following."""
+    once `ended` is set: the rest of the file, up to DRAIN_MAX bytes (a line left
+    without its line break is dropped). An exception of `receive` ends the following."""
+    drained_from: int | None = None
     while True:
         finished = ended.is_set()
+        if finished and drained_from is None:
+            drained_from = _position(reader)
         reports = reader.poll()
         await receive(reports)
-        if finished and not reports and not _more(reader):
+        if finished and (not _more(reader) or _position(reader) - drained_from > DRAIN_MAX):
             return
-        if not reports:
+        if not reports and not finished:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ended.wait(), interval)
 
 
+def _position(reader: ReportReader) -> int:
+    return os.lseek(reader.descriptor, 0, os.SEEK_CUR)
+
+
 def _more(reader: ReportReader) -> bool:
-    position = os.lseek(reader.descriptor, 0, os.SEEK_CUR)
-    return os.fstat(reader.descriptor).st_size > position
+    return os.fstat(reader.descriptor).st_size > _position(reader)
