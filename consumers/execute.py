@@ -166,7 +166,7 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
         if claim.status in _LEFT_UNFINISHED:
             if resumable and _resumes(on_log) < MAX_RESUMES:
                 await deps.publish(await _conclude(
-                    key, _interrupted(event, decision, attempt, manifest, deps), deps))
+                    key, _unknown(event, decision, attempt, manifest, deps, resumed=True), deps))
                 attempt += 1  # the next attempt resumes from the last checkpoint
                 continue
             return await _conclude(key, _unknown(event, decision, attempt, manifest, deps), deps)
@@ -286,29 +286,21 @@ def _resumes(on_log: AttemptsOnLog) -> int:
                if finished.data.error is not None and finished.data.error.details.get("resumed"))
 
 
-def _interrupted(event: Envelope, decision: PermissionDecided, attempt: int,
-                 manifest: Mapping[str, Any], deps: ExecuteDeps) -> Envelope:
-    """An attempt of a resumable tool whose executor stopped during it: its outcome
-    is unknown, and the next attempt resumes from the last checkpoint."""
-    outcome = PrimitiveOutcome(ok=False, error={
-        "code": "E3404",
-        "message": "the executor stopped during this attempt; the next attempt resumes "
-                   "from the last checkpoint",
-        "details": {"attempt": attempt, "resumed": True}})
-    finished = _finished(decision, attempt, outcome, manifest, (), final=False)
-    return derive(event, finished, step=f"execute.finished.{attempt}", now=deps.clock())
-
-
 def _unknown(event: Envelope, decision: PermissionDecided, attempt: int,
-             manifest: Mapping[str, Any], deps: ExecuteDeps) -> Envelope:
-    """The executor that started this attempt stopped before finishing it, and the tool
-    is not idempotent: it is not run again, and its outcome is recorded as unknown."""
-    outcome = PrimitiveOutcome(ok=False, error={
-        "code": "E3404",
-        "message": "the executor stopped during this attempt; the tool is not idempotent, "
-                   "so it was not run again and its outcome is unknown",
-        "details": {"attempt": attempt}})
-    finished = _finished(decision, attempt, outcome, manifest, (), final=True)
+             manifest: Mapping[str, Any], deps: ExecuteDeps, *,
+             resumed: bool = False) -> Envelope:
+    """The executor that started this attempt stopped before finishing it: its outcome
+    is recorded as unknown. The tool is not idempotent, so it is not run again; or,
+    `resumed`, it is resumable and the next attempt starts from its last checkpoint
+    (this conclusion is then not final)."""
+    message = ("the executor stopped during this attempt; the next attempt resumes from "
+               "the last checkpoint") if resumed else (
+        "the executor stopped during this attempt; the tool is not idempotent, so it was "
+        "not run again and its outcome is unknown")
+    details: dict[str, Any] = {"attempt": attempt} | ({"resumed": True} if resumed else {})
+    outcome = PrimitiveOutcome(ok=False, error={"code": "E3404", "message": message,
+                                                "details": details})
+    finished = _finished(decision, attempt, outcome, manifest, (), final=not resumed)
     return derive(event, finished, step=f"execute.finished.{attempt}", now=deps.clock())
 
 
