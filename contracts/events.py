@@ -176,6 +176,10 @@ class InvokeRequested(EventData):
         default="sync", description="Whether the producer waits for the terminal event."
     )
     idempotency_key: str | None = Field(default=None, description="Producer's dedupe key.")
+    callback_url: str | None = Field(
+        default=None, max_length=2000,
+        description="An https/http URL that receives the terminal result once, signed "
+        "(HMAC-SHA256); only hosts the operator allows. Compatible addition: absent = none.")
 
 
 class ChainLink(BaseModel):
