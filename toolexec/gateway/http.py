@@ -93,6 +93,7 @@ from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
 from toolexec.usecases.audit import audit_page, utc
 from toolexec.usecases.cancel import cancel_invocation, shown_status
+from toolexec.usecases.timeline import checkpoint_totals, latest_progress
 from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
 from toolexec.usecases.registry import search_page, with_publishers
 from toolexec.usecases.status import status_snapshot
@@ -171,6 +172,7 @@ def invocation_view(row: Mapping[str, Any]) -> InvocationView:
             "attempts", "duration_ms", "requested_at", "updated_at", "finished_at",
             "cancel_requested", "result_summary", "timeline")
     return InvocationView(status=status, result=result, error=error,
+                          progress=latest_progress(row), checkpoints=checkpoint_totals(row),
                           **{name: row[name] for name in keep})
 
 

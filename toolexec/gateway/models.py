@@ -81,6 +81,24 @@ class InvocationError(BaseModel):
     stage: str | None = None
 
 
+class InvocationProgress(BaseModel):
+    """The newest `tool.execution.progressed` of an invocation."""
+
+    sequence: int = Field(description="Report number within the invocation, from 0.")
+    fraction: float | None = Field(description="Share of the work done, 0..1, when known.")
+    message: str = Field(description="What the tool is doing (scrubbed, redacted).")
+    at: str | None = Field(description="When it was reported.")
+
+
+class CheckpointTotals(BaseModel):
+    """The `tool.execution.checkpointed` events of an invocation, summed."""
+
+    count: int = 0
+    bytes: int = Field(default=0, description="Canonical JSON bytes of every state.")
+    stored_bytes: int = Field(default=0, description="Bytes stored (compressed, delta).")
+    last_state_hash: str | None = None
+
+
 class InvocationView(BaseModel):
     """One invocation as the invocations read model holds it."""
 
@@ -104,6 +122,12 @@ class InvocationView(BaseModel):
     error: InvocationError | None = None
     timeline: list[dict[str, JsonValue]] = Field(default_factory=list,
                                                  description="Every event, in log order.")
+    progress: InvocationProgress | None = Field(
+        default=None, description="The latest progress report of a running tool (None "
+        "before any).")
+    checkpoints: CheckpointTotals = Field(
+        default_factory=lambda: CheckpointTotals(),
+        description="The checkpoints the tool saved so far.")
 
 
 class RegisterFile(BaseModel):
