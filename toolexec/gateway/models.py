@@ -29,6 +29,11 @@ class InvokeRequest(BaseModel):
     timeout_seconds: float | None = Field(
         default=None, gt=0, le=3600,
         description="Longest a sync call waits (default: the tool's timeout and retries).")
+    callback_url: str | None = Field(
+        default=None, max_length=2000,
+        description="Also POST the terminal result there once, signed (HMAC-SHA256 header "
+        "`Toolexec-Signature`); only hosts the operator allows (E3406), an http(s) URL "
+        "without credentials (E3004).")
 
 
 class InvokeResult(BaseModel):
