@@ -158,6 +158,32 @@ async def invoke_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
                                        callback_url=callback_url)
 
 
+async def submit_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, Any], *,
+                      lockfile: dict[str, Any] | None = None, token: str | None = None,
+                      callback_url: str | None = None) -> str:
+    """Request an invocation from the running `up` without waiting (execution_mode
+    async) and return its id; follow it with `usecases.timeline`, or by `callback_url`.
+    Raises InvocationNotDelivered (E3001) when no `up` runs (an embedded stack started
+    for the call would stop before the invocation ends) or the broker does not take it,
+    InvalidRequest / NetworkPolicyViolation for a callback URL not allowed."""
+    from contracts.fact_signature import FactVerifier
+    from toolexec import keys
+    from toolexec.client import InvocationClient, InvocationNotDelivered
+
+    callback_url = checked_callback_url(callback_url, settings)
+    runtime = read_runtime(settings)
+    if runtime is None:
+        raise InvocationNotDelivered("an asynchronous invocation needs a running "
+                                     "`toolexec up`", details={"tool_id": tool.tool_id})
+    async with InvocationClient(runtime["kafka_bootstrap"], fetch_waits=fetch_waits(settings),
+                                verifier=FactVerifier(keys.fact_verify_keys(settings)),
+                                client_options=kafka_client_options(settings)) as client:
+        request = await client.submit(tool.tool_id, parameters,
+                                      version_range=tool.version_range, lockfile=lockfile,
+                                      token=token, callback_url=callback_url)
+    return str(request.correlationid)
+
+
 def completed_result(terminal: Envelope) -> dict[str, Any]:
     """A completed invocation's answer; a failed one raises its ToolexecError (with the
     invocation id and stage in the details)."""
