@@ -38,7 +38,8 @@ from tenacity import (
     RetryError,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from contracts import topics
@@ -152,8 +153,8 @@ async def deliver(http: httpx.AsyncClient, target: CallbackTarget, terminal: Env
 
     retrying = AsyncRetrying(
         stop=stop_after_attempt(policy.max_attempts),
-        wait=wait_exponential_jitter(initial=policy.first_backoff_seconds,
-                                     max=MAX_BACKOFF_SECONDS),
+        wait=wait_exponential(multiplier=policy.first_backoff_seconds, max=MAX_BACKOFF_SECONDS)
+        + wait_random(0, policy.first_backoff_seconds),
         retry=retry_if_exception_type(_Retryable), reraise=False)
     try:
         status = await retrying(post)
@@ -195,7 +196,7 @@ class CallbackDeliverer:
     def __init__(self, settings: Settings, bootstrap: str, *, lookup: Lookup,
                  publish: Publish, verifier: FactVerifier,
                  client_options: Mapping[str, Any] | None = None,
-                 policy: CallbackPolicy | None = None) -> None:
+                 policy: CallbackPolicy | None = None, group: str = GROUP) -> None:
         self._settings = settings
         self._bootstrap = bootstrap
         self._lookup = lookup
@@ -203,6 +204,7 @@ class CallbackDeliverer:
         self._verifier = verifier
         self._client_options = dict(client_options or {})
         self._policy = policy or CallbackPolicy.from_settings(settings)
+        self._group = group
         self._done: set[str] = set()
         """Terminal event ids whose callback outcome is on the log."""
         self._facts: AIOKafkaConsumer | None = None
@@ -214,7 +216,7 @@ class CallbackDeliverer:
     async def start(self) -> None:
         options = consumer_kwargs(self._settings)
         self._facts = AIOKafkaConsumer(
-            topics.INVOCATIONS, bootstrap_servers=self._bootstrap, group_id=GROUP,
+            topics.INVOCATIONS, bootstrap_servers=self._bootstrap, group_id=self._group,
             enable_auto_commit=False, auto_offset_reset="earliest", **options,
             **self._client_options)
         self._records = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
