@@ -7,15 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.events import ExecutionProgressed
-from projections.invocations import evolve_invocation
 from tests.projection_events import at, envelope, invocation
-
-
-def fold(events):
-    row = None
-    for event in events:
-        row = evolve_invocation(row, event)
-    return row
+from tests.unit.test_fold_properties import fold
 
 
 def test_latest_progress_and_checkpoint_totals() -> None:
