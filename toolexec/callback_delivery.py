@@ -223,6 +223,7 @@ class CallbackDeliverer:
                                          enable_auto_commit=False, **self._client_options)
         self._http = httpx.AsyncClient(follow_redirects=False)
         await self._records.start()
+        await self._records.topics()  # the cluster's metadata, partitions included
         partitions = self._records.partitions_for_topic(topics.CALLBACKS) or {0}
         self._records.assign([TopicPartition(topics.CALLBACKS, p) for p in partitions])
         await self._records.seek_to_beginning()
