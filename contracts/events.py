@@ -176,6 +176,10 @@ class InvokeRequested(EventData):
         default="sync", description="Whether the producer waits for the terminal event."
     )
     idempotency_key: str | None = Field(default=None, description="Producer's dedupe key.")
+    callback_url: str | None = Field(
+        default=None, max_length=2000,
+        description="An https/http URL that receives the terminal result once, signed "
+        "(HMAC-SHA256); only hosts the operator allows. Compatible addition: absent = none.")
 
 
 class ChainLink(BaseModel):
@@ -347,6 +351,39 @@ class InvokeCancelRequested(EventData):
     requested_by: str | None = Field(default=None, description="Who asked, if known.")
 
 
+# --- toolexec.callbacks -----------------------------------------------------------------
+
+
+class CallbackDelivered(EventData):
+    """The terminal result of an invocation was POSTed to its callback URL and the
+    receiver answered 2xx: a restarted deliverer does not send it again."""
+
+    EVENT_TYPE: ClassVar[str] = "callback.delivered"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation; the partition key.")
+    terminal_event_id: NonEmpty = Field(description="Id of the terminal event sent (the "
+                                        "`Toolexec-Event-Id` header the receiver dedupes on).")
+    host: NonEmpty = Field(description="Host of the callback URL (the URL itself is not "
+                           "kept: it may carry the caller's secrets).")
+    status_code: int = Field(ge=200, le=299, description="The receiver's answer.")
+    attempts: int = Field(ge=1, description="POSTs made.")
+
+
+class CallbackFailed(EventData):
+    """The terminal result could not be delivered: refused by the operator's callback
+    hosts (E3406) or the receiver never answered 2xx within the retries (E3704). It is
+    not tried again."""
+
+    EVENT_TYPE: ClassVar[str] = "callback.failed"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation; the partition key.")
+    terminal_event_id: NonEmpty = Field(description="Id of the terminal event not delivered.")
+    host: str | None = Field(default=None, description="Host of the callback URL, if any.")
+    attempts: int = Field(ge=0, description="POSTs made (0 when refused before any).")
+    error: ErrorInfo = Field(description="E3704; E3406 for a host not allowed, E3004 for a "
+                             "malformed URL (a request written to the log directly).")
+
+
 # --- toolexec.circuits / toolexec.policies / toolexec.deadletter ---------------------
 
 
@@ -405,6 +442,7 @@ EVENT_MODELS: Final[dict[str, type[EventData]]] = {
         ExecutionStarted, ExecutionProgressed, ExecutionCheckpointed, ExecutionFinished,
         InvokeCompleted, InvokeFailed, InvokeCancelRequested,
         CircuitStateChanged, PolicyUpdated, DeadLetterRecord,
+        CallbackDelivered, CallbackFailed,
     )
 }
 """Event type name -> its data model (the dead-letter record included)."""

@@ -23,9 +23,12 @@ POLICIES: Final = "toolexec.policies"
 """Authorization policy sets; key = policy_set_id."""
 DEADLETTER: Final = "toolexec.deadletter"
 """Undecodable or poison records with their error; key = the original record's key."""
+CALLBACKS: Final = "toolexec.callbacks"
+"""Deliveries of terminal results to callback URLs (delivered, failed); key =
+invocation_id."""
 
 ALL_TOPICS: Final[tuple[str, ...]] = (REGISTRY, REQUESTS, INVOCATIONS, CIRCUITS, POLICIES,
-                                      DEADLETTER)
+                                      DEADLETTER, CALLBACKS)
 
 TOPIC_OF_TYPE: Final[dict[str, str]] = {
     "tool.published": REGISTRY,
@@ -44,6 +47,8 @@ TOPIC_OF_TYPE: Final[dict[str, str]] = {
     "circuit.state.changed": CIRCUITS,
     "policy.updated": POLICIES,
     "deadletter.recorded": DEADLETTER,
+    "callback.delivered": CALLBACKS,
+    "callback.failed": CALLBACKS,
 }
 """Event type -> the topic it is published on (the one place that decides it)."""
 

@@ -116,6 +116,12 @@ class CircuitOpen(ToolexecError):
     code = "E3501"
 
 
+class JobNotFound(ToolexecError):
+    """E3702: no invocation of that id is known (to the read model)."""
+
+    code = "E3702"
+
+
 class JobCancelled(ToolexecError):
     """E3703: the invocation was cancelled on request (an invocation that failed with
     this code is shown as "cancelled" and is not an error of its tool)."""

@@ -20,7 +20,9 @@ from contracts.envelope import Envelope
 from contracts.events import TERMINAL_STATUSES as TERMINAL
 from contracts.events import (
     ChainResolved,
+    ExecutionCheckpointed,
     ExecutionFinished,
+    ExecutionProgressed,
     ExecutionStarted,
     InvokeCancelRequested,
     InvokeCompleted,
@@ -43,7 +45,15 @@ def new_invocation(invocation_id: str, at: str) -> Row:
             "version_range": None, "version": None, "subject": None, "requested_by": None,
             "attempts": 0, "duration_ms": None, "error_code": None, "error_message": None,
             "failed_stage": None, "result_summary": None, "cancel_requested": False,
-            "timeline": [], "requested_at": None, "updated_at": at, "finished_at": None}
+            "timeline": [], "requested_at": None, "updated_at": at, "finished_at": None,
+            "callback_url": None, **NO_PROGRESS}
+
+
+NO_PROGRESS: Row = {"progress_sequence": None, "progress_fraction": None,
+                    "progress_message": None, "progress_at": None, "checkpoints": 0,
+                    "checkpoint_bytes": 0, "checkpoint_stored_bytes": 0,
+                    "last_checkpoint_hash": None}
+"""The progress columns of an invocation no attempt has reported on (yet)."""
 
 
 def evolve_invocation(row: Row | None, envelope: Envelope) -> Row | None:
@@ -76,6 +86,7 @@ def _apply(row: Row, envelope: Envelope, at: str) -> None:
         row.update(version_range=data.version_range, requested_by=data.requested_by,
                    requested_at=at, tool_id=data.tool_id)
         row["subject"] = row["subject"] or captoken_identity(envelope)[0]
+        row["callback_url"] = data.callback_url
     elif isinstance(data, ChainResolved) and not terminal:
         row["status"] = "resolved"
     elif isinstance(data, PermissionDecided):
@@ -98,6 +109,26 @@ def _apply(row: Row, envelope: Envelope, at: str) -> None:
                    finished_at=at)
     elif isinstance(data, InvokeCancelRequested):
         row["cancel_requested"] = True
+    elif isinstance(data, ExecutionProgressed):
+        _progressed(row, data, at)
+    elif isinstance(data, ExecutionCheckpointed):
+        _checkpointed(row, data)
+
+
+def _progressed(row: Row, data: ExecutionProgressed, at: str) -> None:
+    """The latest report (highest sequence) is the invocation's progress."""
+    if row["progress_sequence"] is not None and data.sequence <= row["progress_sequence"]:
+        return
+    row.update(progress_sequence=data.sequence, progress_fraction=data.fraction,
+               progress_message=redact(data.message).value, progress_at=at)
+
+
+def _checkpointed(row: Row, data: ExecutionCheckpointed) -> None:
+    # Repeated events never reach the fold (event ids), so each checkpoint counts once.
+    row["checkpoints"] += 1
+    row["checkpoint_bytes"] += data.size
+    row["checkpoint_stored_bytes"] += data.stored_size
+    row["last_checkpoint_hash"] = data.state_hash
 
 
 def _with_entry(timeline: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
@@ -123,13 +154,20 @@ def _with_entry(timeline: list[dict[str, Any]], entry: dict[str, Any]) -> list[d
     return merged
 
 
+TIMELINE_FIELDS = ("attempt", "decision", "outcome", "stage", "sequence", "fraction", "size",
+                   "stored_size", "compression", "state_hash")
+"""The fields of an event its timeline entry carries, when the event has them."""
+
+
 def _timeline_entry(envelope: Envelope, at: str) -> dict[str, Any]:
     data: Any = envelope.data
     entry: dict[str, Any] = {"type": envelope.type, "time": at, "id": envelope.id}
-    for name in ("attempt", "decision", "outcome", "stage"):
+    for name in TIMELINE_FIELDS:
         value = field_of(data, name)
         if value is not None:
             entry[name] = value
+    if isinstance(data, ExecutionProgressed):
+        entry["message"] = redact(data.message).value
     error = field_of(data, "error")
     if error is not None:
         entry["error_code"] = error.code

@@ -134,6 +134,15 @@ invocations = Table(
     Column("requested_at", String(32)),
     Column("updated_at", String(32), nullable=False),
     Column("finished_at", String(32)),
+    Column("callback_url", Text),
+    Column("progress_sequence", Integer),
+    Column("progress_fraction", Float),
+    Column("progress_message", Text),
+    Column("progress_at", String(32)),
+    Column("checkpoints", Integer, nullable=False, server_default="0"),
+    Column("checkpoint_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("checkpoint_stored_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("last_checkpoint_hash", String(80)),
     Index("ix_invocations_tool_status", "tool_id", "status"),
 )
 

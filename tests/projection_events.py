@@ -14,7 +14,9 @@ from contracts.events import (
     ChainResolved,
     CircuitStateChanged,
     EventData,
+    ExecutionCheckpointed,
     ExecutionFinished,
+    ExecutionProgressed,
     ExecutionStarted,
     InvokeCompleted,
     InvokeFailed,
@@ -72,8 +74,9 @@ def captoken(sub: str, jti: str) -> str:
 def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "completed",
                start: float = 0.0, token: str | None = None,
                parameters: dict[str, Any] | None = None,
-               subject: str = "bob") -> list[Envelope]:
-    """The events of one invocation, from request to its terminal event."""
+               subject: str = "bob", reports: int = 0) -> list[Envelope]:
+    """The events of one invocation, from request to its terminal event; a running
+    attempt makes `reports` progress reports, each followed by a checkpoint."""
     link = ChainLink(tool_id=tool_id, version="1.0.0", integrity=INTEGRITY, tool_type="script",
                      executor=None)
     params = parameters or {"text": "hi"}
@@ -103,6 +106,14 @@ def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "
     follow(ExecutionStarted(invocation_id=invocation_id, attempt=1, tool_id=tool_id,
                             version="1.0.0", primitive="subprocess", sandbox="none",
                             plan_summary={"argv": ["python3", "main.py"]}), 0.03)
+    for step in range(reports):
+        follow(ExecutionProgressed(invocation_id=invocation_id, attempt=1, sequence=step,
+                                   fraction=(step + 1) / reports,
+                                   message=f"step {step + 1} of {reports}"), 0.031 + step / 1000)
+        follow(ExecutionCheckpointed(invocation_id=invocation_id, attempt=1, sequence=step,
+                                     state_hash=f"sha256:{step:064x}", size=100 + step,
+                                     stored_size=40 + step, compression="gzip"),
+               0.0315 + step / 1000)
     ok = outcome == "completed"
     follow(ExecutionFinished(invocation_id=invocation_id, attempt=1, tool_id=tool_id,
                              version="1.0.0", outcome="success" if ok else "failure",

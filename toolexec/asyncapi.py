@@ -30,6 +30,7 @@ CHANNELS: Final[dict[str, tuple[str, str]]] = {
     "circuits": (topics.CIRCUITS, "service_id"),
     "policies": (topics.POLICIES, "policy_set_id"),
     "deadletter": (topics.DEADLETTER, "the original record's key"),
+    "callbacks": (topics.CALLBACKS, "invocation_id"),
 }
 """Channel id -> (topic, what the record key is)."""
 

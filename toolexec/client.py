@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 PROGRESS_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
-                            "tool.execution.started", "tool.execution.finished"})
+                            "tool.execution.started", "tool.execution.progressed",
+                            "tool.execution.finished"})
 SOURCE = "urn:toolexec:client"
 
 Progress = Callable[[Envelope], None]
@@ -198,14 +199,16 @@ class InvocationClient:
                      token: str | None = None, invocation_id: str | None = None,
                      requested_by: str | None = None,
                      execution_mode: Literal["sync", "async"] = "async",
-                     timeout: float = 30.0) -> Envelope:
+                     timeout: float = 30.0, callback_url: str | None = None) -> Envelope:
         """Emit `tool.invoke.requested` without waiting for its outcome; returns the
         request's envelope. Raises `InvocationNotDelivered` (E3001) when the broker does
-        not take it within `timeout` seconds."""
+        not take it within `timeout` seconds. `callback_url` is sent as given: check it
+        against the operator's hosts first (`usecases.callbacks.checked_callback_url`)."""
         envelope = _request(tool_id, parameters, version_range=version_range,
                             lockfile=lockfile, token=token, requested_by=requested_by,
                             invocation_id=invocation_id or self.new_invocation_id(),
-                            execution_mode=execution_mode, registry_offset=self._registry_end)
+                            execution_mode=execution_mode, registry_offset=self._registry_end,
+                            callback_url=callback_url)
         partition = self._local_partition(envelope.correlationid)
         metadata = await self._deliver(envelope, asyncio.get_running_loop().time() + timeout,
                                        partition=partition)
@@ -217,7 +220,8 @@ class InvocationClient:
                      version_range: str = "*", lockfile: Mapping[str, Any] | None = None,
                      token: str | None = None, timeout: float = 120.0,
                      invocation_id: str | None = None, progress: Progress | None = None,
-                     requested_by: str | None = None) -> Envelope:
+                     requested_by: str | None = None,
+                     callback_url: str | None = None) -> Envelope:
         """Request an invocation and return its terminal event (completed or failed).
 
         Raises `InvocationNotDelivered` (E3001) or `InvocationUnresolved` (E3002) when
@@ -226,7 +230,7 @@ class InvocationClient:
         envelope = _request(tool_id, parameters, version_range=version_range,
                             lockfile=lockfile, token=token, requested_by=requested_by,
                             invocation_id=invocation_id, execution_mode="sync",
-                            registry_offset=self._registry_end)
+                            registry_offset=self._registry_end, callback_url=callback_url)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         partition = self._local_partition(invocation_id)
@@ -381,12 +385,12 @@ async def _terminal(waiter: asyncio.Future[Envelope], invocation_id: str, deadli
 def _request(tool_id: str, parameters: Mapping[str, Any] | None, *, version_range: str,
              lockfile: Mapping[str, Any] | None, token: str | None, requested_by: str | None,
              invocation_id: str, execution_mode: Literal["sync", "async"],
-             registry_offset: int | None = None) -> Envelope:
+             registry_offset: int | None = None, callback_url: str | None = None) -> Envelope:
     request = InvokeRequested(
         invocation_id=invocation_id, tool_id=tool_id, version_range=version_range,
         parameters=dict(parameters or {}), lockfile=dict(lockfile) if lockfile else None,
         requested_by=requested_by, execution_mode=execution_mode,
-        registry_offset=registry_offset,
+        registry_offset=registry_offset, callback_url=callback_url,
     )
     extensions = {"captoken": token} if token else {}
     return new_envelope(request, source=SOURCE, partitionkey=invocation_id,

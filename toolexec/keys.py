@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -261,3 +262,26 @@ def _write_private_file(path: Path, key: Any) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(pem)
+
+
+def callback_key_path(state_dir: Path) -> Path:
+    """Where a state directory keeps the key callbacks are signed with."""
+    return state_dir / "keys" / "callback.key"
+
+
+def callback_secret(settings: Settings) -> bytes:
+    """The HMAC key of callbacks: `TOOLEXEC_CALLBACK_SECRET_FILE`'s content (surrounding
+    whitespace dropped), else one made under the state directory on first use (0600,
+    64 hex characters; give receivers that file's content)."""
+    path = settings.callback_secret_file or callback_key_path(Path(settings.state_dir))
+    if settings.callback_secret_file is None and not path.exists():
+        ensure_state_dir(Path(settings.state_dir))
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileExistsError):  # another process made it first
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(32) + "\n")
+    secret = path.read_bytes().strip()
+    if len(secret) < 16:
+        raise ValueError(f"{path}: a callback secret needs at least 16 bytes")
+    return secret

@@ -243,6 +243,21 @@ class Settings(BaseSettings):
     credential_grants: dict[str, list[str]] = Field(default_factory=dict)
     """Credential name -> tool ids (or `prefix*`) that may receive it (JSON object)."""
 
+    # --- Callbacks of async callers (docs/observability.md, "Async callers").
+    callback_hosts: list[str] = Field(default_factory=list)
+    """Hosts a request's `callback_url` may name (JSON list): exact names or addresses,
+    or `*.example.com`; empty = callbacks refused (E3406). A private or loopback
+    address is reached only through a host listed exactly."""
+    callback_secret_file: Path | None = None
+    """File holding the HMAC-SHA256 key that signs callbacks; None = `keys/callback.key`
+    under the state directory, made on first use."""
+    callback_max_attempts: int = Field(default=6, ge=1, le=50)
+    """POSTs of one callback before it is given up (E3704), with exponential backoff."""
+    callback_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    """How long one POST of a callback may take."""
+    callback_first_backoff_seconds: float = Field(default=0.5, gt=0, le=60)
+    """Wait before the second POST; each next wait doubles (with jitter, at most 60 s)."""
+
     @field_validator("sandbox_max_memory", "sandbox_max_disk")
     @classmethod
     def _size(cls, value: str) -> str:
@@ -329,7 +344,7 @@ class Settings(BaseSettings):
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
                      "require_auth", "sandbox", "abac_url", "token", "fact_signing_key",
                      "kafka_sasl_username", "kafka_sasl_password_file", "kafka_ssl_cafile",
-                     "embeddings_url", "embeddings_key_file",
+                     "embeddings_url", "embeddings_key_file", "callback_secret_file",
                      mode="before")
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:

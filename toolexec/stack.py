@@ -83,6 +83,7 @@ TOPIC_PARTITIONS = {
     topics.CIRCUITS: 1,
     topics.POLICIES: 1,
     topics.DEADLETTER: 1,
+    topics.CALLBACKS: 1,
 }
 
 

@@ -46,9 +46,28 @@ async def running_system(settings: Settings, tools: list[Path]) -> AsyncIterator
         return started[-1]
 
     async with Stack(settings, read_models_factory=read_models, keep_broker=True) as stack, \
-            serve_gateway(stack, started[0], settings) as gateway_url:
+            serve_gateway(stack, started[0], settings) as gateway_url, \
+            callback_deliverer(settings, stack, started[0]):
         publications = await publish_to_stack(stack, tools, settings)
         yield RunningSystem(stack, gateway_url, publications)
+
+
+@contextlib.asynccontextmanager
+async def callback_deliverer(settings: Settings, stack: Any,
+                             read_models: ReadModels) -> AsyncIterator[None]:
+    """The callback deliverer of `up`, when the operator allows callback hosts (none
+    allowed: every callback_url is refused at the front ends, nothing to deliver)."""
+    if not settings.callback_hosts:
+        yield
+        return
+    from toolexec.callback_delivery import CallbackDeliverer, read_model_lookup
+    from toolexec.settings import kafka_client_options
+
+    lookup = read_model_lookup(read_models.engine, read_models.wait_caught_up)
+    async with CallbackDeliverer(settings, stack.bootstrap, lookup=lookup,
+                                 publish=stack.publish, verifier=stack.verifier,
+                                 client_options=kafka_client_options(settings)):
+        yield
 
 
 def serve_mcp(settings: Settings, tools: list[Path], *, http: bool, host: str,

@@ -89,3 +89,28 @@ def test_the_same_bad_input_gets_the_same_code_from_every_front_end(
         gateway: RunningGateway, front_end: str, tool_id: str, parameters: Any,
         lockfile: Any, code: str, tmp_path: Path) -> None:
     assert FRONT_ENDS[front_end](gateway, tool_id, parameters, lockfile) == code
+
+
+@pytest.mark.parametrize(("url", "code"), [
+    pytest.param("https://hooks.example.net/done", "E3406", id="callback host not allowed"),
+    pytest.param("ftp://hooks.example.net/done", "E3004", id="callback not http(s)"),
+])
+def test_a_callback_url_refused_gets_the_same_code_from_every_front_end(
+        gateway: RunningGateway, url: str, code: str) -> None:
+    import anyio
+
+    done = toolexec("run", "word_stats", "-p", "text=a", "--callback-url", url, "--json",
+                    cwd=gateway.cwd, env=gateway.env)
+    assert done.returncode in (1, 2) and json.loads(done.stdout)["error"]["code"] == code
+    response = gateway.http.post("/v1/tools/invoke", json={
+        "tool_id": "word_stats", "parameters": {"text": "a"}, "callback_url": url})
+    assert response.json()["error"]["code"] == code
+
+    async def call() -> mcp_types.CallToolResult:
+        server = build_server(Gateway(Settings(state_dir=gateway.cwd / ".toolexec"), []))
+        return await server.call_tool("execute", {
+            "action": "start", "tool_id": "word_stats", "parameters": {"text": "a"},
+            "callback_url": url})
+
+    result = anyio.run(call)
+    assert result.is_error and result.structured_content["error"]["code"] == code

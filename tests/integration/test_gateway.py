@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from contracts import topics
 from tests.integration.gateway_support import (
     RunningGateway,
     free_port,
@@ -240,7 +241,7 @@ def test_asyncapi_document_lists_every_event_contract(gateway) -> None:
     assert "InvokeRequested" in channels["requests"]["messages"]
     assert "InvokeCompleted" in channels["invocations"]["messages"]
     assert "InvokeRequested" in document["components"]["schemas"]
-    assert len(channels) == 6  # one per topic
+    assert len(channels) == len(topics.ALL_TOPICS)  # one per topic
 
 
 def test_up_serves_on_a_fixed_port_and_ctrl_c_stops_it(tmp_path: Path) -> None:

@@ -136,3 +136,27 @@ def test_the_invocation_page_escapes_its_timeline() -> None:
     page = invocation_page(view, [record])
     assert "<script>" not in page and "&lt;/pre&gt;&lt;script&gt;" in page
     assert "toolexec.invocations/0@7" in page
+
+
+def test_the_view_carries_the_latest_progress_and_the_checkpoints() -> None:
+    view = invocation_view(row(status="running", progress_sequence=7, progress_fraction=0.4,
+                               progress_message="step 8 of 20",
+                               progress_at="2026-11-23T12:00:01.000000Z", checkpoints=8,
+                               checkpoint_bytes=800, checkpoint_stored_bytes=300,
+                               last_checkpoint_hash="sha256:" + "a" * 64))
+    assert view.progress is not None and view.progress.fraction == 0.4
+    assert view.progress.message == "step 8 of 20"
+    assert (view.checkpoints.count, view.checkpoints.stored_bytes) == (8, 300)
+    quiet = invocation_view(row(status="running"))
+    assert quiet.progress is None and quiet.checkpoints.count == 0
+
+
+def test_the_status_page_shows_a_running_invocation_s_progress_as_text() -> None:
+    summary = invocation_summary(row(status="running", tool_id="<b>t</b>", progress_sequence=0,
+                                     progress_fraction=0.25, progress_message="<i>x</i>"))
+    assert summary["progress"]["fraction"] == 0.25
+    from toolexec.gateway.status_page import invocations_table
+
+    html = invocations_table([summary])
+    assert '<progress max="1" value="0.2500"></progress> 25% &lt;i&gt;x&lt;/i&gt;' in html
+    assert "<i>" not in html

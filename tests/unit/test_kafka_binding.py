@@ -17,14 +17,16 @@ from contracts.envelope import Envelope, derived_event_id, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import (
     EVENT_MODELS,
+    CallbackDelivered,
+    CallbackFailed,
     ChainLink,
     ChainResolved,
     CircuitStateChanged,
     DeadLetterRecord,
     EventData,
     ExecutionCheckpointed,
-    ExecutionProgressed,
     ExecutionFinished,
+    ExecutionProgressed,
     ExecutionStarted,
     ExecutorPin,
     InvokeCancelRequested,
@@ -124,6 +126,10 @@ SAMPLES: list[EventData] = [
                      headers={"ce_type": "tool.nope"}, value_b64="AAE=",
                      error=ErrorInfo(code="E3004", message="unknown type"),
                      consumer="toolexec.pipeline/resolve", failed_at=NOW, attempts=1),
+    CallbackDelivered(invocation_id="inv-1", terminal_event_id="ev-9",
+                      host="hooks.example.com", status_code=204, attempts=2),
+    CallbackFailed(invocation_id="inv-1", terminal_event_id="ev-9", host="hooks.example.com",
+                   attempts=6, error=ErrorInfo(code="E3704", message="503 six times")),
 ]
 
 

@@ -35,7 +35,8 @@ def _log(seed: int, count: int) -> list[Envelope]:
     streams = []
     for n in range(count):
         events = invocation(f"inv-{n}", outcome=chooser.choice(OUTCOMES), start=n * 0.5,
-                            token=captoken("ann", f"j{n}") if n % 3 == 0 else None)
+                            token=captoken("ann", f"j{n}") if n % 3 == 0 else None,
+                            reports=chooser.choice((0, 0, 1, 3)))
         if chooser.random() < 0.4:
             cancel = envelope(InvokeCancelRequested(invocation_id=f"inv-{n}", reason="stop"),
                               f"inv-{n}", when=at(n * 0.5 + chooser.choice((0.015, 9.0))),

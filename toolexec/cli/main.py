@@ -19,6 +19,7 @@ from toolexec.cli import (
     authoring,
     broker,
     cancel,
+    invocation_status,
     lifecycle,
     mcp,
     projections,
@@ -37,6 +38,7 @@ app = typer.Typer(
 authoring.register(app)  # validate, integrity, lock: no running system needed
 runtime.register(app)  # up, run, publish
 cancel.register(app)  # cancel
+invocation_status.register(app)  # status INVOCATION: timeline and progress
 lifecycle.register(app)  # deprecate, remove, restore
 security.register(app)  # token issue, policy apply, keys
 projections.register(app)  # projections rebuild, search, show, status, audit

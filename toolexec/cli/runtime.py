@@ -133,6 +133,9 @@ def run(
     token: Annotated[str | None, typer.Option("--token", help="capability token (JWT)")] = None,
     tools: Annotated[list[Path], typer.Option("--tools", help="extra tool directories")] = [],  # noqa: B006
     timeout: Annotated[float, typer.Option(help="seconds to wait for the result")] = 120.0,
+    callback_url: Annotated[str | None, typer.Option(
+        "--callback-url", help="also POST the result there, signed (a host of "
+        "TOOLEXEC_CALLBACK_HOSTS)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Invoke a tool through the pipeline and print its result. With authorization on,
@@ -156,7 +159,7 @@ def run(
         terminal = asyncio.run(invoke_tool(
             settings, spec, parameters, lockfile=lockfile, token=token or settings.token,
             tools=tools, timeout=timeout, progress=progress,
-            on_published=None if as_json else _report_rejections))
+            on_published=None if as_json else _report_rejections, callback_url=callback_url))
     except (BrokerUnavailable,  # E3801: the embedded broker did not start
             ToolexecError) as error:  # E3001 / E3002 / E3004 / E32xx ...
         fail_with(error, as_json)
@@ -176,6 +179,9 @@ def describe_progress(event: Envelope) -> str:
         return f"executing attempt {data.attempt} via {data.primitive} (sandbox: {data.sandbox})"
     if event.type == "tool.execution.finished":
         return f"finished  attempt {data.attempt}: {data.outcome} in {data.duration_ms:.1f} ms"
+    if event.type == "tool.execution.progressed":
+        share = "" if data.fraction is None else f"{data.fraction:.0%} "
+        return f"progress  {share}{escape(data.message)}"
     return event.type
 
 

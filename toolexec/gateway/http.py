@@ -92,10 +92,12 @@ from toolexec.publishing import Publication, plan_publications, planned_tool_ids
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
 from toolexec.usecases.audit import audit_page, utc
+from toolexec.usecases.callbacks import checked_callback_url
 from toolexec.usecases.cancel import cancel_invocation, shown_status
 from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
 from toolexec.usecases.registry import search_page, with_publishers
 from toolexec.usecases.status import status_snapshot
+from toolexec.usecases.timeline import checkpoint_totals, latest_progress
 
 REQUESTED_BY = "urn:toolexec:gateway"
 WAIT_SLACK_SECONDS = 10.0
@@ -171,6 +173,7 @@ def invocation_view(row: Mapping[str, Any]) -> InvocationView:
             "attempts", "duration_ms", "requested_at", "updated_at", "finished_at",
             "cancel_requested", "result_summary", "timeline")
     return InvocationView(status=status, result=result, error=error,
+                          progress=latest_progress(row), checkpoints=checkpoint_totals(row),
                           **{name: row[name] for name in keep})
 
 
@@ -210,12 +213,14 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
         `captoken`. sync: answers with the result (or the failure's status and code);
         async: answers 202 with the invocation id at once."""
         check_invoke_payload(body.parameters, body.lockfile, ctx.settings.max_parameter_bytes)
+        callback_url = checked_callback_url(body.callback_url, ctx.settings)
         token = _bearer(authorization)
         if body.execution_mode == "async":
             try:
                 request = await ctx.client.submit(
                     body.tool_id, body.parameters, version_range=body.tool_version,
-                    lockfile=body.lockfile, token=token, requested_by=REQUESTED_BY)
+                    lockfile=body.lockfile, token=token, requested_by=REQUESTED_BY,
+                    callback_url=callback_url)
             except InvocationNotDelivered as error:
                 raise ApiError(error.code, error.message, error.details) from None
             iid = request.data.invocation_id
@@ -229,7 +234,7 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
             terminal = await ctx.client.invoke(
                 body.tool_id, body.parameters, version_range=body.tool_version,
                 lockfile=body.lockfile, token=token, timeout=bound, invocation_id=request_id,
-                requested_by=REQUESTED_BY)
+                requested_by=REQUESTED_BY, callback_url=callback_url)
         except InvocationUnresolved:
             raise ApiError("E3002", f"no terminal event within {bound:.0f} s; the invocation "
                            "goes on: poll status_url",

@@ -6,8 +6,14 @@ Tools:
             (file contents too, read from the registry topic of the running system);
 - `execute` `run` invokes a tool through the full event pipeline, exactly as
             `toolexec run` does (the running `up` found via .toolexec/runtime.json,
-            else an embedded stack for the call); `sign` computes a tool source's
-            canonical integrity; `lock` freezes a tool's verified chain to a lockfile;
+            else an embedded stack for the call), sending each progress report of the
+            tool as an MCP progress notification when the call carries a progress
+            token; `start` requests it without waiting and returns the invocation id,
+            `status` answers an invocation's status, progress, timeline and (once
+            ended) result by id: the MCP tasks pattern as two actions, since the SDK's
+            server does not serve `tasks/*` (its types only); `sign` computes a tool
+            source's canonical integrity; `lock` freezes a tool's verified chain to a
+            lockfile;
 - `help`    what the tools do and how to call them.
 
 Every failure comes back as an MCP tool error (`isError`) whose structured content
@@ -17,20 +23,22 @@ by default, or streamable HTTP (`--http`, path `/mcp`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import mcp_types
 import structlog
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from contracts.envelope import Envelope
 from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
 from toolexec.runtime_file import read_runtime
@@ -38,9 +46,18 @@ from toolexec.settings import Settings
 from toolexec.state_files import ensure_state_dir
 from toolexec.usecases import registry
 from toolexec.usecases.authoring import lock_chain, source_integrity
-from toolexec.usecases.invoke import ToolSpec, check_parameters, completed_result, invoke_tool
+from toolexec.usecases.invoke import (
+    ToolSpec,
+    check_parameters,
+    completed_result,
+    invoke_tool,
+    submit_tool,
+)
+from toolexec.usecases.timeline import invocation_timeline
 
 log = structlog.get_logger(__name__)
+
+Progress = Callable[[Envelope], None]
 
 HELP = {
     "overview": (
@@ -57,7 +74,11 @@ HELP = {
     "execute": (
         "execute(action, ...): action 'run' with tool_id, parameters (object), "
         "version_range ('*', '^1'...), lockfile (object), token (capability JWT), "
-        "timeout; returns the result or the failure's code. Action 'sign' with path "
+        "timeout, callback_url; returns the result or the failure's code, and sends the "
+        "tool's progress reports as progress notifications when the call has a progress "
+        "token. Action 'start' (same arguments) returns the invocation_id at once; action "
+        "'status' with invocation_id answers its status, latest progress, checkpoints, "
+        "timeline and, once ended, its result or error (poll it). Action 'sign' with path "
         "(a tool source) returns its canonical integrity sha256:<hex>. Action 'lock' "
         "with tool_id and version_range freezes the verified chain to a lockfile "
         "(written to `path` when given)."),
@@ -116,13 +137,32 @@ class Gateway:
         }
 
     async def run(self, tool_id: str, parameters: Any, version_range: str,
-                  lockfile: Any, token: str | None, timeout: float) -> dict[str, Any]:
+                  lockfile: Any, token: str | None, timeout: float,
+                  callback_url: str | None = None,
+                  progress: Progress | None = None) -> dict[str, Any]:
         spec = ToolSpec.parse(f"{tool_id}@{version_range}")
         parameters = check_parameters(parameters, lockfile=lockfile,
                                       max_bytes=self.settings.max_parameter_bytes)
         terminal = await invoke_tool(self.settings, spec, parameters, lockfile=lockfile,
-                                     token=token, tools=self.tools, timeout=timeout)
+                                     token=token, tools=self.tools, timeout=timeout,
+                                     progress=progress, callback_url=callback_url)
         return {"action": "run", **completed_result(terminal)}
+
+    async def start(self, tool_id: str, parameters: Any, version_range: str,
+                    lockfile: Any, token: str | None,
+                    callback_url: str | None) -> dict[str, Any]:
+        spec = ToolSpec.parse(f"{tool_id}@{version_range}")
+        parameters = check_parameters(parameters, lockfile=lockfile,
+                                      max_bytes=self.settings.max_parameter_bytes)
+        invocation_id = await submit_tool(self.settings, spec, parameters, lockfile=lockfile,
+                                          token=token, callback_url=callback_url)
+        return {"action": "start", "status": "requested", "invocation_id": invocation_id}
+
+    async def status(self, invocation_id: str | None) -> dict[str, Any]:
+        if not invocation_id:
+            raise GatewayError("action 'status' needs an invocation_id")
+        document = await invocation_timeline(await self.engine(), invocation_id)
+        return {"action": "status", **document, "result": _parsed(document)}
 
     def sign(self, path: str | None) -> dict[str, Any]:
         if not path:
@@ -143,6 +183,44 @@ class Gateway:
                                    details={"path": path}) from error
         return {"action": "lock", "status": "locked", "lockfile": lockfile,
                 "warnings": warnings, "path": path}
+
+
+def _parsed(document: dict[str, Any]) -> Any:
+    """A completed invocation's result as the read model holds it (None otherwise, or
+    when its summary was cut)."""
+    if document["status"] != "completed" or document["result_summary"] is None:
+        return None
+    with contextlib.suppress(ValueError):
+        return json.loads(document["result_summary"])
+    return None
+
+
+class ProgressRelay:
+    """Forwards a tool's progress reports to the MCP caller, in order, as progress
+    notifications: `progress` is the report's number (from 1, increasing even across
+    attempts, as MCP requires), the message says the share done and the tool's words."""
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+        self._reports: asyncio.Queue[Envelope | None] = asyncio.Queue()
+        self._task = asyncio.create_task(self._forward())
+
+    def __call__(self, event: Envelope) -> None:
+        if event.type == "tool.execution.progressed":
+            self._reports.put_nowait(event)
+
+    async def _forward(self) -> None:
+        while (event := await self._reports.get()) is not None:
+            data: Any = event.data
+            share = "" if data.fraction is None else f"{data.fraction:.0%} "
+            with contextlib.suppress(Exception):  # the caller went away: the run goes on
+                await self._context.report_progress(data.sequence + 1, None,
+                                                    (share + data.message).strip())
+
+    async def close(self) -> None:
+        """Send what is queued, then stop."""
+        self._reports.put_nowait(None)
+        await self._task
 
 
 def _ok(payload: dict[str, Any]) -> mcp_types.CallToolResult:
@@ -213,20 +291,31 @@ def build_server(gateway: Gateway) -> MCPServer:
         return await _guarded(lambda: gateway.load(tool_id, version))
 
     @server.tool(description=HELP["execute"])
-    async def execute(action: Literal["run", "sign", "lock"], tool_id: str | None = None,
+    async def execute(action: Literal["run", "start", "status", "sign", "lock"],
+                      ctx: Context, tool_id: str | None = None,
                       parameters: dict[str, Any] | None = None, version_range: str = "*",
                       lockfile: dict[str, Any] | None = None, token: str | None = None,
-                      path: str | None = None,
-                      timeout: float = 120.0) -> mcp_types.CallToolResult:
+                      path: str | None = None, timeout: float = 120.0,
+                      callback_url: str | None = None,
+                      invocation_id: str | None = None) -> mcp_types.CallToolResult:
         async def work() -> dict[str, Any]:
             if action == "sign":
                 return gateway.sign(path)
+            if action == "status":
+                return await gateway.status(invocation_id)
             if not tool_id:
                 raise GatewayError(f"action {action!r} needs a tool_id")
             if action == "lock":
                 return gateway.lock(tool_id, version_range, path)
-            return await gateway.run(tool_id, parameters or {}, version_range, lockfile,
-                                     token, timeout)
+            if action == "start":
+                return await gateway.start(tool_id, parameters or {}, version_range,
+                                           lockfile, token, callback_url)
+            relay = ProgressRelay(ctx)
+            try:
+                return await gateway.run(tool_id, parameters or {}, version_range, lockfile,
+                                         token, timeout, callback_url, relay)
+            finally:
+                await relay.close()
         return await _guarded(work)
 
     @server.tool(name="help", description="How to use toolexec's MCP tools.")

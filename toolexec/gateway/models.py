@@ -29,6 +29,11 @@ class InvokeRequest(BaseModel):
     timeout_seconds: float | None = Field(
         default=None, gt=0, le=3600,
         description="Longest a sync call waits (default: the tool's timeout and retries).")
+    callback_url: str | None = Field(
+        default=None, max_length=2000,
+        description="Also POST the terminal result there once, signed (HMAC-SHA256 header "
+        "`Toolexec-Signature`); only hosts the operator allows (E3406), an http(s) URL "
+        "without credentials (E3004).")
 
 
 class InvokeResult(BaseModel):
@@ -81,6 +86,24 @@ class InvocationError(BaseModel):
     stage: str | None = None
 
 
+class InvocationProgress(BaseModel):
+    """The newest `tool.execution.progressed` of an invocation."""
+
+    sequence: int = Field(description="Report number within the invocation, from 0.")
+    fraction: float | None = Field(description="Share of the work done, 0..1, when known.")
+    message: str = Field(description="What the tool is doing (scrubbed, redacted).")
+    at: str | None = Field(description="When it was reported.")
+
+
+class CheckpointTotals(BaseModel):
+    """The `tool.execution.checkpointed` events of an invocation, summed."""
+
+    count: int = 0
+    bytes: int = Field(default=0, description="Canonical JSON bytes of every state.")
+    stored_bytes: int = Field(default=0, description="Bytes stored (compressed, delta).")
+    last_state_hash: str | None = None
+
+
 class InvocationView(BaseModel):
     """One invocation as the invocations read model holds it."""
 
@@ -104,6 +127,12 @@ class InvocationView(BaseModel):
     error: InvocationError | None = None
     timeline: list[dict[str, JsonValue]] = Field(default_factory=list,
                                                  description="Every event, in log order.")
+    progress: InvocationProgress | None = Field(
+        default=None, description="The latest progress report of a running tool (None "
+        "before any).")
+    checkpoints: CheckpointTotals = Field(
+        default_factory=lambda: CheckpointTotals(),
+        description="The checkpoints the tool saved so far.")
 
 
 class RegisterFile(BaseModel):

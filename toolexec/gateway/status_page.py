@@ -114,7 +114,25 @@ def _latency(duration_ms: float | None) -> str:
     return "" if duration_ms is None else f"{duration_ms:.1f} ms"
 
 
-INVOCATION_COLUMNS = ("invocation", "tool", "version", "status", "latency", "error", "updated")
+INVOCATION_COLUMNS = ("invocation", "tool", "version", "status", "progress", "latency", "error",
+                      "updated")
+
+
+def progress_text(progress: Mapping[str, Any] | None) -> str:
+    """A progress report in words: "40% step 8 of 20" (the share when known)."""
+    if not progress:
+        return ""
+    fraction = progress.get("fraction")
+    share = "" if fraction is None else f"{fraction:.0%} "
+    return (share + str(progress.get("message") or "")).strip()
+
+
+def _progress_cell(progress: Mapping[str, Any] | None) -> str:
+    if not progress:
+        return "<td></td>"
+    fraction = progress.get("fraction")
+    bar = "" if fraction is None else f'<progress max="1" value="{float(fraction):.4f}"></progress> '
+    return f'<td class="progress">{bar}{escape(progress_text(progress))}</td>'
 
 
 def invocations_table(summaries: Sequence[Mapping[str, Any]], section: str = "invocations",
@@ -122,7 +140,8 @@ def invocations_table(summaries: Sequence[Mapping[str, Any]], section: str = "in
     """Rows of invocation summaries (`toolexec.usecases.status.invocation_summary`)."""
     rows = (f'<tr data-invocation="{escape(v["invocation_id"])}">'
             + _invocation_cell(v["invocation_id"]) + _cell(v["tool_id"]) + _cell(v["version"])
-            + _cell(v["status"], f"status {v['status']}") + _cell(_latency(v["duration_ms"]))
+            + _cell(v["status"], f"status {v['status']}") + _progress_cell(v.get("progress"))
+            + _cell(_latency(v["duration_ms"]))
             + _cell(v["error_code"] or "") + _cell(v["updated_at"]) + "</tr>"
             for v in summaries)
     return _table(section, INVOCATION_COLUMNS, rows, empty)
@@ -265,7 +284,11 @@ def invocation_page(view: InvocationView, records: Sequence[Mapping[str, Any]],
              "finished at": view.finished_at,
              "error": f"{view.error.code} ({view.error.stage}): {view.error.message}"
              if view.error else None,
-             "result": view.result_summary}
+             "result": view.result_summary,
+             "progress": progress_text(view.progress.model_dump()) if view.progress else None,
+             "checkpoints": f"{view.checkpoints.count} ({view.checkpoints.stored_bytes} of "
+                            f"{view.checkpoints.bytes} bytes stored)"
+             if view.checkpoints.count else None}
     summary = "".join(f"<dt>{escape(name)}</dt><dd>{escape(str(value))}</dd>"
                       for name, value in facts.items() if value not in (None, ""))
     json_link = f"/v1/audit?{urlencode({'invocation': view.invocation_id, 'limit': 1000})}"

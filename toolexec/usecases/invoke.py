@@ -19,6 +19,7 @@ from domain.request_limits import (
 from toolexec import rights
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, fetch_waits, kafka_client_options
+from toolexec.usecases.callbacks import checked_callback_url
 from toolexec.usecases.publish import (
     find_sources,
     publish_to_running,
@@ -109,15 +110,17 @@ async def invoke_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
                       lockfile: dict[str, Any] | None = None, token: str | None = None,
                       tools: list[Path] | None = None, timeout: float = 120.0,
                       progress: Progress | None = None,
-                      on_published: Callable[[list[Publication]], None] | None = None
-                      ) -> Envelope:
+                      on_published: Callable[[list[Publication]], None] | None = None,
+                      callback_url: str | None = None) -> Envelope:
     """Invoke a tool through the pipeline of the running `up`, or of an embedded stack
     started for this call when none runs; the tools under `tools` are published first
     (with authorization on, `token` must hold the publish scope for each new one;
     `on_published` sees what publishing them did). Returns the terminal event.
     Raises InvalidRequest for a missing tool directory, AuthorizationError when the
     token may not publish, InvocationNotDelivered / InvocationUnresolved (E3001 /
-    E3002) when the pipeline cannot be reached or does not answer in `timeout`."""
+    E3002) when the pipeline cannot be reached or does not answer in `timeout`.
+    `callback_url` (E3004 / E3406 unless the operator allows it) also receives the
+    terminal result, from the callback deliverer of `toolexec up`."""
     from contracts.fact_signature import FactVerifier
     from toolexec import keys
     from toolexec.client import InvocationClient
@@ -125,6 +128,7 @@ async def invoke_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
 
     tools = tools or []
     require_existing(tools)
+    callback_url = checked_callback_url(callback_url, settings)
     runtime = read_runtime(settings)
     if runtime is not None:
         async with InvocationClient(runtime["kafka_bootstrap"], fetch_waits=fetch_waits(settings),
@@ -138,7 +142,8 @@ async def invoke_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
                     on_published(published)
             return await client.invoke(tool.tool_id, parameters,
                                        version_range=tool.version_range, lockfile=lockfile,
-                                       token=token, timeout=timeout, progress=progress)
+                                       token=token, timeout=timeout, progress=progress,
+                                       callback_url=callback_url)
     async with Stack(settings) as stack:
         published = await publish_to_stack(stack, tools, settings, token,
                                            check_rights=rights.auth_required(settings))
@@ -149,7 +154,34 @@ async def invoke_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
                                     client_options=kafka_client_options(settings)) as client:
             return await client.invoke(tool.tool_id, parameters,
                                        version_range=tool.version_range, lockfile=lockfile,
-                                       token=token, timeout=timeout, progress=progress)
+                                       token=token, timeout=timeout, progress=progress,
+                                       callback_url=callback_url)
+
+
+async def submit_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, Any], *,
+                      lockfile: dict[str, Any] | None = None, token: str | None = None,
+                      callback_url: str | None = None) -> str:
+    """Request an invocation from the running `up` without waiting (execution_mode
+    async) and return its id; follow it with `usecases.timeline`, or by `callback_url`.
+    Raises InvocationNotDelivered (E3001) when no `up` runs (an embedded stack started
+    for the call would stop before the invocation ends) or the broker does not take it,
+    InvalidRequest / NetworkPolicyViolation for a callback URL not allowed."""
+    from contracts.fact_signature import FactVerifier
+    from toolexec import keys
+    from toolexec.client import InvocationClient, InvocationNotDelivered
+
+    callback_url = checked_callback_url(callback_url, settings)
+    runtime = read_runtime(settings)
+    if runtime is None:
+        raise InvocationNotDelivered("an asynchronous invocation needs a running "
+                                     "`toolexec up`", details={"tool_id": tool.tool_id})
+    async with InvocationClient(runtime["kafka_bootstrap"], fetch_waits=fetch_waits(settings),
+                                verifier=FactVerifier(keys.fact_verify_keys(settings)),
+                                client_options=kafka_client_options(settings)) as client:
+        request = await client.submit(tool.tool_id, parameters,
+                                      version_range=tool.version_range, lockfile=lockfile,
+                                      token=token, callback_url=callback_url)
+    return str(request.correlationid)
 
 
 def completed_result(terminal: Envelope) -> dict[str, Any]:

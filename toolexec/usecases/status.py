@@ -23,6 +23,7 @@ from projections.queries import (
 )
 from projections.tables import ISO_FORMAT
 from toolexec.usecases.cancel import shown_status
+from toolexec.usecases.timeline import latest_progress
 
 WINDOW = timedelta(hours=1)
 BUCKET_SECONDS = 60
@@ -36,7 +37,8 @@ def invocation_summary(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"invocation_id": row["invocation_id"], "tool_id": row["tool_id"],
             "version": row["version"] or row["version_range"], "status": shown_status(row),
             "duration_ms": row["duration_ms"], "error_code": row["error_code"],
-            "requested_at": row["requested_at"], "updated_at": row["updated_at"]}
+            "requested_at": row["requested_at"], "updated_at": row["updated_at"],
+            "progress": latest_progress(row)}
 
 
 def _moment(stored: str) -> datetime:

@@ -32,6 +32,18 @@
     return td;
   }
 
+  function progressCell(p) {
+    const td = el("td", p ? {"class": "progress"} : {});
+    if (!p) return td;
+    let text = p.message || "";
+    if (p.fraction != null) {
+      td.appendChild(el("progress", {max: "1", value: String(p.fraction)}));
+      text = Math.round(p.fraction * 100) + "% " + text;
+    }
+    td.appendChild(document.createTextNode(" " + text.trim()));
+    return td;
+  }
+
   function invocationRows(items) {
     return items.map((v) => {
       const tr = el("tr", {"data-invocation": v.invocation_id});
@@ -39,6 +51,7 @@
       tr.appendChild(el("td", {}, v.tool_id || ""));
       tr.appendChild(el("td", {}, v.version || ""));
       tr.appendChild(el("td", {"class": "status " + v.status}, v.status));
+      tr.appendChild(progressCell(v.progress));
       tr.appendChild(el("td", {}, v.duration_ms == null ? "" : v.duration_ms.toFixed(1) + " ms"));
       tr.appendChild(el("td", {}, v.error_code || ""));
       tr.appendChild(el("td", {}, v.updated_at));
@@ -46,7 +59,8 @@
     });
   }
 
-  const COLUMNS = ["invocation", "tool", "version", "status", "latency", "error", "updated"];
+  const COLUMNS = ["invocation", "tool", "version", "status", "progress", "latency", "error",
+                   "updated"];
 
   function replace(id, ...nodes) {
     const box = document.getElementById(id);
