@@ -447,7 +447,8 @@ class Stack:
                 public_keys=lambda: keys.verification_keys(self.settings),
                 policies=self.policies, evaluator=CedarEvaluator(), cache=self.decisions,
                 default_decision=self.settings.policy_default, external=self._abac,
-                verified=VerifiedTokens(lifetime=keys.token_lifetime(self.settings))),
+                verified=VerifiedTokens(lifetime=keys.token_lifetime(self.settings)),
+                approval_ttl_seconds=self.settings.approval_ttl_seconds),
             runner=self._primitives, claims=self._claims, secrets=env_snapshot.get,
             random=random.random, gate=AttemptGate(circuits=self.circuits, canaries=canaries),
             credential_grants=self.settings.credential_grants_policy())

@@ -17,14 +17,16 @@ from contracts.envelope import Envelope, derived_event_id, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import (
     EVENT_MODELS,
+    ApprovalDecided,
+    ApprovalRequested,
     ChainLink,
     ChainResolved,
     CircuitStateChanged,
     DeadLetterRecord,
     EventData,
     ExecutionCheckpointed,
-    ExecutionProgressed,
     ExecutionFinished,
+    ExecutionProgressed,
     ExecutionStarted,
     ExecutorPin,
     InvokeCancelRequested,
@@ -124,6 +126,13 @@ SAMPLES: list[EventData] = [
                      headers={"ce_type": "tool.nope"}, value_b64="AAE=",
                      error=ErrorInfo(code="E3004", message="unknown type"),
                      consumer="toolexec.pipeline/resolve", failed_at=NOW, attempts=1),
+    ApprovalRequested(invocation_id="inv-1", tool_id="hello", version="1.2.0",
+                      integrity="sha256:" + "ef" * 32, parameters={"name": "world"},
+                      subject="agent-7", policy_version="3", call_hash="sha256:" + "12" * 32,
+                      reasons=["needs-approval"], expires_at=NOW + timedelta(hours=1)),
+    ApprovalDecided(invocation_id="inv-1", decision="approve",
+                    approved_hash="sha256:" + "12" * 32, decided_by="did:example:ops",
+                    reason="looks fine"),
 ]
 
 
