@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from domain.canonical_json import canonical_json
-from domain.errors import ToolexecError
+from domain.errors import ApprovalDenied, ApprovalExpired, ApprovalMismatch
 
 ANNOTATION = "approval"
 """The Cedar annotation a permit carries to require approval: `@approval("required")`."""
@@ -30,24 +30,6 @@ REQUIRED = "required"
 MANIFEST_REASON = "the tool's manifest requires approval"
 
 Verdict = Literal["approve", "deny"]
-
-
-class ApprovalDenied(ToolexecError):
-    """E3208: an approver denied the call."""
-
-    code = "E3208"
-
-
-class ApprovalExpired(ToolexecError):
-    """E3209: nobody approved the call before its approval expired."""
-
-    code = "E3209"
-
-
-class ApprovalMismatch(ToolexecError):
-    """E3210: the approval names another call than the one waiting."""
-
-    code = "E3210"
 
 
 def call_hash(*, integrity: str, parameters: Mapping[str, Any], agent: str | None,

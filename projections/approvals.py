@@ -5,8 +5,8 @@ Folded from `tool.approval.requested` and the terminal event (facts, in log orde
 topics, so each part of the row is set by its own events only: the request's columns
 by the request, the decision's by the first decision (commands keep their order in
 their topic, so "first" is the same on every replay), the outcome by the terminal
-event, which the request always precedes. A rebuild gives the same rows. Pending =
-requested, no outcome yet.
+event, which the request always precedes. A rebuild gives the same rows, and a repeated
+event folded again changes nothing. Pending = requested, no outcome yet.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from contracts import topics
 from contracts.envelope import Envelope
 from contracts.events import ApprovalDecided, ApprovalRequested, InvokeCompleted, InvokeFailed
 from domain.redaction import redact
-from projections.store import AggregateModel, Row, single_row
+from projections.store import AggregateModel, Row, Rows, single_row
 from projections.tables import approvals, iso
 
 NAME = "approvals"
@@ -66,9 +66,17 @@ def _invocation_of(envelope: Envelope) -> str | None:
     return data.invocation_id if isinstance(data, _FOLDED) else None
 
 
+def no_event_ids(_rows: Rows) -> frozenset[str]:
+    """A repeated event needs no skipping here: folding it again changes nothing (a
+    request writes the same values, the first decision and the first terminal event
+    stay), so the runner keeps no applied-id row per event of the two busiest topics."""
+    return frozenset()
+
+
 def approvals_model() -> AggregateModel:
     """The approvals read model, ready for a runner."""
     return AggregateModel(name=NAME, topics=(topics.REQUESTS, topics.INVOCATIONS),
                           tables=(approvals,), key_column="invocation_id",
                           aggregate_of=_invocation_of,
-                          fold=single_row(approvals, evolve_approval))
+                          fold=single_row(approvals, evolve_approval),
+                          event_ids=no_event_ids)
