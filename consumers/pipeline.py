@@ -360,6 +360,7 @@ class Pipeline:
             if task is not None:
                 task.cancel()
         await self._commit(partitions)
+        self.runs.stop_waiting(partitions)
         for partition in partitions:
             progress = self._progress.pop(partition, None)
             if progress is not None:

@@ -68,6 +68,8 @@ class Run:
     on_done: list[Callable[[], None]] = field(default_factory=list)
     waiting: bool = False
     """Waiting for an approver: holds no slot, does not count as active."""
+    partition: int | None = None
+    """The requests partition of its request, once started."""
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the run ended with its terminal event on the log."""
@@ -148,6 +150,7 @@ class InvocationRuns:
             run = self._runs[invocation_id] = Run(
                 invocation_id, asyncio.get_running_loop().create_future())
         run.when_done(on_done)
+        run.partition = source.partition
         if run.task is None:
             if self._observe is not None:
                 self._observe(request)
@@ -165,6 +168,13 @@ class InvocationRuns:
         """An approver's `tool.approval.decided`: wakes the run waiting for it (or is
         kept for when it arrives)."""
         self._deps.approvals.record(decided)
+
+    def stop_waiting(self, partitions: set[int]) -> None:
+        """Stop the runs of `partitions` waiting for an approver (the partitions moved
+        to another owner, which reads the decision and waits or ends them)."""
+        for run in self._runs.values():
+            if run.waiting and run.partition in partitions and run.task is not None:
+                run.task.cancel()
 
     async def wait_below(self, limit: int) -> None:
         """Wait until fewer than `limit` runs are active."""
