@@ -3,12 +3,14 @@ the runs waiting for one.
 
 A decision is a command on `toolexec.requests`, keyed by the invocation id, so it is
 read by the pipeline that owns the invocation, in partition order after its request.
-The first decision read for an invocation is the one that counts (later ones change
-nothing). Decisions are kept in memory, bounded (oldest forgotten first); across a
-restart they are read again, since the partition's committed offset never passes a
-request that has not ended (consumers.partition_progress).
+Decisions are kept in arrival order per invocation (bounded: a few per invocation, the
+oldest invocations forgotten first); the waiting run takes the first one whose
+approver may decide (consumers.authorize.approver_may_decide): anyone can write the
+requests topic, so a decision without the right token counts for nothing and blocks
+nobody. Across a restart the decisions are read again, since the partition's committed
+offset never passes a request that has not ended (consumers.partition_progress).
 
-A waiting run holds no execution slot (consumers.runs): it sleeps here until a
+A waiting run holds no execution slot (consumers.runs): it sleeps here until a new
 decision arrives or its approval expires.
 """
 
@@ -24,6 +26,9 @@ from domain.approval import Decision
 from domain.bounded import remember
 
 DEFAULT_CAPACITY = 10_000
+PER_INVOCATION = 16
+"""Decisions kept per invocation; later ones are dropped (the first that counts is
+almost always the first one)."""
 
 
 def decision_of(event: Envelope) -> Decision:
@@ -35,31 +40,32 @@ def decision_of(event: Envelope) -> Decision:
 
 
 class ApprovalDecisions:
-    """The first decision read per invocation (bounded), and the runs waiting for one."""
+    """The decisions read per invocation (bounded), and the runs waiting for one."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._capacity = capacity
-        self._decisions: OrderedDict[str, Decision] = OrderedDict()
+        self._decisions: OrderedDict[str, tuple[Envelope, ...]] = OrderedDict()
         self._waiting: dict[str, asyncio.Event] = {}
 
     def record(self, event: Envelope) -> None:
-        """Take a `tool.approval.decided` into account (a later one for the same
-        invocation is ignored) and wake its waiting run."""
+        """Take a `tool.approval.decided` into account and wake its waiting run."""
         invocation_id = event.data.invocation_id
-        if invocation_id in self._decisions:
+        known = self._decisions.get(invocation_id, ())
+        if len(known) >= PER_INVOCATION or any(e.id == event.id for e in known):
             return
-        remember(self._decisions, invocation_id, decision_of(event), self._capacity)
+        remember(self._decisions, invocation_id, (*known, event), self._capacity)
         waiting = self._waiting.get(invocation_id)
         if waiting is not None:
             waiting.set()
 
-    def decision(self, invocation_id: str) -> Decision | None:
-        return self._decisions.get(invocation_id)
+    def decisions(self, invocation_id: str) -> tuple[Envelope, ...]:
+        """The decisions read for `invocation_id`, in log order."""
+        return self._decisions.get(invocation_id, ())
 
-    async def wait(self, invocation_id: str, until: datetime, now: datetime) -> None:
-        """Return once `invocation_id` has a decision, or at `until` (by the clock that
-        gave `now`)."""
-        if invocation_id in self._decisions:
+    async def wait(self, invocation_id: str, seen: int, until: datetime, now: datetime) -> None:
+        """Return once `invocation_id` has more than `seen` decisions, or at `until`
+        (by the clock that gave `now`)."""
+        if len(self.decisions(invocation_id)) > seen:
             return
         event = self._waiting.setdefault(invocation_id, asyncio.Event())
         try:

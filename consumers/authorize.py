@@ -25,7 +25,13 @@ from consumers.ports import Clock
 from contracts.envelope import Envelope
 from contracts.events import ApprovalRequested, ChainResolved, PermissionDecided
 from domain.approval import approval_reasons, call_hash, expiry
-from domain.capability import Capability, VerifiedTokens, authorise
+from domain.capability import (
+    DEFAULT_LIFETIME,
+    Capability,
+    VerifiedTokens,
+    authorise,
+    authorise_action,
+)
 from domain.errors import AuthorizationError
 from domain.model import ResolvedChain
 from domain.policy import (
@@ -40,6 +46,7 @@ from domain.policy import (
     cache_key,
     decide,
 )
+from domain.scopes import approve_need
 
 NOT_REQUIRED = "authorization not required (TOOLEXEC_REQUIRE_AUTH=false)"
 
@@ -151,6 +158,23 @@ def approval_hash_of(decision: PermissionDecided) -> str:
     """The call hash of an allowed decision: what its approver must approve."""
     return call_hash(integrity=decision.chain[0].integrity, parameters=decision.parameters,
                      agent=decision.subject, policy_version=decision.policy_version)
+
+
+def approver_may_decide(decided: Envelope, tool_id: str, deps: AuthorizeDeps) -> bool:
+    """Whether a `tool.approval.decided` counts: with authorization on, its `captoken`
+    (checked as of the decision's time, so a decision read again after a restart still
+    counts) must grant the approve scope for `tool_id` to the subject it names as
+    `decided_by`. The token is read here and kept nowhere."""
+    if not deps.require_auth:
+        return True
+    lifetime = deps.verified.lifetime if deps.verified is not None else DEFAULT_LIFETIME
+    try:
+        capability = authorise_action(
+            decided.extensions.get("captoken"), deps.public_keys(), approve_need(tool_id),
+            now=int(decided.time.timestamp()), verified=deps.verified, lifetime=lifetime)
+    except AuthorizationError:
+        return False
+    return capability.subject == decided.data.decided_by
 
 
 def denial_failure(decision: Envelope, denied: PermissionDecided, *, now: Any) -> Envelope:

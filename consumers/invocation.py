@@ -30,10 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.approvals import ApprovalDecisions
+from consumers.approvals import ApprovalDecisions, decision_of
 from consumers.authorize import (
     AuthorizeDeps,
     approval_hash_of,
+    approver_may_decide,
     authorize_request,
     denial_failure,
 )
@@ -64,11 +65,13 @@ class InvocationDeps:
 
 
 class ApprovalPending(Exception):
-    """The run waits for an approver's decision on `requested` (tool.approval.requested)."""
+    """The run waits for an approver's decision on `requested` (tool.approval.requested),
+    `seen` decisions read so far (none of which counts)."""
 
-    def __init__(self, requested: Envelope) -> None:
+    def __init__(self, requested: Envelope, seen: int) -> None:
         super().__init__(f"{requested.data.invocation_id} waits for approval")
         self.requested = requested
+        self.seen = seen
 
 
 def invocation_deps(*, registry: RegistryReader, clock: Clock, authorize: AuthorizeDeps,
@@ -191,19 +194,22 @@ async def _approval_gate(decision: Envelope, facts: InvocationFacts, out: _Appen
     requested = facts.approval_requested
     if requested is None or facts.started:  # none needed, or honoured before an attempt
         return None
-    invocation_id = decision.data.invocation_id
+    invocation_id, tool_id = decision.data.invocation_id, decision.data.tool_id
     cancels = deps.execute.cancellations
+    decisions = deps.approvals.decisions(invocation_id)
+    counted = next((decision_of(d) for d in decisions
+                    if approver_may_decide(d, tool_id, deps.authorize)), None)
     try:
         if cancels.is_cancelled(invocation_id):
             raise cancels.error(invocation_id)
         if check_approval(approval_hash_of(decision.data), requested.data.expires_at,
-                          deps.approvals.decision(invocation_id), deps.finalize.clock()):
+                          counted, deps.finalize.clock()):
             return None
     except ToolexecError as error:
         failure = _failure(requested, error, stage="authorize", deps=deps)
         await out.append(failure)
         return failure
-    raise ApprovalPending(requested)
+    raise ApprovalPending(requested, seen=len(decisions))
 
 
 def _failure(cause: Envelope, error: ToolexecError, *, stage: str,

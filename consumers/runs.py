@@ -224,19 +224,21 @@ class InvocationRuns:
             async with self._slots:
                 try:
                     return await self._guarded(request, fact_log, facts, source)
-                except ApprovalPending as pending:
-                    requested = pending.requested
+                except ApprovalPending as waiting:
+                    pending = waiting
             run.waiting = True
             self._changed.set()
             try:
-                await self._wait_for_approval(requested)
+                await self._wait_for_approval(pending)
             finally:
                 run.waiting = False
 
-    async def _wait_for_approval(self, requested: Envelope) -> None:
-        """Until a decision, the expiry or a cancel (the run then ends accordingly)."""
+    async def _wait_for_approval(self, pending: ApprovalPending) -> None:
+        """Until a new decision, the expiry or a cancel (the run then goes on, or ends
+        accordingly)."""
+        requested = pending.requested
         invocation_id = requested.data.invocation_id
-        wait = self._deps.approvals.wait(invocation_id, requested.data.expires_at,
+        wait = self._deps.approvals.wait(invocation_id, pending.seen, requested.data.expires_at,
                                          self._deps.finalize.clock())
         try:
             await self._deps.execute.cancellations.interruptible(invocation_id, wait)

@@ -84,8 +84,12 @@ FACT_HEADERS: Final[dict[str, dict[str, Any]]] = {
 }
 REQUEST_HEADERS: Final[dict[str, dict[str, Any]]] = {
     CE_PREFIX + "captoken": _string("Capability token (JWT) of the producer; only on "
-                                    "tool.invoke.requested."),
+                                    "tool.invoke.requested and (the approver's) on "
+                                    "tool.approval.decided."),
 }
+
+
+TOKEN_CARRIERS: Final = frozenset({"tool.invoke.requested", "tool.approval.decided"})
 
 
 def _headers(event_type: str, model: type[EventData]) -> dict[str, Any]:
@@ -97,7 +101,7 @@ def _headers(event_type: str, model: type[EventData]) -> dict[str, Any]:
     topic = topics.TOPIC_OF_TYPE[event_type]
     if topic == topics.INVOCATIONS:
         properties.update(FACT_HEADERS)
-    if event_type == "tool.invoke.requested":
+    if event_type in TOKEN_CARRIERS:
         properties.update(REQUEST_HEADERS)
     return {"type": "object", "properties": properties, "required": list(REQUIRED_HEADERS)}
 

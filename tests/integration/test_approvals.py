@@ -18,6 +18,7 @@ import mcp_types
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from contracts.events import ApprovalDecided
 from domain.approval import call_hash
 from tests.cli_process import clean_env, start_up, stop, toolexec
 from tests.integration.gateway_support import (
@@ -26,6 +27,7 @@ from tests.integration.gateway_support import (
     running_gateway,
     wait_until,
 )
+from toolexec.client import InvocationClient
 
 pytestmark = pytest.mark.integration
 
@@ -191,6 +193,27 @@ def test_an_approver_needs_the_approve_scope_and_a_deny_is_E3208(
     view = _ended(gateway, invocation_id, _agent(gateway))
     assert view["status"] == "failed" and view["error"]["code"] == "E3208"
     assert _terminals(_audit_types(gateway, invocation_id)) == ["tool.invoke.failed"]
+
+
+def test_a_decision_written_to_the_log_without_the_approve_scope_counts_for_nothing(
+        gateway: RunningGateway) -> None:
+    invocation_id = _invoke(gateway, "guarded_echo", {"text": "forge me"})
+    row = _pending(gateway, invocation_id)
+    bootstrap = json.loads((gateway.cwd / ".toolexec" / "broker" / "broker.json")
+                           .read_text())["bootstrap"]
+
+    async def forge() -> None:  # the agent itself, straight to the requests topic
+        async with InvocationClient(bootstrap) as client:
+            await client.command(ApprovalDecided(
+                invocation_id=invocation_id, decision="deny", approved_hash=row["call_hash"],
+                decided_by=AGENT), token=_agent(gateway))
+    anyio.run(forge)
+    wait_until(lambda: _pending(gateway, invocation_id)["decided_by"] == AGENT)
+
+    sent = _decide(gateway, invocation_id, _approver(gateway), decision="approve")
+    assert sent.status_code == 202, sent.text
+    view = _ended(gateway, invocation_id, _agent(gateway))
+    assert view["status"] == "completed", view  # the forged deny came first, and counted not
 
 
 def test_a_cancel_while_waiting_ends_it_cancelled(gateway: RunningGateway) -> None:

@@ -83,8 +83,9 @@ def _decide(invocation_id: str, verdict: str, reason: str | None, approved_hash:
     elif bootstrap := settings.kafka_bootstrap or runtime.get("kafka_bootstrap"):
         if approved_hash is None:
             bad_usage("without a running gateway, give the approved call's --hash", as_json)
-        status, body = asyncio.run(_through_broker(bootstrap, invocation_id, verdict, reason,
-                                                   approved_hash, kafka_client_options(settings)))
+        status, body = asyncio.run(_through_broker(
+            bootstrap, invocation_id, verdict, reason, approved_hash, token,
+            kafka_client_options(settings)))
     else:
         status, body = no_running_system()
     if status in (200, 202):
@@ -97,17 +98,23 @@ def _decide(invocation_id: str, verdict: str, reason: str | None, approved_hash:
 
 
 async def _through_broker(bootstrap: str, invocation_id: str, verdict: Any, reason: str | None,
-                          approved_hash: str, client_options: dict[str, Any]
+                          approved_hash: str, token: str | None, client_options: dict[str, Any]
                           ) -> tuple[int, dict[str, Any]]:
+    """The decision written to the log directly (no read model at hand: the hash is
+    given). With authorization on the pipeline counts it only if `token` grants the
+    approve scope for the tool."""
     from domain.errors import ToolexecError
+    from toolexec import rights
     from toolexec.client import InvocationClient
     from toolexec.usecases.approval import decide_approval
 
     try:
         async with InvocationClient(bootstrap, client_options=client_options) as client:
+            capability = rights.caller(Settings(), token)
             outcome = await decide_approval(client, invocation_id, None, verdict=verdict,
-                                            capability=None, front_end=FRONT_END,
-                                            reason=reason, approved_hash=approved_hash)
+                                            capability=capability, token=token,
+                                            front_end=FRONT_END, reason=reason,
+                                            approved_hash=approved_hash)
     except ToolexecError as error:
         return 503 if error.code == "E3001" else 400, {"error": error.to_dict()}
     return 202, outcome.to_dict()
@@ -117,8 +124,6 @@ def _said(body: dict[str, Any]) -> str:
     invocation = escape(body["invocation_id"])
     if body["status"] == "decided":
         return f"{body['decision']} sent for {invocation} ({escape(str(body['approved_hash']))})"
-    if body["status"] == "already_decided":
-        return f"{invocation} was already decided ({body['decision']}): nothing sent"
     return f"{invocation} had already ended ({escape(str(body.get('ended_as')))}): nothing sent"
 
 

@@ -282,17 +282,18 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
     async def approval(invocation_id: str, body: ApprovalDecisionRequest,
                        request: Request) -> JSONResponse:
         """Approve or deny the call of an invocation waiting for an approver
-        (`tool.approval.decided`): 202 when sent; 200 when nothing was sent (an earlier
-        decision counts, or the invocation has ended); 404 (E3702) when no call of that
-        id waits for approval. With authorization on, the token needs the `approve`
+        (`tool.approval.decided`): 202 when sent; 200 when nothing was sent (the
+        invocation has ended); 404 (E3702) when no call of that id waits for approval. With authorization on, the token needs the `approve`
         scope for the tool (403 E3206) and its subject is who decided."""
-        capability = caller(ctx.settings, read_token(request))
+        token = read_token(request)
+        capability = caller(ctx.settings, token)
         await ctx.catch_up("approvals", CATCH_UP_SECONDS)
         row = await waiting_call(ctx.engine, invocation_id)
         try:
             outcome = await decide_approval(
                 ctx.client, invocation_id, row, verdict=body.decision, capability=capability,
-                front_end=REQUESTED_BY, reason=body.reason, approved_hash=body.approved_hash)
+                token=token, front_end=REQUESTED_BY, reason=body.reason,
+                approved_hash=body.approved_hash)
         except InvocationNotDelivered as error:
             raise ApiError(error.code, error.message, error.details) from None
         answer = ApprovalDecisionAnswer(**outcome.to_dict(),

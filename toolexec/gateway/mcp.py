@@ -157,7 +157,7 @@ class Gateway:
                 bootstrap, client_options=kafka_client_options(self.settings)) as client:
             outcome = await approval.decide_approval(
                 client, invocation_id, row, verdict=verdict, capability=capability,
-                front_end=FRONT_END, reason=reason, approved_hash=approved_hash)
+                token=token, front_end=FRONT_END, reason=reason, approved_hash=approved_hash)
         return {"action": verdict, **outcome.to_dict()}
 
     def sign(self, path: str | None) -> dict[str, Any]:

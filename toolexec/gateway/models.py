@@ -73,11 +73,11 @@ class ApprovalDecisionRequest(BaseModel):
 
 
 class ApprovalDecisionAnswer(BaseModel):
-    """The decision sent (`decided`), or nothing sent: an earlier decision counts
-    (`already_decided`) or the invocation has ended (`already_ended`)."""
+    """The decision sent (`decided`; the first decision of an approver with the approve
+    scope counts), or nothing sent: the invocation has ended (`already_ended`)."""
 
     invocation_id: str
-    status: Literal["decided", "already_decided", "already_ended"]
+    status: Literal["decided", "already_ended"]
     decision: Literal["approve", "deny"] | None = None
     approved_hash: str | None = None
     decided_by: str | None = None
@@ -100,7 +100,7 @@ class PendingApproval(BaseModel):
     reasons: list[str] | None = Field(description="What requires the approval.")
     requested_at: str | None
     expires_at: str | None
-    decision: str | None = Field(description="A decision already sent, not applied yet.")
+    decision: str | None = Field(description="The first decision sent, not applied yet.")
     decided_by: str | None
 
 

@@ -5,7 +5,9 @@ server alike. The decision names the call hash the approver approves — by defa
 hash of the call waiting, as the approvals read model shows it — and is sent to the
 requests topic keyed by the invocation id, where the pipeline that owns the invocation
 reads it. With authorization on, the approver's token needs the `approve` scope for the
-tool (E3206 otherwise) and its subject is who decided.
+tool (E3206 otherwise), its subject is who decided, and it rides on the decision as its
+`captoken` (as on a request): the pipeline checks it again, since anyone who can write
+the requests topic could write a decision.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ PENDING_LIMIT = 100
 
 @dataclass(frozen=True)
 class ApprovalOutcome:
-    """What a decision did: `decided` (the event was sent), `already_decided` (an
-    earlier decision counts; nothing sent) or `already_ended` (nothing to decide)."""
+    """What a decision did: `decided` (the event was sent; the pipeline takes the
+    first decision whose approver may decide) or `already_ended` (nothing sent)."""
 
     invocation_id: str
-    status: Literal["decided", "already_decided", "already_ended"]
+    status: Literal["decided", "already_ended"]
     decision: Verdict | None = None
     approved_hash: str | None = None
     decided_by: str | None = None
@@ -65,13 +67,14 @@ def _nothing_waits(invocation_id: str) -> ToolexecError:
 
 async def decide_approval(client: InvocationClient, invocation_id: str,
                           row: Mapping[str, Any] | None, *, verdict: Verdict,
-                          capability: Capability | None, front_end: str,
-                          reason: str | None = None,
+                          capability: Capability | None, token: str | None,
+                          front_end: str, reason: str | None = None,
                           approved_hash: str | None = None) -> ApprovalOutcome:
     """Approve or deny the waiting call of `invocation_id`, whose approvals row is `row`
     (None when no read model is at hand: then `approved_hash` is required and the
     pipeline ignores the decision if nothing waits). `approved_hash` defaults to the
-    row's call hash. Who decided: the capability's subject, else `front_end`.
+    row's call hash. Who decided: the capability's subject (verified from `token`),
+    else `front_end`.
 
     Raises E3702 (nothing waits for approval under that id), E3206 (no approve scope
     for the tool), E3004 (a malformed hash), InvocationNotDelivered (E3001)."""
@@ -83,10 +86,6 @@ async def decide_approval(client: InvocationClient, invocation_id: str,
         if row["outcome"] is not None:
             return ApprovalOutcome(invocation_id, "already_ended", ended_as=row["error_code"]
                                    or row["outcome"])
-        if row["decision"] is not None:
-            return ApprovalOutcome(invocation_id, "already_decided", decision=row["decision"],
-                                   approved_hash=row["approved_hash"],
-                                   decided_by=row["decided_by"])
     chosen = approved_hash if approved_hash is not None else str(row["call_hash"])  # type: ignore[index]
     decided_by = capability.subject if capability is not None else front_end
     try:
@@ -98,7 +97,7 @@ async def decide_approval(client: InvocationClient, invocation_id: str,
                                       "errors": error.errors(include_url=False,
                                                              include_context=False)}
                              ) from error
-    event = await client.command(data)
+    event = await client.command(data, token=token if capability is not None else None)
     return ApprovalOutcome(invocation_id, "decided", decision=verdict, approved_hash=chosen,
                            decided_by=decided_by, event_id=event.id)
 
