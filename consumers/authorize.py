@@ -1,5 +1,6 @@
 """Step 2 — authorize: the request and its resolved chain -> tool.permission.decided
-(+ tool.invoke.failed on deny).
+(+ tool.invoke.failed on deny, + tool.approval.requested when an allowed call needs an
+approver: a matching permit annotated `@approval("required")`, or the leaf's manifest).
 
 The capability token rides only on tool.invoke.requested (extension `captoken`) and
 is checked right where it arrives, in the same step that resolved the chain: it is
@@ -22,8 +23,15 @@ from consumers.decision_cache import DecisionStore
 from consumers.derived_events import derive, error_info, failed
 from consumers.ports import Clock
 from contracts.envelope import Envelope
-from contracts.events import ChainResolved, PermissionDecided
-from domain.capability import Capability, VerifiedTokens, authorise
+from contracts.events import ApprovalRequested, ChainResolved, PermissionDecided
+from domain.approval import approval_reasons, call_hash, expiry
+from domain.capability import (
+    DEFAULT_LIFETIME,
+    Capability,
+    VerifiedTokens,
+    authorise,
+    authorise_action,
+)
 from domain.errors import AuthorizationError
 from domain.model import ResolvedChain
 from domain.policy import (
@@ -38,6 +46,7 @@ from domain.policy import (
     cache_key,
     decide,
 )
+from domain.scopes import approve_need
 
 NOT_REQUIRED = "authorization not required (TOOLEXEC_REQUIRE_AUTH=false)"
 
@@ -74,12 +83,15 @@ class AuthorizeDeps:
     """When set, this engine decides instead of the in-process policies."""
     verified: VerifiedTokens | None = None
     """Tokens already verified (repeated tokens skip the RSA verification)."""
+    approval_ttl_seconds: float = 3600.0
+    """How long a call that needs approval waits for one (then E3209)."""
 
 
 async def authorize_request(request: Envelope, resolved: Envelope, chain: ResolvedChain,
                             deps: AuthorizeDeps) -> tuple[Envelope, ...]:
     """The decision on `request` (whose chain `resolved` recorded), caused by
-    `resolved`: `(allow,)`, or `(deny, tool.invoke.failed)`."""
+    `resolved`: `(allow,)`, `(allow, tool.approval.requested)` or
+    `(deny, tool.invoke.failed)`."""
     data: ChainResolved = resolved.data
     now = deps.clock()
     common = dict(
@@ -89,7 +101,8 @@ async def authorize_request(request: Envelope, resolved: Envelope, chain: Resolv
     if not deps.require_auth:
         decision = PermissionDecided(decision="allow", reason=NOT_REQUIRED, enforced=False,
                                      **common)
-        return (derive(resolved, decision, step="authorize", now=now),)
+        allowed = derive(resolved, decision, step="authorize", now=now)
+        return _with_approval(allowed, chain, (), deps)
     try:
         capability = authorise(request.extensions.get("captoken"), deps.public_keys(),
                                tool_id=data.tool_id, version=data.version,
@@ -120,7 +133,48 @@ async def authorize_request(request: Envelope, resolved: Envelope, chain: Resolv
         subject=capability.subject, token_jti=capability.jti,
         policy_version=None if policy is None else policy.policy_version, **common,
     )
-    return (derive(resolved, allowed, step="authorize", now=now),)
+    return _with_approval(derive(resolved, allowed, step="authorize", now=now), chain,
+                          () if policy is None else policy.approval, deps)
+
+
+def _with_approval(allowed: Envelope, chain: ResolvedChain, policy_reasons: Sequence[str],
+                   deps: AuthorizeDeps) -> tuple[Envelope, ...]:
+    """The allow decision, followed by its approval request when the call needs one."""
+    reasons = approval_reasons(policy_reasons, chain.leaf.manifest)
+    if not reasons:
+        return (allowed,)
+    data: PermissionDecided = allowed.data
+    integrity = data.chain[0].integrity
+    requested = ApprovalRequested(
+        invocation_id=data.invocation_id, tool_id=data.tool_id, version=data.version,
+        integrity=integrity, parameters=data.parameters, subject=data.subject,
+        policy_version=data.policy_version,
+        call_hash=approval_hash_of(data), reasons=list(reasons),
+        expires_at=expiry(allowed.time, deps.approval_ttl_seconds))
+    return allowed, derive(allowed, requested, step="approval", now=allowed.time)
+
+
+def approval_hash_of(decision: PermissionDecided) -> str:
+    """The call hash of an allowed decision: what its approver must approve."""
+    return call_hash(integrity=decision.chain[0].integrity, parameters=decision.parameters,
+                     agent=decision.subject, policy_version=decision.policy_version)
+
+
+def approver_may_decide(decided: Envelope, tool_id: str, deps: AuthorizeDeps) -> bool:
+    """Whether a `tool.approval.decided` counts: with authorization on, its `captoken`
+    (checked as of the decision's time, so a decision read again after a restart still
+    counts) must grant the approve scope for `tool_id` to the subject it names as
+    `decided_by`. The token is read here and kept nowhere."""
+    if not deps.require_auth:
+        return True
+    lifetime = deps.verified.lifetime if deps.verified is not None else DEFAULT_LIFETIME
+    try:
+        capability = authorise_action(
+            decided.extensions.get("captoken"), deps.public_keys(), approve_need(tool_id),
+            now=int(decided.time.timestamp()), verified=deps.verified, lifetime=lifetime)
+    except AuthorizationError:
+        return False
+    return capability.subject == decided.data.decided_by
 
 
 def denial_failure(decision: Envelope, denied: PermissionDecided, *, now: Any) -> Envelope:

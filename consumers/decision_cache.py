@@ -194,7 +194,8 @@ def _digest(text: str) -> str:
 def _dump(decision: PolicyDecision) -> str:
     return json.dumps({"allowed": decision.allowed, "reason": decision.reason,
                        "policy_version": decision.policy_version,
-                       "policy_ids": list(decision.policy_ids)})
+                       "policy_ids": list(decision.policy_ids),
+                       "approval": list(decision.approval)})
 
 
 def _load(raw: bytes | str) -> PolicyDecision | None:
@@ -203,6 +204,7 @@ def _load(raw: bytes | str) -> PolicyDecision | None:
         return PolicyDecision(allowed=data["allowed"] is True, reason=str(data["reason"]),
                               policy_version=data["policy_version"],
                               policy_ids=tuple(str(i) for i in data["policy_ids"]),
+                              approval=tuple(str(i) for i in data.get("approval", ())),
                               cached=True)
     except (ValueError, KeyError, TypeError):
         return None

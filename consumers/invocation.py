@@ -14,16 +14,30 @@ in the order the design asks for:
 
 A run resumes from `InvocationFacts` (what the log already holds): a step whose fact
 is there is not done again.
+
+A call that needs approval (`tool.approval.requested` after the allow) stops before
+its first attempt until an approver's decision for exactly this call arrives
+(domain.approval): `run_invocation` then raises `ApprovalPending`, and its caller
+waits (holding no execution slot) and runs it again. The approval request is on the
+log before anyone waits, so a restarted pipeline waits again; once an attempt has
+started the approval was honoured and is not asked again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.authorize import AuthorizeDeps, authorize_request, denial_failure
+from consumers.approvals import ApprovalDecisions, decision_of
+from consumers.authorize import (
+    AuthorizeDeps,
+    approval_hash_of,
+    approver_may_decide,
+    authorize_request,
+    denial_failure,
+)
 from consumers.delivery import FactLog
 from consumers.derived_events import failed
 from consumers.execute import ExecuteDeps, execute_decision
@@ -32,6 +46,7 @@ from consumers.invocation_facts import InvocationFacts
 from consumers.ports import Clock, RegistryReader
 from consumers.resolve import Resolved, ResolveDeps, chain_from_links, resolve_request
 from contracts.envelope import Envelope
+from domain.approval import check_approval
 from domain.errors import ToolexecError
 from domain.model import ResolvedChain
 
@@ -45,6 +60,18 @@ class InvocationDeps:
     execute: ExecuteDeps
     finalize: FinalizeDeps
     registry: RegistryReader
+    approvals: ApprovalDecisions = field(default_factory=ApprovalDecisions)
+    """The approvers' decisions read by this pipeline."""
+
+
+class ApprovalPending(Exception):
+    """The run waits for an approver's decision on `requested` (tool.approval.requested),
+    `seen` decisions read so far (none of which counts)."""
+
+    def __init__(self, requested: Envelope, seen: int) -> None:
+        super().__init__(f"{requested.data.invocation_id} waits for approval")
+        self.requested = requested
+        self.seen = seen
 
 
 def invocation_deps(*, registry: RegistryReader, clock: Clock, authorize: AuthorizeDeps,
@@ -117,6 +144,9 @@ async def run_invocation(request: Envelope, facts: InvocationFacts, log: FactLog
             failure = _failure(decision, error, stage="execute", deps=deps)
             await out.append(failure)
             return failure
+    refused = await _approval_gate(decision, facts, out, deps)
+    if refused is not None:
+        return refused
     conclusion = await execute_decision(decision, chain,
                                         dataclasses.replace(deps.execute, publish=out.publish),
                                         facts.attempts())
@@ -147,11 +177,39 @@ async def _decide(request: Envelope, facts: InvocationFacts, out: _Appender,
         except ToolexecError as error:
             return _failure(resolution, error, stage="resolve", deps=deps)
     decided = await authorize_request(request, resolution, chain, deps.authorize)
-    if len(decided) > 1:  # deny, then its failure
+    if decided[0].data.decision == "deny":  # then its failure
         out.stage(decided[0])
         return decided[1]
     out.stage(*decided)
+    if len(decided) > 1:  # the approval request: on the log before anyone waits for it
+        await out.append()
     return decided[0], chain
+
+
+async def _approval_gate(decision: Envelope, facts: InvocationFacts, out: _Appender,
+                         deps: InvocationDeps) -> Envelope | None:
+    """None when the allowed call may run; its terminal failure when its approval was
+    denied, expired, does not match or it was cancelled while waiting. Raises
+    ApprovalPending while it waits."""
+    requested = facts.approval_requested
+    if requested is None or facts.started:  # none needed, or honoured before an attempt
+        return None
+    invocation_id, tool_id = decision.data.invocation_id, decision.data.tool_id
+    cancels = deps.execute.cancellations
+    decisions = deps.approvals.decisions(invocation_id)
+    counted = next((decision_of(d) for d in decisions
+                    if approver_may_decide(d, tool_id, deps.authorize)), None)
+    try:
+        if cancels.is_cancelled(invocation_id):
+            raise cancels.error(invocation_id)
+        if check_approval(approval_hash_of(decision.data), requested.data.expires_at,
+                          counted, deps.finalize.clock()):
+            return None
+    except ToolexecError as error:
+        failure = _failure(requested, error, stage="authorize", deps=deps)
+        await out.append(failure)
+        return failure
+    raise ApprovalPending(requested, seen=len(decisions))
 
 
 def _failure(cause: Envelope, error: ToolexecError, *, stage: str,
@@ -166,7 +224,7 @@ def failed_stage(facts: InvocationFacts) -> str:
     """The step an invocation had reached, by its facts (for a run that gave up)."""
     if facts.resolved is None:
         return "resolve"
-    if facts.decision is None:
+    if facts.decision is None or (facts.approval_requested is not None and not facts.started):
         return "authorize"
     return "execute"
 

@@ -4,8 +4,11 @@ to end, where its request lands.
 One consumer reads the requests of the partitions this process owns, in batches,
 straight from aiokafka (no per-record framework work); each request runs in process
 (consumers.runs, consumers.invocation) and its facts go to the same partition of
-`toolexec.invocations`. Cancels are applied at once. Offsets are committed up to the
-first unfinished request (consumers.partition_progress), a few times a second.
+`toolexec.invocations`. Cancels and approvers' decisions are applied at once. Offsets
+are committed up to the first unfinished request (consumers.partition_progress), a few
+times a second: a request waiting for an approver holds its partition's commit back
+until it ends, so after a restart the requests behind it are read again (those that
+ended are skipped, by their facts).
 
 When a partition is assigned (start, rebalance) it is paused until its requests'
 state is read back from the log (consumers.recovery): finished requests are skipped,
@@ -50,6 +53,7 @@ log = structlog.get_logger(__name__)
 
 REQUESTED = "tool.invoke.requested"
 CANCEL_REQUESTED = "tool.invoke.cancel.requested"
+APPROVAL_DECIDED = "tool.approval.decided"
 POLL_MS = 200
 MAX_RECORDS = 500
 COMMIT_INTERVAL = 0.05
@@ -235,6 +239,8 @@ class Pipeline:
             return
         if event.type == CANCEL_REQUESTED:
             self.runs.cancel(event.data.invocation_id, event.data.reason)
+        elif event.type == APPROVAL_DECIDED:
+            self.runs.decide(event)
         else:
             self._dead_letter(record, ErrorInfo(
                 code="E3004", message=f"{event.type} is not a command; producers may write "
@@ -354,6 +360,7 @@ class Pipeline:
             if task is not None:
                 task.cancel()
         await self._commit(partitions)
+        self.runs.stop_waiting(partitions)
         for partition in partitions:
             progress = self._progress.pop(partition, None)
             if progress is not None:

@@ -8,7 +8,9 @@ Entity model of a request:
 - context `{parameter_keys: [..], now: <unix seconds>}`.
 
 Policies may carry `@id("...")` and `@reason("...")` annotations; a deny names the
-forbid policies that matched with those annotations (or says no permit matched).
+forbid policies that matched with those annotations (or says no permit matched). A
+permit annotated `@approval("required")` that matches makes the allowed call wait for
+an approver (domain.approval).
 Parsed policy sets are kept per bundle version, so each version is parsed once.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import cedarpy
 
+from domain.approval import requires_approval
 from domain.errors import AuthorizationError
 from domain.policy import ACTION, AccessRequest, PolicyBundle, PolicyDecision
 
@@ -75,7 +78,10 @@ class CedarEvaluator:
         )
         ids = tuple(result.diagnostics.reasons)
         if result.allowed:
-            return PolicyDecision(True, _allow_reason(ids, compiled), bundle.version, ids)
+            approval = tuple(_describe(i, compiled) for i in ids
+                             if requires_approval(compiled.annotations.get(i, {})))
+            return PolicyDecision(True, _allow_reason(ids, compiled), bundle.version, ids,
+                                  approval=approval)
         return PolicyDecision(False, _deny_reason(ids, compiled, list(result.diagnostics.errors)),
                               bundle.version, ids)
 

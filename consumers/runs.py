@@ -3,7 +3,10 @@
 A run starts when the pipeline's consumer reads a request, or earlier when a local
 producer hands its acknowledged request over in memory (consumers.pipeline); whoever
 comes second joins the run that exists. Runs are bounded (`max_in_flight` at once,
-the others wait for a slot in arrival order).
+the others wait for a slot in arrival order). A run waiting for an approver gives its
+slot back and does not count as active until it goes on (consumers.approvals); at
+shutdown such a run is simply stopped: its approval request is on the log, so the
+next owner waits again.
 
 Bad input never crashes the pipeline: a run that fails unexpectedly (a bug, a port
 that raises) is tried again a bounded number of times — each retry resumes from the
@@ -28,11 +31,11 @@ from consumers.deadletter import DeadLetters
 from consumers.delivery import FactLog
 from consumers.derived_events import failed
 from consumers.execute import AttemptTakenOver
-from consumers.invocation import InvocationDeps, failed_stage, run_invocation
+from consumers.invocation import ApprovalPending, InvocationDeps, failed_stage, run_invocation
 from consumers.invocation_facts import InvocationFacts
 from contracts.envelope import Envelope
 from domain.bounded import remember
-from domain.errors import ToolexecError
+from domain.errors import JobCancelled, ToolexecError
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +66,10 @@ class Run:
     listeners: list[Listener] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     on_done: list[Callable[[], None]] = field(default_factory=list)
+    waiting: bool = False
+    """Waiting for an approver: holds no slot, does not count as active."""
+    partition: int | None = None
+    """The requests partition of its request, once started."""
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the run ended with its terminal event on the log."""
@@ -109,8 +116,9 @@ class InvocationRuns:
 
     @property
     def active(self) -> int:
-        """Runs started and not ended (running or waiting for a slot)."""
-        return sum(1 for run in self._runs.values() if run.task is not None)
+        """Runs started and not ended (running or waiting for a slot), those waiting
+        for an approver left out."""
+        return sum(1 for run in self._runs.values() if run.task is not None and not run.waiting)
 
     def expect(self, invocation_id: str, listener: Listener | None = None
                ) -> asyncio.Future[Envelope]:
@@ -142,6 +150,7 @@ class InvocationRuns:
             run = self._runs[invocation_id] = Run(
                 invocation_id, asyncio.get_running_loop().create_future())
         run.when_done(on_done)
+        run.partition = source.partition
         if run.task is None:
             if self._observe is not None:
                 self._observe(request)
@@ -155,6 +164,18 @@ class InvocationRuns:
         """Stop the invocation (now if it runs here, or when it arrives)."""
         self._deps.execute.cancellations.request(invocation_id, reason)
 
+    def decide(self, decided: Envelope) -> None:
+        """An approver's `tool.approval.decided`: wakes the run waiting for it (or is
+        kept for when it arrives)."""
+        self._deps.approvals.record(decided)
+
+    def stop_waiting(self, partitions: set[int]) -> None:
+        """Stop the runs of `partitions` waiting for an approver (the partitions moved
+        to another owner, which reads the decision and waits or ends them)."""
+        for run in self._runs.values():
+            if run.waiting and run.partition in partitions and run.task is not None:
+                run.task.cancel()
+
     async def wait_below(self, limit: int) -> None:
         """Wait until fewer than `limit` runs are active."""
         while self.active >= limit:
@@ -162,7 +183,11 @@ class InvocationRuns:
             await self._changed.wait()
 
     async def drain(self) -> None:
-        """Wait for every started run to end (on shutdown)."""
+        """Wait for every started run to end (on shutdown); runs waiting for an
+        approver are stopped (the next owner of their request waits again)."""
+        for run in self._runs.values():
+            if run.waiting and run.task is not None:
+                run.task.cancel()
         tasks = [run.task for run in self._runs.values() if run.task is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -170,8 +195,7 @@ class InvocationRuns:
     async def _run(self, run: Run, request: Envelope, fact_log: FactLog,
                    facts: InvocationFacts, source: RecordRef) -> None:
         try:
-            async with self._slots:
-                terminal = await self._guarded(request, fact_log, facts, source)
+            terminal = await self._until_terminal(run, request, fact_log, facts, source)
         except AttemptTakenOver as exc:  # its new owner ends it
             if not run.done.done():
                 run.done.set_exception(exc)
@@ -193,6 +217,34 @@ class InvocationRuns:
             self._runs.pop(run.invocation_id, None)
             self._changed.set()
 
+    async def _until_terminal(self, run: Run, request: Envelope, fact_log: FactLog,
+                              facts: InvocationFacts, source: RecordRef) -> Envelope:
+        """Run `request` in a slot; while it waits for an approver, without one."""
+        while True:
+            async with self._slots:
+                try:
+                    return await self._guarded(request, fact_log, facts, source)
+                except ApprovalPending as waiting:
+                    pending = waiting
+            run.waiting = True
+            self._changed.set()
+            try:
+                await self._wait_for_approval(pending)
+            finally:
+                run.waiting = False
+
+    async def _wait_for_approval(self, pending: ApprovalPending) -> None:
+        """Until a new decision, the expiry or a cancel (the run then goes on, or ends
+        accordingly)."""
+        requested = pending.requested
+        invocation_id = requested.data.invocation_id
+        wait = self._deps.approvals.wait(invocation_id, pending.seen, requested.data.expires_at,
+                                         self._deps.finalize.clock())
+        try:
+            await self._deps.execute.cancellations.interruptible(invocation_id, wait)
+        except JobCancelled:
+            return
+
     async def _guarded(self, request: Envelope, fact_log: FactLog, facts: InvocationFacts,
                        source: RecordRef) -> Envelope:
         last: BaseException | None = None
@@ -201,7 +253,7 @@ class InvocationRuns:
             for attempt in range(1, POISON_ATTEMPTS + 1):
                 try:
                     return await run_invocation(request, facts, fact_log, self._deps)
-                except AttemptTakenOver:
+                except (AttemptTakenOver, ApprovalPending):
                     raise
                 except Exception as exc:  # boundary: becomes a dead-letter record below
                     last = exc

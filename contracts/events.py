@@ -382,6 +382,41 @@ class CallbackFailed(EventData):
     attempts: int = Field(ge=0, description="POSTs made (0 when refused before any).")
     error: ErrorInfo = Field(description="E3704; E3406 for a host not allowed, E3004 for a "
                              "malformed URL (a request written to the log directly).")
+CallHash = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class ApprovalRequested(EventData):
+    """The allowed call waits for an approver: a policy or the tool's manifest requires
+    it. `call_hash` binds an approval to exactly this call (domain.approval.call_hash)."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.approval.requested"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    tool_id: NonEmpty = Field(description="The leaf tool.")
+    version: NonEmpty = Field(description="The leaf's resolved version.")
+    integrity: Integrity = Field(description="Integrity of the leaf tool version.")
+    parameters: JsonObject = Field(default_factory=dict, description="The call's parameters.")
+    subject: str | None = Field(default=None, description="Token subject (the agent), if any.")
+    policy_version: str | None = Field(default=None, description="Policy version that allowed it.")
+    call_hash: CallHash = Field(description="sha256 of the RFC 8785 JSON of (integrity, "
+                                "parameters, agent, policy_version): what is approved.")
+    reasons: list[str] = Field(min_length=1, description="The policies (and/or the manifest) "
+                               "requiring approval.")
+    expires_at: AwareDatetime = Field(description="Without an approval by then the "
+                                      "invocation fails with E3209.")
+
+
+class ApprovalDecided(EventData):
+    """An approver approved or denied a waiting call (a command, on the requests topic)."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.approval.decided"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    decision: Literal["approve", "deny"] = Field(description="The approver's answer.")
+    approved_hash: CallHash = Field(description="The call hash the approver saw and decided on.")
+    decided_by: NonEmpty = Field(description="Who decided: the approver's token subject (or "
+                                 "the front end's name with authorization off).")
+    reason: str | None = Field(default=None, description="Why, in words.")
 
 
 # --- toolexec.circuits / toolexec.policies / toolexec.deadletter ---------------------
@@ -441,6 +476,7 @@ EVENT_MODELS: Final[dict[str, type[EventData]]] = {
         InvokeRequested, ChainResolved, PermissionDecided,
         ExecutionStarted, ExecutionProgressed, ExecutionCheckpointed, ExecutionFinished,
         InvokeCompleted, InvokeFailed, InvokeCancelRequested,
+        ApprovalRequested, ApprovalDecided,
         CircuitStateChanged, PolicyUpdated, DeadLetterRecord,
         CallbackDelivered, CallbackFailed,
     )

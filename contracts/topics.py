@@ -12,7 +12,7 @@ from typing import Final
 REGISTRY: Final = "toolexec.registry"
 """Tool publications and lifecycle changes; key = tool_id."""
 REQUESTS: Final = "toolexec.requests"
-"""Commands to the pipeline (invoke, cancel); key = invocation_id. Producers write
+"""Commands to the pipeline (invoke, cancel, approval decisions); key = invocation_id. Producers write
 here and only here."""
 INVOCATIONS: Final = "toolexec.invocations"
 """Facts of the invocation pipeline, written by the pipeline alone; key =
@@ -44,6 +44,8 @@ TOPIC_OF_TYPE: Final[dict[str, str]] = {
     "tool.invoke.completed": INVOCATIONS,
     "tool.invoke.failed": INVOCATIONS,
     "tool.invoke.cancel.requested": REQUESTS,
+    "tool.approval.requested": INVOCATIONS,
+    "tool.approval.decided": REQUESTS,
     "circuit.state.changed": CIRCUITS,
     "policy.updated": POLICIES,
     "deadletter.recorded": DEADLETTER,

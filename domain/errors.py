@@ -95,6 +95,24 @@ class AuthorizationError(ToolexecError):
     code = "E3206"
 
 
+class ApprovalDenied(AuthorizationError):
+    """E3208: an approver denied the call."""
+
+    code = "E3208"
+
+
+class ApprovalExpired(AuthorizationError):
+    """E3209: nobody approved the call before its approval expired."""
+
+    code = "E3209"
+
+
+class ApprovalMismatch(AuthorizationError):
+    """E3210: the approval names another call than the one waiting."""
+
+    code = "E3210"
+
+
 class ValidationFailed(ToolexecError):
     """E3300-E3349: parameters (E3301), coercion (E3302), result (E3303)."""
 

@@ -144,6 +144,13 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "manifest": _SCRIPT_DETAILS,
         "validation": _VALIDATION,
         "idempotent": {"type": "boolean"},
+        "approval": {
+            "type": "object",
+            "description": "Whether every call needs an approver's yes (it can only add "
+            "to what the operator's policies require).",
+            "properties": {"required": {"type": "boolean", "default": False}},
+            "additionalProperties": False,
+        },
         "parameters": _JSON_SCHEMA_OBJECT,
         "result_schema": _JSON_SCHEMA_OBJECT,
         "output": _OUTPUT,

@@ -103,6 +103,9 @@ class PolicyDecision:
     policy_version: str | None = None
     policy_ids: tuple[str, ...] = ()
     cached: bool = False
+    approval: tuple[str, ...] = ()
+    """On allow: the matching permits that require approval (`@approval("required")`),
+    each described as in `reason`; empty when none does."""
 
 
 class PolicyEvaluator(Protocol):
@@ -180,7 +183,7 @@ def decide(request: AccessRequest, bundle: PolicyBundle | None, evaluator: Polic
         hit = cache.get(key, now=clock)
         if hit is not None:
             return PolicyDecision(hit.allowed, hit.reason, hit.policy_version, hit.policy_ids,
-                                  cached=True)
+                                  cached=True, approval=hit.approval)
     decision = evaluator.evaluate(bundle, request)
     if cache is not None:
         cache.put(key, decision, now=clock)

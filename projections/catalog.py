@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from projections.approvals import approvals_model
 from projections.audit import AuditModel
 from projections.circuits import circuits_model
 from projections.invocations import invocations_model
@@ -14,7 +15,7 @@ from projections.store import AggregateModel, ReadModel
 def read_models() -> dict[str, ReadModel]:
     """Fresh instances of every read model, by name, in start order."""
     models: list[ReadModel] = [registry_model(), invocations_model(), circuits_model(),
-                               AuditModel()]
+                               approvals_model(), AuditModel()]
     return {model.name: model for model in models}
 
 

@@ -12,6 +12,7 @@ from contracts.events import TERMINAL_TYPES
 from projections.invocations import PENDING_STATUSES
 from projections.search import Filters, SearchResult, search
 from projections.tables import (
+    approvals,
     audit_log,
     circuits,
     invocations,
@@ -96,6 +97,25 @@ async def list_circuits(conn: AsyncConnection, *, open_only: bool = False) -> li
         statement = statement.where(or_(circuits.c.state == "open",
                                         circuits.c.state == "half_open"))
     return [dict(row) for row in (await conn.execute(statement)).mappings()]
+
+
+async def pending_approvals(conn: AsyncConnection, *, limit: int = 100,
+                            subject: str | None = None) -> list[dict[str, Any]]:
+    """Calls waiting for an approver (requested, not ended), the oldest first; with
+    `subject`, only that agent's."""
+    statement = (select(approvals)
+                 .where(approvals.c.requested_at.is_not(None), approvals.c.outcome.is_(None))
+                 .order_by(approvals.c.requested_at, approvals.c.invocation_id).limit(limit))
+    if subject is not None:
+        statement = statement.where(approvals.c.subject == subject)
+    return [dict(row) for row in (await conn.execute(statement)).mappings()]
+
+
+async def approval_of(conn: AsyncConnection, invocation_id: str) -> dict[str, Any] | None:
+    """The approval row of `invocation_id`, if its call needed approval."""
+    row = (await conn.execute(select(approvals).where(
+        approvals.c.invocation_id == invocation_id))).mappings().first()
+    return None if row is None or row["requested_at"] is None else dict(row)
 
 
 async def recent_endings(conn: AsyncConnection, since: datetime, *, limit: int,

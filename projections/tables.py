@@ -161,6 +161,32 @@ circuits = Table(
     Column("updated_at", String(32), nullable=False),
 )
 
+approvals = Table(
+    "approvals", metadata,
+    Column("invocation_id", String(200), primary_key=True),
+    Column("tool_id", String(200)),
+    Column("version", String(100)),
+    Column("integrity", String(71)),
+    Column("subject", String(200)),
+    Column("policy_version", String(200)),
+    Column("call_hash", String(71)),
+    Column("parameters", JSON),
+    Column("reasons", JSON),
+    Column("requested_at", String(32)),
+    Column("expires_at", String(32)),
+    Column("decision", String(10)),
+    Column("approved_hash", String(71)),
+    Column("decided_by", String(200)),
+    Column("decision_reason", Text),
+    Column("decided_at", String(32)),
+    Column("outcome", String(20)),
+    Column("error_code", String(10)),
+    Column("finished_at", String(32)),
+    Index("ix_approvals_pending", "outcome", "expires_at"),
+)
+"""One row per invocation whose call needed approval (or that got a decision): the
+request, the first decision read, how the invocation ended."""
+
 # --- audit trail -------------------------------------------------------------------------
 
 audit_log = Table(

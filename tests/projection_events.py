@@ -10,6 +10,8 @@ from typing import Any
 from contracts.envelope import Envelope, derived_event_id, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import (
+    ApprovalDecided,
+    ApprovalRequested,
     ChainLink,
     ChainResolved,
     CircuitStateChanged,
@@ -74,9 +76,11 @@ def captoken(sub: str, jti: str) -> str:
 def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "completed",
                start: float = 0.0, token: str | None = None,
                parameters: dict[str, Any] | None = None,
-               subject: str = "bob", reports: int = 0) -> list[Envelope]:
+               subject: str = "bob", reports: int = 0,
+               approval: str | None = None) -> list[Envelope]:
     """The events of one invocation, from request to its terminal event; a running
-    attempt makes `reports` progress reports, each followed by a checkpoint."""
+    attempt makes `reports` progress reports, each followed by a checkpoint; with
+    `approval` ("approve" or "deny") its call waits for an approver who answers so."""
     link = ChainLink(tool_id=tool_id, version="1.0.0", integrity=INTEGRITY, tool_type="script",
                      executor=None)
     params = parameters or {"text": "hi"}
@@ -103,6 +107,21 @@ def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "
     follow(PermissionDecided(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
                              decision="allow", reason="ok", enforced=True, subject=subject,
                              token_jti="j1", chain=[link], parameters=params), 0.02)
+    if approval is not None:
+        follow(ApprovalRequested(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                                 integrity=INTEGRITY, parameters=params, subject=subject,
+                                 call_hash="sha256:" + "77" * 32, reasons=["needs-approval"],
+                                 expires_at=at(start + 3600)), 0.025)
+        events.append(envelope(ApprovalDecided(invocation_id=invocation_id, decision=approval,
+                                               approved_hash="sha256:" + "77" * 32,
+                                               decided_by="did:example:ops"),
+                               invocation_id, when=at(start + 0.027),
+                               id=f"decided-{invocation_id}"))
+    if approval == "deny":
+        follow(InvokeFailed(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                            error=ErrorInfo(code="E3208", message="Approval denied"),
+                            stage="authorize"), 0.03)
+        return events
     follow(ExecutionStarted(invocation_id=invocation_id, attempt=1, tool_id=tool_id,
                             version="1.0.0", primitive="subprocess", sandbox="none",
                             plan_summary={"argv": ["python3", "main.py"]}), 0.03)

@@ -38,7 +38,8 @@ DESCRIPTION = (
     "Every record is a CloudEvent 1.0 in Kafka binary mode: attributes as `ce_*` headers "
     "(`content-type` for datacontenttype), the data as JSON in the value, the key = the "
     "aggregate id (the `ce_partitionkey` extension). Producers write commands "
-    "(tool.invoke.requested, tool.invoke.cancel.requested) to `toolexec.requests` only; "
+    "(tool.invoke.requested, tool.invoke.cancel.requested, tool.approval.decided) to "
+    "`toolexec.requests` only; "
     "the pipeline writes the facts of an invocation to the same partition number of "
     "`toolexec.invocations` (both topics have the same partition count), signed "
     "(`ce_sigkid`, `ce_sigset`, `ce_sig`) and with a `toolexec-resume` header. "
@@ -84,8 +85,12 @@ FACT_HEADERS: Final[dict[str, dict[str, Any]]] = {
 }
 REQUEST_HEADERS: Final[dict[str, dict[str, Any]]] = {
     CE_PREFIX + "captoken": _string("Capability token (JWT) of the producer; only on "
-                                    "tool.invoke.requested."),
+                                    "tool.invoke.requested and (the approver's) on "
+                                    "tool.approval.decided."),
 }
+
+
+TOKEN_CARRIERS: Final = frozenset({"tool.invoke.requested", "tool.approval.decided"})
 
 
 def _headers(event_type: str, model: type[EventData]) -> dict[str, Any]:
@@ -97,7 +102,7 @@ def _headers(event_type: str, model: type[EventData]) -> dict[str, Any]:
     topic = topics.TOPIC_OF_TYPE[event_type]
     if topic == topics.INVOCATIONS:
         properties.update(FACT_HEADERS)
-    if event_type == "tool.invoke.requested":
+    if event_type in TOKEN_CARRIERS:
         properties.update(REQUEST_HEADERS)
     return {"type": "object", "properties": properties, "required": list(REQUIRED_HEADERS)}
 

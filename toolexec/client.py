@@ -263,11 +263,21 @@ class InvocationClient:
         The pipeline stops the invocation if it has not ended yet (it then ends with
         `tool.invoke.failed` E3703); a cancel of an ended invocation changes nothing.
         Raises `InvocationNotDelivered` (E3001) when the broker does not take it in time."""
-        envelope = new_envelope(
-            InvokeCancelRequested(invocation_id=invocation_id, reason=reason,
-                                  requested_by=requested_by),
-            source=SOURCE, partitionkey=invocation_id, correlationid=invocation_id,
-            id=str(uuid.uuid4()), time=datetime.now(UTC))
+        return await self.command(InvokeCancelRequested(
+            invocation_id=invocation_id, reason=reason, requested_by=requested_by),
+            timeout=timeout)
+
+    async def command(self, data: Any, *, token: str | None = None,
+                      timeout: float = 30.0) -> Envelope:
+        """Emit a command about one invocation (`data.invocation_id`: cancel, approval
+        decision; `token` as its `captoken`) to the partition that owns it, and return
+        it. Raises `InvocationNotDelivered` (E3001) when the broker does not take it in
+        time."""
+        invocation_id = data.invocation_id
+        envelope = new_envelope(data, source=SOURCE, partitionkey=invocation_id,
+                                correlationid=invocation_id, id=str(uuid.uuid4()),
+                                time=datetime.now(UTC),
+                                extensions={"captoken": token} if token else {})
         await self._deliver(envelope, asyncio.get_running_loop().time() + timeout)
         return envelope
 

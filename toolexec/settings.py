@@ -136,6 +136,9 @@ class Settings(BaseSettings):
     decision_cache_ttl_seconds: float = 300.0
     """How long a policy decision is reused for the same (subject, tool, version,
     policy version); every policy.updated clears the cache (in Redis too)."""
+    approval_ttl_seconds: float = Field(default=3600.0, gt=0)
+    """How long a call that needs approval waits for an approver before it fails with
+    E3209 (the expiry is written in its `tool.approval.requested`)."""
     sandbox: Literal["auto", "bwrap", "landlock", "rlimits", "none"] | None = None
     """Subprocess sandbox; None = "auto": bubblewrap when installed, else Landlock when
     the kernel supports it, else (embedded) rlimits or (production) E3405 on every run.

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0010_timeline'
-down_revision = '0007'
+down_revision = '0008_approvals'
 branch_labels = None
 depends_on = None
 

@@ -14,7 +14,12 @@ from aiokafka import AIOKafkaConsumer
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from tests.integration.gateway_support import refused_api_tool, running_gateway, wait_until
+from tests.integration.gateway_support import (
+    RunningGateway,
+    refused_api_tool,
+    running_gateway,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +50,7 @@ def test_every_record_written_matches_the_served_document(tmp_path: Path) -> Non
         assert gateway.invoke("refused_doc").status_code == 503
         wait_until(lambda: any(c["service_id"] == "doc-service"
                                for c in gateway.http.get("/v1/circuits").json()["circuits"]))
+        _approved_call(gateway)
         document = gateway.http.get("/asyncapi.json").json()
         bootstrap = json.loads((tmp_path / ".toolexec" / "broker" / "broker.json")
                                .read_text())["bootstrap"]
@@ -67,4 +73,23 @@ def test_every_record_written_matches_the_served_document(tmp_path: Path) -> Non
         tool_id = json.loads(record.value).get("tool_id")
         assert headers.get("ce_subject") == tool_id
     assert {"tool.published", "tool.invoke.requested", "tool.invoke.completed",
-            "tool.invoke.failed", "circuit.state.changed"} <= seen
+            "tool.invoke.failed", "circuit.state.changed", "tool.approval.requested",
+            "tool.approval.decided"} <= seen
+
+
+def _approved_call(gateway: RunningGateway) -> None:
+    """A call that waits for an approver, approved (both approval events on the log)."""
+    manifest = {"tool_id": "approved_doc", "version": "1.0.0", "tool_type": "script",
+                "executor": "python_runtime", "config": {"entrypoint": "main.py"},
+                "description": "Prints an empty object, once approved.",
+                "approval": {"required": True}}
+    assert gateway.register(manifest, [{"path": "main.py", "content": "print('{}')\n"}]
+                            ).is_success
+    accepted = gateway.invoke("approved_doc", execution_mode="async")
+    invocation_id = accepted.json()["invocation_id"]
+    wait_until(lambda: any(r["invocation_id"] == invocation_id for r in
+                           gateway.http.get("/v1/approvals").json()["approvals"]))
+    assert gateway.http.post(f"/v1/invocations/{invocation_id}/approval",
+                             json={"decision": "approve"}).status_code == 202
+    wait_until(lambda: gateway.http.get(f"/v1/invocations/{invocation_id}").json()["status"]
+               == "completed", timeout=60)

@@ -114,3 +114,45 @@ def test_a_callback_url_refused_gets_the_same_code_from_every_front_end(
 
     result = anyio.run(call)
     assert result.is_error and result.structured_content["error"]["code"] == code
+def _cli_approval(gateway: RunningGateway, invocation_id: str, approved_hash: str | None) -> str:
+    extra = ["--hash", approved_hash] if approved_hash is not None else []
+    done = toolexec("approve", invocation_id, *extra, "--json", cwd=gateway.cwd,
+                    env=gateway.env)
+    assert done.returncode in (1, 2), (done.stdout, done.stderr)
+    return str(json.loads(done.stdout)["error"]["code"])
+
+
+def _http_approval(gateway: RunningGateway, invocation_id: str,
+                   approved_hash: str | None) -> str:
+    response = gateway.http.post(f"/v1/invocations/{invocation_id}/approval",
+                                 json={"decision": "approve", "approved_hash": approved_hash})
+    assert response.status_code >= 400, response.text
+    return str(response.json()["error"]["code"])
+
+
+def _mcp_approval(gateway: RunningGateway, invocation_id: str,
+                  approved_hash: str | None) -> str:
+    import anyio
+
+    async def call() -> mcp_types.CallToolResult:
+        settings = Settings(state_dir=gateway.cwd / ".toolexec")
+        server = build_server(Gateway(settings, []))
+        return await server.call_tool("approval", {
+            "action": "approve", "invocation_id": invocation_id,
+            "approved_hash": approved_hash})
+
+    result = anyio.run(call)
+    assert result.is_error
+    text = next(b.text for b in result.content if isinstance(b, mcp_types.TextContent))
+    return str(json.loads(text)["error"]["code"])
+
+
+APPROVAL_FRONT_ENDS: dict[str, Callable[[RunningGateway, str, str | None], str]] = {
+    "cli": _cli_approval, "http": _http_approval, "mcp": _mcp_approval}
+
+
+@pytest.mark.parametrize("front_end", sorted(APPROVAL_FRONT_ENDS))
+@pytest.mark.parametrize("approved_hash", [None, "sha256:" + "ab" * 32])
+def test_approving_a_call_nothing_waits_with_is_E3702_everywhere(
+        gateway: RunningGateway, front_end: str, approved_hash: str | None) -> None:
+    assert APPROVAL_FRONT_ENDS[front_end](gateway, "no-such-invocation", approved_hash) == "E3702"

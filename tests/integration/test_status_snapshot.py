@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts import topics
 from contracts.envelope import Envelope
+from projections.approvals import approvals_model
 from projections.audit import AuditModel
 from projections.invocations import invocations_model
 from projections.registry_table import registry_model
@@ -29,7 +30,7 @@ async def fold(engine: AsyncEngine, events: Sequence[Envelope]) -> None:
         topic = topics.TOPIC_OF_TYPE[event.type]
         offsets[topic] = offsets.get(topic, -1) + 1
         log.append(Record(topic, 0, offsets[topic], event, None))
-    for model in (registry_model(), invocations_model(), AuditModel()):
+    for model in (registry_model(), invocations_model(), approvals_model(), AuditModel()):
         async with engine.begin() as conn:
             await apply(model, conn, [r for r in log if r.topic in model.topics])
 
@@ -72,3 +73,20 @@ async def test_a_subject_sees_only_its_own_traffic_and_work(engine: AsyncEngine)
     assert mine["traffic"]["endings"] == 1 and mine["pending"]["count"] == 0
     everyone = await status_snapshot(engine, subject=None, now=T0 + timedelta(minutes=5))
     assert everyone["traffic"]["endings"] == 2 and everyone["pending"]["count"] == 1
+
+
+async def test_calls_waiting_for_an_approver_are_listed_to_whom_may_see_them(
+        engine: AsyncEngine) -> None:
+    ada, bob = "did:example:ada", "did:example:bob"
+    waiting = [e for e in invocation("inv-waits", subject=bob, start=60, approval="approve")
+               if e.type != "tool.approval.decided"][:4]  # up to tool.approval.requested
+    await fold(engine, [published("py_echo", "1.0.0"), *waiting,
+                        *invocation("inv-approved", subject=bob, start=70, approval="approve"),
+                        *invocation("inv-denied", subject=bob, start=80, approval="deny")])
+
+    everyone = await status_snapshot(engine, subject=None, now=T0 + timedelta(minutes=5))
+    assert [a["invocation_id"] for a in everyone["approvals"]] == ["inv-waits"]
+    assert everyone["approvals"][0]["subject"] == bob
+    assert everyone["approvals"][0]["call_hash"].startswith("sha256:")
+    mine = await status_snapshot(engine, subject=ada, now=T0 + timedelta(minutes=5))
+    assert mine["approvals"] == []

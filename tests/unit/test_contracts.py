@@ -33,6 +33,7 @@ CATALOG = {
     "tool.invoke.requested", "tool.chain.resolved", "tool.permission.decided",
     "tool.execution.started", "tool.execution.progressed", "tool.execution.checkpointed", "tool.execution.finished",
     "tool.invoke.completed", "tool.invoke.failed", "tool.invoke.cancel.requested",
+    "tool.approval.requested", "tool.approval.decided",
     "circuit.state.changed", "policy.updated", "callback.delivered", "callback.failed",
 }
 CONTRACTS_DIR = Path(contracts.__file__).parent
@@ -52,8 +53,10 @@ def test_every_catalog_type_has_a_model_and_a_topic() -> None:
 
 def test_commands_go_to_the_requests_topic_and_facts_to_the_invocations_topic() -> None:
     invocation_types = {t for t in CATALOG if t.startswith(("tool.invoke", "tool.execution",
-                                                            "tool.chain", "tool.permission"))}
-    commands = {"tool.invoke.requested", "tool.invoke.cancel.requested"}
+                                                            "tool.chain", "tool.permission",
+                                                            "tool.approval"))}
+    commands = {"tool.invoke.requested", "tool.invoke.cancel.requested",
+                "tool.approval.decided"}
     assert commands == topics.COMMAND_TYPES
     assert {topics.TOPIC_OF_TYPE[t] for t in commands} == {"toolexec.requests"}
     assert {topics.TOPIC_OF_TYPE[t] for t in invocation_types - commands} == {
@@ -69,8 +72,9 @@ def test_commands_go_to_the_requests_topic_and_facts_to_the_invocations_topic() 
 
 def test_registry_holds_the_spec_codes_with_their_statuses() -> None:
     # the spec's 58, E3804 (a fact the pipeline did not sign), E3805 and E3806 (audit
-    # export), E3107 (publisher signature missing or untrusted)
-    assert len(ERROR_CODES) == 62
+    # export), E3107 (publisher signature missing or untrusted), E3208-E3210 (approvals)
+    assert len(ERROR_CODES) == 65
+    assert http_status_for("E3209") == 403
     assert http_status_for("E3804") == 403
     assert http_status_for("E3107") == 403
     assert http_status_for("E3004") == 400

@@ -116,6 +116,10 @@ def test_the_status_page_escapes_every_value() -> None:
     summary = invocation_summary(row(tool_id=hostile, invocation_id=hostile))
     page = render(snapshot={"generated_at": hostile, "invocations": [summary],
                             "pending": {"count": 1, "invocations": [summary]},
+                            "approvals": [{"invocation_id": hostile, "tool_id": hostile,
+                                           "version": "1.0.0", "subject": hostile,
+                                           "call_hash": hostile, "requested_at": "t",
+                                           "expires_at": hostile}],
                             "circuits": [{"service_id": hostile, "state": "open",
                                           "failure_count": 1, "since": "t",
                                           "reason": hostile}]},

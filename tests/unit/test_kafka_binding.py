@@ -19,6 +19,8 @@ from contracts.events import (
     EVENT_MODELS,
     CallbackDelivered,
     CallbackFailed,
+    ApprovalDecided,
+    ApprovalRequested,
     ChainLink,
     ChainResolved,
     CircuitStateChanged,
@@ -130,6 +132,13 @@ SAMPLES: list[EventData] = [
                       host="hooks.example.com", status_code=204, attempts=2),
     CallbackFailed(invocation_id="inv-1", terminal_event_id="ev-9", host="hooks.example.com",
                    attempts=6, error=ErrorInfo(code="E3704", message="503 six times")),
+    ApprovalRequested(invocation_id="inv-1", tool_id="hello", version="1.2.0",
+                      integrity="sha256:" + "ef" * 32, parameters={"name": "world"},
+                      subject="agent-7", policy_version="3", call_hash="sha256:" + "12" * 32,
+                      reasons=["needs-approval"], expires_at=NOW + timedelta(hours=1)),
+    ApprovalDecided(invocation_id="inv-1", decision="approve",
+                    approved_hash="sha256:" + "12" * 32, decided_by="did:example:ops",
+                    reason="looks fine"),
 ]
 
 

@@ -1,7 +1,7 @@
 """Why a rebuild in any number of workers equals the incremental read model (pure).
 
-The invocations model's rows depend only on each invocation's facts in log order and
-the set of its commands, never on how the two topics interleave, on batch boundaries
+The invocations and approvals models' rows depend only on each invocation's facts in
+log order and its commands in their topic's order, never on how the two topics interleave, on batch boundaries
 or on repeated events; the audit row of a record depends only on the records before it
 in its partition. So any split of the log into batches and workers gives one result.
 """
@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 
 from contracts import topics
 from contracts.envelope import Envelope
-from contracts.events import InvokeCancelRequested
+from contracts.events import ApprovalDecided, InvokeCancelRequested
+from projections.approvals import approvals_model
 from projections.audit import ROW_COLUMNS
 from projections.audit_document import GENESIS, audit_entry
 from projections.bulk_rows import columns_of, row_tuples
 from projections.invocations import invocations_model
 from projections.store import AggregateModel, Rows
-from projections.tables import audit_log, invocations
+from projections.tables import approvals, audit_log, invocations
 from tests.projection_events import at, captoken, envelope, invocation
 
 OUTCOMES = ("completed", "failed", "denied")
@@ -34,9 +35,17 @@ def _log(seed: int, count: int) -> list[Envelope]:
     chooser = random.Random(seed)
     streams = []
     for n in range(count):
+        approval = chooser.choice((None, None, "approve", "deny"))
         events = invocation(f"inv-{n}", outcome=chooser.choice(OUTCOMES), start=n * 0.5,
                             token=captoken("ann", f"j{n}") if n % 3 == 0 else None,
-                            reports=chooser.choice((0, 0, 1, 3)))
+                            reports=chooser.choice((0, 0, 1, 3)), approval=approval)
+        decided = [i for i, e in enumerate(events) if e.type == "tool.approval.decided"]
+        if decided and chooser.random() < 0.5:  # a later decision changes nothing
+            late = envelope(ApprovalDecided(invocation_id=f"inv-{n}", decision="deny",
+                                            approved_hash="sha256:" + "00" * 32,
+                                            decided_by="did:example:late"),
+                            f"inv-{n}", when=at(n * 0.5 + 9.5), id=f"late-{n}")
+            events.insert(chooser.randrange(decided[0] + 1, len(events) + 1), late)
         if chooser.random() < 0.4:
             cancel = envelope(InvokeCancelRequested(invocation_id=f"inv-{n}", reason="stop"),
                               f"inv-{n}", when=at(n * 0.5 + chooser.choice((0.015, 9.0))),
@@ -59,7 +68,7 @@ def _fold(model: AggregateModel, batches: list[list[Envelope]]) -> tuple[dict[st
     for batch in batches:
         keyed = [(key, e) for e in batch if (key := model.aggregate_of(e)) is not None]
         for key, _ in keyed:
-            states.setdefault(key, {invocations.name: []})
+            states.setdefault(key, {table.name: [] for table in model.tables})
         duplicates += model.fold_all(states, keyed)
     return states, duplicates
 
@@ -93,6 +102,27 @@ def test_invocation_rows_do_not_depend_on_batches_or_topic_interleaving(
         return row_tuples(invocations, (states[key][invocations.name][0] for key in sorted(states)))
 
     assert written(again) == written(reference)  # the very values stored
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 12), st.integers(0, 10_000))
+def test_approval_rows_do_not_depend_on_batches_or_topic_interleaving(
+        seed: int, count: int, reading: int) -> None:
+    model = approvals_model()
+    log = _log(seed, count)
+    reference, _ = _fold(model, [log])
+    again, _ = _fold(model, _as_read_by(log, random.Random(reading)))
+    assert again == reference
+    twice, _ = _fold(model, [log, log])  # every event repeated: folded again, no change
+    assert twice == reference
+    first_decisions: dict[str, str] = {}
+    for event in log:
+        if isinstance(event.data, ApprovalDecided):
+            first_decisions.setdefault(event.data.invocation_id, event.data.decided_by)
+    rows = {key: states[approvals.name][0] for key, states in reference.items()
+            if states[approvals.name]}
+    assert {key: row["decided_by"] for key, row in rows.items()} == first_decisions
+    assert all(row["outcome"] is not None for row in rows.values())
 
 
 @settings(max_examples=30, deadline=None)

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from toolexec.cli.gateway_call import gateway_call, no_running_system
 from toolexec.cli.output import bad_usage
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
@@ -46,28 +47,14 @@ def cancel(
         status, body = asyncio.run(_through_broker(bootstrap, invocation_id, reason,
                                                    kafka_client_options(settings)))
     else:
-        status, body = 503, {"error": {
-            "code": "E3001", "message": "no running toolexec found: start `toolexec up` first "
-            "or set TOOLEXEC_KAFKA_BOOTSTRAP", "details": {}}}
+        status, body = no_running_system()
     raise typer.Exit(_report(status, body, as_json))
 
 
 def _through_gateway(url: str, invocation_id: str, reason: str | None,
                      token: str | None) -> tuple[int, dict[str, Any]]:
-    import httpx
-
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = httpx.post(f"{url.rstrip('/')}/v1/invocations/{invocation_id}/cancel",
-                              json={"reason": reason}, headers=headers, timeout=30)
-    except httpx.HTTPError as error:
-        return 503, {"error": {"code": "E3001", "message": f"gateway unreachable: {error}",
-                               "details": {"gateway_url": url}}}
-    try:
-        return response.status_code, response.json()
-    except ValueError:
-        return response.status_code, {"error": {"code": "E3000", "message": response.text[:300],
-                                                "details": {}}}
+    return gateway_call(url, "POST", f"/v1/invocations/{invocation_id}/cancel",
+                        token=token, body={"reason": reason})
 
 
 async def _through_broker(bootstrap: str, invocation_id: str, reason: str | None,

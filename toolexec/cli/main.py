@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
 from domain.errors import ToolexecError
 from toolexec.bench import command as bench
 from toolexec.cli import (
+    approval,
     authoring,
     broker,
     cancel,
@@ -39,6 +40,7 @@ authoring.register(app)  # validate, integrity, lock: no running system needed
 runtime.register(app)  # up, run, publish
 cancel.register(app)  # cancel
 invocation_status.register(app)  # status INVOCATION: timeline and progress
+approval.register(app)  # approve, deny, approvals
 lifecycle.register(app)  # deprecate, remove, restore
 security.register(app)  # token issue, policy apply, keys
 projections.register(app)  # projections rebuild, search, show, status, audit

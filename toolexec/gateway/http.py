@@ -70,6 +70,9 @@ from toolexec.gateway.errors import (
     install_error_handlers,
 )
 from toolexec.gateway.models import (
+    ApprovalDecisionAnswer,
+    ApprovalDecisionRequest,
+    ApprovalList,
     AuditPage,
     CancelAccepted,
     CancelRequest,
@@ -83,6 +86,7 @@ from toolexec.gateway.models import (
     InvokeResult,
     LifecycleRequest,
     LifecycleResult,
+    PendingApproval,
     RegisterRequest,
     RegisterResult,
     ToolDetail,
@@ -91,6 +95,12 @@ from toolexec.gateway.models import (
 from toolexec.publishing import Publication, plan_publications, planned_tool_ids, signed
 from toolexec.settings import Settings
 from toolexec.sources import bash_syntax_check
+from toolexec.usecases.approval import (
+    PENDING_LIMIT,
+    decide_approval,
+    list_pending,
+    waiting_call,
+)
 from toolexec.usecases.audit import audit_page, utc
 from toolexec.usecases.callbacks import checked_callback_url
 from toolexec.usecases.cancel import cancel_invocation, shown_status
@@ -269,6 +279,43 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
         row = await _known_invocation(ctx, invocation_id)
         check_visible(capability, row)
         return invocation_view(row)
+
+    @app.post("/v1/invocations/{invocation_id}/approval", response_model=ApprovalDecisionAnswer,
+              status_code=202, tags=["approvals"],
+              responses={200: {"model": ApprovalDecisionAnswer},
+                         **documented(401, 403, 404, 422, 503)})
+    async def approval(invocation_id: str, body: ApprovalDecisionRequest,
+                       request: Request) -> JSONResponse:
+        """Approve or deny the call of an invocation waiting for an approver
+        (`tool.approval.decided`): 202 when sent; 200 when nothing was sent (the
+        invocation has ended); 404 (E3702) when no call of that id waits for approval. With authorization on, the token needs the `approve`
+        scope for the tool (403 E3206) and its subject is who decided."""
+        token = read_token(request)
+        capability = caller(ctx.settings, token)
+        await ctx.catch_up("approvals", CATCH_UP_SECONDS)
+        row = await waiting_call(ctx.engine, invocation_id)
+        try:
+            outcome = await decide_approval(
+                ctx.client, invocation_id, row, verdict=body.decision, capability=capability,
+                token=token, front_end=REQUESTED_BY, reason=body.reason,
+                approved_hash=body.approved_hash)
+        except InvocationNotDelivered as error:
+            raise ApiError(error.code, error.message, error.details) from None
+        answer = ApprovalDecisionAnswer(**outcome.to_dict(),
+                                        status_url=_status_url(invocation_id))
+        return JSONResponse(answer.model_dump(),
+                            status_code=202 if outcome.status == "decided" else 200)
+
+    @app.get("/v1/approvals", response_model=ApprovalList, tags=["approvals"],
+             responses=documented(401, 503))
+    async def approvals(request: Request,
+                        limit: Annotated[int, Query(ge=1, le=PENDING_LIMIT)] = PENDING_LIMIT,
+                        ) -> ApprovalList:
+        """Calls waiting for an approver, the oldest first. With authorization on, those
+        the token may approve (`approve` scope for the tool) or made as its subject."""
+        capability = caller(ctx.settings, read_token(request))
+        rows = await list_pending(ctx.engine, capability, limit=limit)
+        return ApprovalList(approvals=[PendingApproval(**row) for row in rows], count=len(rows))
 
     @app.post("/v1/invocations/{invocation_id}/cancel", response_model=CancelAccepted,
               status_code=202, tags=["invocations"],

@@ -14,6 +14,8 @@ Tools:
             server does not serve `tasks/*` (its types only); `sign` computes a tool
             source's canonical integrity; `lock` freezes a tool's verified chain to a
             lockfile;
+- `approval` `list` the calls waiting for an approver; `approve` or `deny` one
+            (`tool.approval.decided`, the approver's token needs the approve scope);
 - `help`    what the tools do and how to call them.
 
 Every failure comes back as an MCP tool error (`isError`) whose structured content
@@ -39,12 +41,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.envelope import Envelope
+from domain.approval import Verdict
 from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
+from toolexec import rights
+from toolexec.client import InvocationClient
 from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings
+from toolexec.settings import Settings, kafka_client_options
 from toolexec.state_files import ensure_state_dir
-from toolexec.usecases import registry
+from toolexec.usecases import approval, registry
 from toolexec.usecases.authoring import lock_chain, source_integrity
 from toolexec.usecases.invoke import (
     ToolSpec,
@@ -58,12 +63,14 @@ from toolexec.usecases.timeline import invocation_timeline
 log = structlog.get_logger(__name__)
 
 Progress = Callable[[Envelope], None]
+FRONT_END = "urn:toolexec:mcp"
 
 HELP = {
     "overview": (
         "toolexec runs tools (manifests plus content-addressed files) through an "
         "event-sourced pipeline: resolve -> authorize -> execute -> finalize. "
         "Tools: search (find tools), load (inspect one), execute (run | sign | lock), "
+        "approval (list | approve | deny the calls waiting for an approver), "
         "help (this text). Errors carry E3xxx codes."),
     "search": "search(query, limit=10): tools best matching the query (name, tags, "
               "description, parameters; typos and partial words too), best first, each "
@@ -82,6 +89,13 @@ HELP = {
         "(a tool source) returns its canonical integrity sha256:<hex>. Action 'lock' "
         "with tool_id and version_range freezes the verified chain to a lockfile "
         "(written to `path` when given)."),
+    "approval": (
+        "approval(action, ...): action 'list' gives the calls waiting for an approver "
+        "(invocation_id, tool, agent, parameters, call_hash, expires_at); 'approve' or "
+        "'deny' with invocation_id (and optionally reason, approved_hash: default the "
+        "hash of the call waiting; token: a capability JWT with the approve scope when "
+        "authorization is on). The call runs only if the approved hash is its own "
+        "(else E3210); a denied call fails with E3208, an unanswered one with E3209."),
 }
 
 
@@ -163,6 +177,26 @@ class Gateway:
             raise GatewayError("action 'status' needs an invocation_id")
         document = await invocation_timeline(await self.engine(), invocation_id)
         return {"action": "status", **document, "result": _parsed(document)}
+    async def approvals(self, token: str | None) -> dict[str, Any]:
+        capability = rights.caller(self.settings, token, read_runtime(self.settings))
+        rows = await approval.list_pending(await self.engine(), capability)
+        return {"action": "list", "approvals": rows, "count": len(rows)}
+
+    async def decide(self, invocation_id: str, verdict: Verdict, reason: str | None,
+                     approved_hash: str | None, token: str | None) -> dict[str, Any]:
+        runtime = read_runtime(self.settings) or {}
+        capability = rights.caller(self.settings, token, runtime)
+        bootstrap = self.settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
+        if not bootstrap:
+            raise ToolexecError("no running toolexec found: start `toolexec up` first or "
+                                "set TOOLEXEC_KAFKA_BOOTSTRAP", code="E3001")
+        row = await approval.waiting_call(await self.engine(), invocation_id)
+        async with InvocationClient(
+                bootstrap, client_options=kafka_client_options(self.settings)) as client:
+            outcome = await approval.decide_approval(
+                client, invocation_id, row, verdict=verdict, capability=capability,
+                token=token, front_end=FRONT_END, reason=reason, approved_hash=approved_hash)
+        return {"action": verdict, **outcome.to_dict()}
 
     def sign(self, path: str | None) -> dict[str, Any]:
         if not path:
@@ -316,6 +350,19 @@ def build_server(gateway: Gateway) -> MCPServer:
                                          token, timeout, callback_url, relay)
             finally:
                 await relay.close()
+        return await _guarded(work)
+
+    @server.tool(description=HELP["approval"])
+    async def approval(action: Literal["list", "approve", "deny"],
+                       invocation_id: str | None = None, reason: str | None = None,
+                       approved_hash: str | None = None,
+                       token: str | None = None) -> mcp_types.CallToolResult:
+        async def work() -> dict[str, Any]:
+            if action == "list":
+                return await gateway.approvals(token)
+            if not invocation_id:
+                raise GatewayError(f"action {action!r} needs an invocation_id")
+            return await gateway.decide(invocation_id, action, reason, approved_hash, token)
         return await _guarded(work)
 
     @server.tool(name="help", description="How to use toolexec's MCP tools.")

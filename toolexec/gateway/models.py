@@ -65,6 +65,55 @@ class CancelRequest(BaseModel):
     reason: str | None = Field(default=None, max_length=500, description="Why.")
 
 
+class ApprovalDecisionRequest(BaseModel):
+    """`POST /v1/invocations/{id}/approval`: approve or deny the call waiting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "deny"] = Field(description="The approver's answer.")
+    reason: str | None = Field(default=None, max_length=500, description="Why.")
+    approved_hash: str | None = Field(
+        default=None, max_length=100, description="The call hash approved (`sha256:<hex>`); "
+        "default: the hash of the call waiting, as `GET /v1/approvals` lists it.")
+
+
+class ApprovalDecisionAnswer(BaseModel):
+    """The decision sent (`decided`; the first decision of an approver with the approve
+    scope counts), or nothing sent: the invocation has ended (`already_ended`)."""
+
+    invocation_id: str
+    status: Literal["decided", "already_ended"]
+    decision: Literal["approve", "deny"] | None = None
+    approved_hash: str | None = None
+    decided_by: str | None = None
+    event_id: str | None = Field(default=None, description="Id of the tool.approval.decided.")
+    ended_as: str | None = None
+    status_url: str
+
+
+class PendingApproval(BaseModel):
+    """A call waiting for an approver."""
+
+    invocation_id: str
+    tool_id: str | None
+    version: str | None
+    integrity: str | None = Field(description="Integrity of the tool version called.")
+    subject: str | None = Field(description="The agent that made the call.")
+    policy_version: str | None
+    call_hash: str | None = Field(description="What an approver approves.")
+    parameters: Any = Field(description="The call's parameters (redacted).")
+    reasons: list[str] | None = Field(description="What requires the approval.")
+    requested_at: str | None
+    expires_at: str | None
+    decision: str | None = Field(description="The first decision sent, not applied yet.")
+    decided_by: str | None
+
+
+class ApprovalList(BaseModel):
+    approvals: list[PendingApproval]
+    count: int
+
+
 class CancelAccepted(BaseModel):
     """A cancel request on the log (the invocation ends as cancelled unless it ends
     first), or nothing to do: the invocation had already ended (`ended_as`)."""

@@ -153,6 +153,19 @@ def pending_section(count: int, summaries: Sequence[Mapping[str, Any]]) -> str:
             + invocations_table(summaries, "pending", "Nothing pending."))
 
 
+APPROVAL_COLUMNS = ("invocation", "tool", "version", "agent", "expires", "call hash")
+
+
+def approvals_table(approvals: Sequence[Mapping[str, Any]]) -> str:
+    """Rows of pending approvals (`toolexec.usecases.status.approval_summary`)."""
+    rows = (f'<tr data-invocation="{escape(a["invocation_id"])}">'
+            + _invocation_cell(a["invocation_id"]) + _cell(a["tool_id"]) + _cell(a["version"])
+            + _cell(a["subject"] or "") + _cell(a["expires_at"])
+            + f'<td><code>{escape(str(a["call_hash"]))}</code></td></tr>'
+            for a in approvals)
+    return _table("approvals", APPROVAL_COLUMNS, rows, "No call waits for an approver.")
+
+
 def circuits_table(circuits: Sequence[Mapping[str, Any]]) -> str:
     rows = (f'<tr data-service="{escape(str(c["service_id"]))}">'
             + _cell(c["service_id"]) + _cell(c["state"], f"status {c['state']}")
@@ -241,6 +254,8 @@ def render(*, snapshot: Mapping[str, Any], tools: Sequence[Mapping[str, Any]],
         f'<div id="invocations-body">{invocations_table(snapshot["invocations"])}</div></section>'
         f'<section id="pending"><h2>Pending work</h2><div id="pending-body">'
         f'{pending_section(pending["count"], pending["invocations"])}</div></section>'
+        f'<section id="approvals"><h2>Waiting for approval</h2><div id="approvals-body">'
+        f'{approvals_table(snapshot["approvals"])}</div></section>'
         f'<section id="circuits"><h2>Circuit breakers</h2><div id="circuits-body">'
         f'{circuits_table(snapshot["circuits"])}</div></section>'
         f'<section id="registry"><h2>Registry ({len(tools)} tools)</h2>'

@@ -1,5 +1,5 @@
 """The live status of the system as one reader may see it: recent invocations, pending
-work, circuit breakers and the last hour's traffic per tool (from the read models).
+work, the calls waiting for an approver, circuit breakers and the last hour's traffic per tool (from the read models).
 
 Every read is bounded: the newest invocations, the oldest pending ones, the newest
 `MAX_ENDINGS` terminal events of the window (`truncated` says when the window held more).
@@ -18,6 +18,7 @@ from domain.traffic import Ending, traffic
 from projections.queries import (
     list_circuits,
     list_invocations,
+    pending_approvals,
     pending_invocations,
     recent_endings,
 )
@@ -41,6 +42,12 @@ def invocation_summary(row: Mapping[str, Any]) -> dict[str, Any]:
             "progress": latest_progress(row)}
 
 
+def approval_summary(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a pending approval a status table shows."""
+    return {name: row[name] for name in ("invocation_id", "tool_id", "version", "subject",
+                                         "call_hash", "requested_at", "expires_at")}
+
+
 def _moment(stored: str) -> datetime:
     return datetime.strptime(stored, ISO_FORMAT).replace(tzinfo=UTC)
 
@@ -56,6 +63,7 @@ async def status_snapshot(engine: AsyncEngine, *, subject: str | None,
         pending_count, pending = await pending_invocations(conn, limit=PENDING_SHOWN,
                                                            subject=subject)
         circuits = await list_circuits(conn)
+        approvals = await pending_approvals(conn, limit=PENDING_SHOWN, subject=subject)
         endings = await recent_endings(conn, start, limit=MAX_ENDINGS, subject=subject)
     series = traffic((Ending(_moment(e["time"]), e["tool_id"] or "?",
                              e["type"] == InvokeFailed.EVENT_TYPE, e["duration_ms"],
@@ -66,6 +74,7 @@ async def status_snapshot(engine: AsyncEngine, *, subject: str | None,
         "invocations": [invocation_summary(row) for row in recent],
         "pending": {"count": pending_count,
                     "invocations": [invocation_summary(row) for row in pending]},
+        "approvals": [approval_summary(row) for row in approvals],
         "circuits": circuits,
         "traffic": {"start": start.isoformat(), "end": end.isoformat(),
                     "bucket_seconds": BUCKET_SECONDS, "endings": len(endings),

@@ -77,6 +77,19 @@
       (p.count > p.invocations.length ? " (the oldest " + p.invocations.length + " shown)." : ".")));
     replace("pending-body", line,
             table("pending", COLUMNS, invocationRows(p.invocations), "Nothing pending."));
+    const waiting = s.approvals.map((a) => {
+      const tr = el("tr", {"data-invocation": a.invocation_id});
+      tr.appendChild(invocationLink(a.invocation_id));
+      tr.appendChild(el("td", {}, a.tool_id || ""));
+      tr.appendChild(el("td", {}, a.version || ""));
+      tr.appendChild(el("td", {}, a.subject || ""));
+      tr.appendChild(el("td", {}, a.expires_at));
+      tr.appendChild(el("td")).appendChild(el("code", {}, a.call_hash));
+      return tr;
+    });
+    replace("approvals-body", table("approvals",
+      ["invocation", "tool", "version", "agent", "expires", "call hash"], waiting,
+      "No call waits for an approver."));
     const breakers = s.circuits.map((c) => {
       const tr = el("tr", {"data-service": c.service_id});
       tr.appendChild(el("td", {}, c.service_id));

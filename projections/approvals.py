@@ -1,0 +1,82 @@
+"""The approvals read model: one row per invocation that waited for an approver.
+
+Folded from `tool.approval.requested` and the terminal event (facts, in log order) and
+`tool.approval.decided` (a command, on the other topic). No order holds across the two
+topics, so each part of the row is set by its own events only: the request's columns
+by the request, the decision's by the first decision (commands keep their order in
+their topic, so "first" is the same on every replay), the outcome by the terminal
+event, which the request always precedes. A rebuild gives the same rows, and a repeated
+event folded again changes nothing. Pending = requested, no outcome yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contracts import topics
+from contracts.envelope import Envelope
+from contracts.events import ApprovalDecided, ApprovalRequested, InvokeCompleted, InvokeFailed
+from domain.redaction import redact
+from projections.store import AggregateModel, Row, Rows, single_row
+from projections.tables import approvals, iso
+
+NAME = "approvals"
+COLUMNS = tuple(column.name for column in approvals.columns)
+
+
+def _empty(invocation_id: str) -> Row:
+    return {name: None for name in COLUMNS} | {"invocation_id": invocation_id}
+
+
+def evolve_approval(row: Row | None, envelope: Envelope) -> Row | None:
+    """Fold one event into the invocation's approval row (pure)."""
+    data: Any = envelope.data
+    at = iso(envelope.time)
+    if isinstance(data, ApprovalRequested):
+        new = dict(row) if row is not None else _empty(data.invocation_id)
+        new.update(tool_id=data.tool_id, version=data.version, integrity=data.integrity,
+                   subject=data.subject,
+                   policy_version=data.policy_version, call_hash=data.call_hash,
+                   parameters=redact(data.parameters).value, reasons=list(data.reasons),
+                   requested_at=at, expires_at=iso(data.expires_at))
+        return new
+    if isinstance(data, ApprovalDecided):
+        new = dict(row) if row is not None else _empty(data.invocation_id)
+        if new["decision"] is None:
+            new.update(decision=data.decision, approved_hash=data.approved_hash,
+                       decided_by=data.decided_by,
+                       decision_reason=None if data.reason is None
+                       else redact(data.reason).value,
+                       decided_at=at)
+        return new
+    if isinstance(data, InvokeCompleted | InvokeFailed):
+        if row is None or row["requested_at"] is None or row["outcome"] is not None:
+            return row
+        error = getattr(data, "error", None)
+        return {**row, "outcome": envelope.type.rsplit(".", 1)[-1],
+                "error_code": None if error is None else error.code, "finished_at": at}
+    return row
+
+
+_FOLDED = (ApprovalRequested, ApprovalDecided, InvokeCompleted, InvokeFailed)
+
+
+def _invocation_of(envelope: Envelope) -> str | None:
+    data = envelope.data
+    return data.invocation_id if isinstance(data, _FOLDED) else None
+
+
+def no_event_ids(_rows: Rows) -> frozenset[str]:
+    """A repeated event needs no skipping here: folding it again changes nothing (a
+    request writes the same values, the first decision and the first terminal event
+    stay), so the runner keeps no applied-id row per event of the two busiest topics."""
+    return frozenset()
+
+
+def approvals_model() -> AggregateModel:
+    """The approvals read model, ready for a runner."""
+    return AggregateModel(name=NAME, topics=(topics.REQUESTS, topics.INVOCATIONS),
+                          tables=(approvals,), key_column="invocation_id",
+                          aggregate_of=_invocation_of,
+                          fold=single_row(approvals, evolve_approval),
+                          event_ids=no_event_ids)

@@ -1,0 +1,146 @@
+"""Runs of calls that need approval: the wait holds no execution slot, an approval of
+exactly the call lets it run, the other outcomes end it with one terminal event, and a
+run resumed from the log waits again or honours the decision it reads."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from consumers import authorize
+from consumers.invocation_facts import InvocationFacts
+from consumers.runs import InvocationRuns
+from contracts.envelope import Envelope, new_envelope
+from contracts.events import ApprovalDecided
+from tests.handlers.conftest import (
+    FIXED_NOW,
+    Harness,
+    ScriptedRunner,
+    build_harness,
+    clock,
+    dead_letters_of,
+    pipeline_deps,
+)
+from tests.handlers.test_steps import seal_variant
+
+
+def _guarded_harness(*, max_in_flight: int = 1, ttl: float = 3600.0) -> Harness:
+    """One execution slot; py_echo 2.0.0 needs approval (its manifest says so)."""
+    harness = build_harness(runner=ScriptedRunner())
+    tool = harness.registry.get("py_echo", "1.0.0")
+    harness.registry.add(seal_variant(tool, version="2.0.0", approval={"required": True}))
+    deps = pipeline_deps(harness, authorize_deps=authorize.AuthorizeDeps(
+        clock=clock, require_auth=False, public_keys=lambda: [], approval_ttl_seconds=ttl))
+    harness.runs = InvocationRuns(deps, dead_letters_of(harness), consumer="test.pipeline",
+                                  max_in_flight=max_in_flight)
+    return harness
+
+
+def _decision(harness: Harness, invocation_id: str, verdict: str = "approve",
+              approved_hash: str | None = None) -> Envelope:
+    requested = harness.of(invocation_id, "tool.approval.requested")[0].data
+    decided = new_envelope(
+        ApprovalDecided(invocation_id=invocation_id, decision=verdict,
+                        approved_hash=approved_hash or requested.call_hash,
+                        decided_by="did:example:ops"),
+        source="urn:test", partitionkey=invocation_id, correlationid=invocation_id,
+        id=str(uuid.uuid4()), time=FIXED_NOW)
+    harness.events.append(decided)
+    return decided
+
+
+async def _waiting(harness: Harness, invocation_id: str) -> asyncio.Task[str]:
+    task = asyncio.create_task(harness.request("py_echo", {"text": "x"}, version_range="2.0.0",
+                                               invocation_id=invocation_id))
+    for _ in range(200):
+        if harness.of(invocation_id, "tool.approval.requested"):
+            return task
+        await asyncio.sleep(0.01)
+    raise AssertionError("no approval was requested")
+
+
+async def test_a_waiting_call_holds_no_slot_and_runs_once_approved() -> None:
+    harness = _guarded_harness(max_in_flight=1)
+    waiting = await _waiting(harness, "inv-wait")
+    assert harness.runs.active == 0  # the waiting run counts for nothing
+    await asyncio.wait_for(harness.request("py_echo", {"text": "y"}, version_range="1.0.0",
+                                           invocation_id="inv-other"), 5)
+    assert harness.terminal("inv-other").type == "tool.invoke.completed"
+    assert harness.of("inv-wait", "tool.execution.started") == []
+
+    harness.runs.decide(_decision(harness, "inv-wait"))
+    await asyncio.wait_for(waiting, 5)
+    assert harness.terminal("inv-wait").type == "tool.invoke.completed"
+    kinds = [e.type for e in harness.of("inv-wait") if e.type != "tool.invoke.requested"]
+    assert kinds[:3] == ["tool.chain.resolved", "tool.permission.decided",
+                         "tool.approval.requested"]
+    assert harness.acknowledged[0] == kinds[:3]  # on the log before anyone waits
+
+
+async def test_a_deny_and_an_approval_of_another_call_end_it_before_any_attempt() -> None:
+    harness = _guarded_harness()
+    denied = await _waiting(harness, "inv-deny")
+    harness.runs.decide(_decision(harness, "inv-deny", "deny"))
+    await asyncio.wait_for(denied, 5)
+    assert harness.terminal("inv-deny").data.error.code == "E3208"
+
+    other = await _waiting(harness, "inv-other-call")
+    harness.runs.decide(_decision(harness, "inv-other-call",
+                                  approved_hash="sha256:" + "0" * 64))
+    await asyncio.wait_for(other, 5)
+    failed = harness.terminal("inv-other-call").data
+    assert failed.error.code == "E3210" and failed.stage == "authorize"
+    assert harness.runner.plans == []
+
+
+async def test_only_the_first_decision_counts() -> None:
+    harness = _guarded_harness()
+    waiting = await _waiting(harness, "inv-first")
+    first, second = _decision(harness, "inv-first", "deny"), _decision(harness, "inv-first")
+    harness.runs.decide(first)
+    harness.runs.decide(second)
+    await asyncio.wait_for(waiting, 5)
+    assert harness.terminal("inv-first").data.error.code == "E3208"
+
+
+async def test_a_cancel_while_waiting_ends_it_cancelled() -> None:
+    harness = _guarded_harness()
+    waiting = await _waiting(harness, "inv-cancel")
+    await harness.cancel("inv-cancel", reason="changed my mind")
+    await asyncio.wait_for(waiting, 5)
+    assert harness.terminal("inv-cancel").data.error.code == "E3703"
+
+
+async def test_an_expired_approval_is_E3209() -> None:
+    harness = _guarded_harness(ttl=0.0)
+    await asyncio.wait_for(harness.request("py_echo", {"text": "x"}, version_range="2.0.0",
+                                           invocation_id="inv-late"), 5)
+    assert harness.terminal("inv-late").data.error.code == "E3209"
+    assert harness.runner.plans == []
+
+
+async def test_a_resumed_run_waits_again_and_honours_a_decision_read_back() -> None:
+    harness = _guarded_harness()
+    waiting = await _waiting(harness, "inv-resume")
+    request = harness.of("inv-resume", "tool.invoke.requested")[0]
+    waiting.cancel()  # the pipeline stopped
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert [e for e in harness.of("inv-resume") if e.type.startswith("tool.invoke.")
+            and e.type != "tool.invoke.requested"] == []
+
+    again = _guarded_harness()  # a new owner: the facts on the log, then the decision
+    again.events.extend(e for e in harness.events if e.correlationid == "inv-resume")
+    again.runs.decide(_decision(again, "inv-resume"))
+    await asyncio.wait_for(again.run(request, InvocationFacts.of(again.of("inv-resume"))), 5)
+    assert again.terminal("inv-resume").type == "tool.invoke.completed"
+    assert again.of("inv-resume", "tool.chain.resolved") == harness.of(
+        "inv-resume", "tool.chain.resolved")  # no step done twice
+
+
+async def test_a_shutdown_stops_a_waiting_run_leaving_its_approval_request() -> None:
+    harness = _guarded_harness()
+    waiting = await _waiting(harness, "inv-drain")
+    await asyncio.wait_for(harness.runs.drain(), 5)  # a shutdown does not wait for a person
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert waiting.done()
+    assert [e.type for e in harness.of("inv-drain")][-1] == "tool.approval.requested"
