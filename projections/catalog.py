@@ -6,6 +6,7 @@ import dataclasses
 
 from projections.audit import AuditModel
 from projections.circuits import circuits_model
+from projections.definitions import definitions_model
 from projections.invocations import invocations_model
 from projections.registry_table import registry_model
 from projections.store import AggregateModel, ReadModel
@@ -14,7 +15,7 @@ from projections.store import AggregateModel, ReadModel
 def read_models() -> dict[str, ReadModel]:
     """Fresh instances of every read model, by name, in start order."""
     models: list[ReadModel] = [registry_model(), invocations_model(), circuits_model(),
-                               AuditModel()]
+                               definitions_model(), AuditModel()]
     return {model.name: model for model in models}
 
 

@@ -19,6 +19,7 @@ from toolexec.cli import (
     authoring,
     broker,
     cancel,
+    definitions,
     lifecycle,
     mcp,
     projections,
@@ -38,6 +39,7 @@ authoring.register(app)  # validate, integrity, lock: no running system needed
 runtime.register(app)  # up, run, publish
 cancel.register(app)  # cancel
 lifecycle.register(app)  # deprecate, remove, restore
+definitions.register(app)  # definitions list, approve
 security.register(app)  # token issue, policy apply, keys
 projections.register(app)  # projections rebuild, search, show, status, audit
 broker.register(app)  # broker status, start, stop
