@@ -162,32 +162,33 @@ class DefinitionChange(BaseModel):
     new: JsonValue = Field(default=None, description="The value now (None when removed).")
 
 
-class ToolDefinitionPinned(EventData):
+class _AnnouncedBy(EventData):
+    """Fields of a definition event that name the server and tool that announced it."""
+
+    server_tool_id: NonEmpty = Field(description="tool_id of the mcp_server; the partition key.")
+    server_version: NonEmpty = Field(description="Version of the server that announced it.")
+    server_integrity: Integrity = Field(description="Integrity of that server version.")
+    mcp_tool_name: NonEmpty = Field(description="The tool's name on the server.")
+
+
+class ToolDefinitionPinned(_AnnouncedBy):
     """An MCP server's definition of one of its tools, seen for the first time, is
     pinned (trust on first use): later calls run only while it announces this hash.
     When several are written for one tool, the first in the log is the pin."""
 
     EVENT_TYPE: ClassVar[str] = "tool.definition.pinned"
 
-    server_tool_id: NonEmpty = Field(description="tool_id of the mcp_server; the partition key.")
-    server_version: NonEmpty = Field(description="Version of the server that announced it.")
-    server_integrity: Integrity = Field(description="Integrity of that server version.")
-    mcp_tool_name: NonEmpty = Field(description="The tool's name on the server.")
     definition_hash: Integrity = Field(description="sha256 of the definition's RFC 8785 JSON.")
     definition: JsonObject = Field(description="name, title, description, inputSchema, "
                                    "outputSchema, annotations as announced.")
 
 
-class ToolDefinitionDrifted(EventData):
+class ToolDefinitionDrifted(_AnnouncedBy):
     """A server announces another definition of a pinned tool: calls to it are refused
     (E3108) until a person approves the new hash."""
 
     EVENT_TYPE: ClassVar[str] = "tool.definition.drifted"
 
-    server_tool_id: NonEmpty = Field(description="tool_id of the mcp_server; the partition key.")
-    server_version: NonEmpty = Field(description="Version of the server that announced it.")
-    server_integrity: Integrity = Field(description="Integrity of that server version.")
-    mcp_tool_name: NonEmpty = Field(description="The tool's name on the server.")
     previous_hash: Integrity = Field(description="The pinned (approved) definition's hash.")
     definition_hash: Integrity = Field(description="The announced definition's hash.")
     definition: JsonObject = Field(description="The announced definition.")

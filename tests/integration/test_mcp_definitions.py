@@ -21,6 +21,7 @@ import yaml
 
 from tests.cli_process import toolexec
 from tests.integration.gateway_support import RunningGateway, running_gateway, wait_until
+from tests.waiting import process_gone
 
 pytestmark = pytest.mark.integration
 
@@ -103,15 +104,8 @@ def restart_announcing(description: Path, text: str, pid: int) -> None:
     """Make the server announce `text` from its next start, and stop the running one."""
     description.write_text(text, encoding="utf-8")
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: _gone(pid))
+    wait_until(lambda: process_gone(pid))
 
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return True
-    return state in ("Z", "X")
 
 
 def test_a_drifted_definition_is_refused_until_approved_and_a_lock_keeps_refusing(
@@ -167,11 +161,14 @@ def _listed(system: RunningGateway) -> bool:
     return code == 0 and bool(listed["definitions"])
 
 
-def test_approving_an_unknown_hash_is_refused(system: RunningGateway) -> None:
-    code, answer = cli_json(system, "definitions", "approve", "drift_mcp",
-                            "sha256:" + "0" * 64)
-    assert code != 0
-    assert answer["error"]["code"] in ("E3004", "E3101")
+def test_the_cli_and_the_gateway_refuse_a_bad_approval_alike(system: RunningGateway) -> None:
+    for target, digest in (("drift_mcp", "sha256:" + "0" * 64), ("no_such_server", "x"),
+                           ("py_echo", "sha256:" + "0" * 64)):
+        code, answer = cli_json(system, "definitions", "approve", target, digest)
+        response = system.http.post(f"/v1/definitions/{target}/approve",
+                                    json={"definition_hash": digest})
+        assert code != 0 and response.status_code >= 400, (answer, response.text)
+        assert answer["error"]["code"] == response.json()["error"]["code"], target
 
 
 def test_the_gateway_lists_the_pins(system: RunningGateway) -> None:

@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from toolexec.cli.output import echo_json, fail, fail_with
+from toolexec.cli.output import echo_json, fail_with
 from toolexec.cli.projections import with_engine
-from toolexec.runtime_file import read_runtime
+from toolexec.runtime_file import running_system
 from toolexec.settings import Settings, kafka_client_options
 
 if TYPE_CHECKING:
@@ -92,16 +92,11 @@ def approve(
     from toolexec.usecases.definitions import approve as approve_definition
 
     settings = Settings()
-    runtime = read_runtime(settings) or {}
-    bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
-    if not bootstrap:
-        fail("E3001", "no running toolexec found: start `toolexec up` first "
-             "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
-    database_url = runtime.get("database_url") or settings.effective_database_url
     try:
+        runtime, bootstrap, database_url = running_system(settings)
         capability = rights.caller(settings, token or settings.token, runtime)
         answer = asyncio.run(approve_definition(
-            str(bootstrap), str(database_url), target, definition_hash, capability,
+            bootstrap, database_url, target, definition_hash, capability,
             kafka_client_options(settings), reason))
     except ToolexecError as error:
         fail_with(error, as_json)
