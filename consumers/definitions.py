@@ -12,7 +12,8 @@ through the DefinitionPins port (the registry topic folded in this process):
   (`McpPlan.definition_hash`);
 - another hash (also once the view has caught up with the log, so an approval
   written just before counts): `tool.definition.drifted` (with the diff) is written
-  once per new hash, and the call is refused with E3108 until a person approves it.
+  once per new hash (at most MAX_PENDING_DRIFTS waiting per tool), and the call is
+  refused with E3108 until a person approves it.
 
 A lockfile's definition hash only narrows: a locked call whose server announces
 another hash is refused (E3108) whatever was approved, and nothing is pinned from it.
@@ -25,10 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from consumers.ports import AnnouncedDefinitions, Clock, DefinitionPins, Publish, Secrets
 from contracts.envelope import EVENT_ID_NAMESPACE, Envelope, new_envelope
 from contracts.events import DefinitionChange, ToolDefinitionDrifted, ToolDefinitionPinned
 from domain.definitions import (
+    MAX_PENDING_DRIFTS,
     DefinitionPin,
     announced_definition,
     definition_hash,
@@ -38,6 +42,8 @@ from domain.definitions import (
 )
 from domain.errors import DefinitionChanged, ExecutionError
 from domain.model import McpPlan, ToolVersion
+
+log = structlog.get_logger(__name__)
 
 SOURCE = "urn:toolexec:pipeline:definitions"
 PIN_WAIT_SECONDS = 5.0
@@ -111,6 +117,10 @@ async def _record_drift(pin: DefinitionPin, server: ToolVersion, tool_name: str,
     Its id names the pin it drifts from, so a drift seen by several executors is one
     event, and the same hash drifting again from a later pin is a new one."""
     if digest in pin.pending:
+        return
+    if len(pin.pending) >= MAX_PENDING_DRIFTS:
+        log.warning("definition.drift_not_recorded", server=server.tool_id, mcp_tool=tool_name,
+                    announced=digest, pending=len(pin.pending))
         return
     diff = [DefinitionChange(**change) for change in diff_definitions(pin.definition, definition)]
     data = ToolDefinitionDrifted(server_tool_id=server.tool_id, server_version=server.version,

@@ -30,6 +30,11 @@ drift: the definition and the diff), which must stay under one Kafka record."""
 
 MAX_DIFF_ENTRIES = 200
 
+MAX_PENDING_DRIFTS = 20
+"""Drifted definitions of one tool recorded while none is approved: a server that
+announces a new definition on every start (or every listing) cannot fill the registry
+topic, which is kept whole; past this its calls are still refused, unrecorded."""
+
 
 @dataclass(frozen=True, slots=True)
 class DefinitionPin:

@@ -84,7 +84,9 @@ class McpServers:
         try:
             connection = await self._connection(plan, secrets)
             if plan.definition_hash is not None:
-                _check_definition(plan, connection.listed.get(plan.tool_name))
+                if connection.listed is None:  # restarted since the check: list again
+                    await connection.list_tools(plan.startup_timeout_seconds)
+                _check_definition(plan, (connection.listed or {}).get(plan.tool_name))
             result = await connection.call(plan.tool_name, dict(params), plan.timeout_seconds)
         except ToolexecError as error:
             return PrimitiveOutcome(ok=False, error=error.to_dict(),
@@ -97,7 +99,7 @@ class McpServers:
         connection calls use, started if need be), None when it announces no such tool."""
         connection = await self._connection(plan, secrets)
         await connection.list_tools(plan.startup_timeout_seconds)
-        return connection.listed.get(plan.tool_name)
+        return (connection.listed or {}).get(plan.tool_name)
 
     def pid_of(self, server_key: str) -> int | None:
         """Pid of the live stdio server process for `server_key`, if any."""
@@ -157,8 +159,9 @@ class _Connection:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._broken = False
-        self.listed: dict[str, dict[str, Any]] = {}
-        """The tools of the last `tools/list`, by name, in their JSON form."""
+        self.listed: dict[str, dict[str, Any]] | None = None
+        """The tools of the last `tools/list`, by name, in their JSON form (None
+        before the first)."""
 
     async def start(self, timeout: float) -> None:
         self._task = asyncio.create_task(self._hold())

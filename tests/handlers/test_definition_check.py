@@ -14,7 +14,12 @@ import pytest
 from consumers.definitions import DefinitionDeps, admit_definition
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import ToolDefinitionApproved
-from domain.definitions import DefinitionPin, announced_definition, definition_hash
+from domain.definitions import (
+    MAX_PENDING_DRIFTS,
+    DefinitionPin,
+    announced_definition,
+    definition_hash,
+)
 from domain.errors import ToolexecError
 from domain.model import McpPlan, ToolVersion
 from projections.definitions import DefinitionLogView
@@ -144,3 +149,12 @@ async def test_a_tool_the_server_does_not_announce_is_not_called() -> None:
     with pytest.raises(ToolexecError) as refused:
         await admit(Log(), None)
     assert refused.value.code == "E3401"
+
+
+async def test_a_server_drifting_on_every_start_cannot_flood_the_log() -> None:
+    log = Log()
+    await admit(log, REVIEWED)
+    for n in range(MAX_PENDING_DRIFTS + 5):
+        with pytest.raises(ToolexecError):
+            await admit(log, {**REVIEWED, "description": f"version {n}"})
+    assert len(log.of_type("tool.definition.drifted")) == MAX_PENDING_DRIFTS
