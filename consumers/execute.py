@@ -23,6 +23,10 @@ A subprocess tool's reports (progress, checkpoints) become facts while it runs
 (consumers.tool_reports); every attempt of a resumable tool after a checkpoint starts
 with that checkpoint's state (E3903/E3904 fail the invocation when it cannot be
 restored).
+
+An MCP tool's attempt first checks the definition its server announces against the
+tool's pin (consumers.definitions, when `ExecuteDeps.definitions` is wired): a
+drifted or unlocked definition ends the attempt with E3108, not retried.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.admission import AttemptGate, enter_attempt, leave_attempt, outcome_past_deadline
 from consumers.cancellation import Cancellations, JobCancelled
 from consumers.checkpoint_store import CheckpointStore
+from consumers.definitions import DefinitionDeps, admit_definition
 from consumers.derived_events import derive, error_info, failed
 from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, Secrets
 from consumers.tool_reports import AttemptReports, ReportTrail
@@ -48,6 +53,7 @@ from contracts.kafka_binding import from_document, to_document
 from domain.claims import ClaimDecision, ClaimStatus
 from domain.credentials import REFERENCE, CredentialGrants, granted_secrets, references
 from domain.errors import ToolexecError, ValidationFailed
+from domain.lockfile import locked_definition
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, ResolvedChain, SubprocessPlan
 from domain.plan import build_plan
 from domain.redaction import secret_parameter_values
@@ -78,6 +84,8 @@ class ExecuteDeps:
     """The operator's credential grants (TOOLEXEC_CREDENTIAL_GRANTS); none by default."""
     checkpoints: CheckpointStore | None = None
     """Where tools' checkpoint states are kept (None: checkpoints are dropped)."""
+    definitions: DefinitionDeps | None = None
+    """MCP tool definitions pinned and checked before each call; None: not checked."""
 
 
 class AttemptTakenOver(Exception):
@@ -100,9 +108,12 @@ NOTHING_ON_LOG = AttemptsOnLog()
 
 
 async def execute_decision(event: Envelope, chain: ResolvedChain, deps: ExecuteDeps,
-                           on_log: AttemptsOnLog = NOTHING_ON_LOG) -> Envelope:
+                           on_log: AttemptsOnLog = NOTHING_ON_LOG,
+                           lockfile: Mapping[str, Any] | None = None) -> Envelope:
     """Run the invocation allowed by `event` (tool.permission.decided) on `chain` to its
     final conclusion: the final `tool.execution.finished`, or a `tool.invoke.failed`.
+    `lockfile` is the request's (verified at resolution): the definition hash it pins
+    for an MCP tool is then the only one called.
 
     Facts on the way (each attempt's started, a retried attempt's finished) are
     published through `deps.publish` as they happen; the final conclusion is stored
@@ -114,11 +125,32 @@ async def execute_decision(event: Envelope, chain: ResolvedChain, deps: ExecuteD
         _check_parameters(leaf.manifest, decision.parameters)
         plan = build_plan(chain)
         secrets = granted_secrets(chain, plan, deps.credential_grants, deps.secrets)
+        locked = None if lockfile is None else locked_definition(lockfile)
     except ToolexecError as error:
         return failed(event, error, stage="execute", invocation_id=decision.invocation_id,
                       tool_id=decision.tool_id, version=decision.version, now=deps.clock())
-    return await _run_attempts(event, decision, chain, plan,
-                               dataclasses.replace(deps, secrets=secrets), on_log)
+    scoped = dataclasses.replace(deps, secrets=secrets)
+    return await _run_attempts(event, decision, chain, plan, scoped, on_log,
+                               _admission(chain, plan, scoped, locked))
+
+
+Admission = Callable[[McpPlan], Awaitable[str]]
+
+
+def _admission(chain: ResolvedChain, plan: SubprocessPlan | HttpPlan | McpPlan,
+               deps: ExecuteDeps, locked: str | None) -> Admission | None:
+    """The definition check of an MCP tool's calls (None for other tools, or when
+    definitions are not checked): the hash the call must still see."""
+    definitions = deps.definitions
+    if definitions is None or not isinstance(plan, McpPlan):
+        return None
+    server = chain.links[1]
+
+    async def admit(resolved: McpPlan) -> str:
+        return await admit_definition(resolved, server, definitions, secrets=deps.secrets,
+                                      locked=locked)
+
+    return admit
 
 
 def _check_parameters(manifest: Mapping[str, Any], params: Mapping[str, Any]) -> None:
@@ -135,7 +167,7 @@ def _check_parameters(manifest: Mapping[str, Any], params: Mapping[str, Any]) ->
 
 async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: ResolvedChain,
                         plan: SubprocessPlan | HttpPlan | McpPlan, deps: ExecuteDeps,
-                        on_log: AttemptsOnLog) -> Envelope:
+                        on_log: AttemptsOnLog, admit: Admission | None = None) -> Envelope:
     """Run attempts until one is final (`deps.secrets` is scoped to the chain's
     declared credentials); returns the final conclusion. Each attempt's concluding
     event is stored with its claim before it leaves (an outbox): a redelivery after a
@@ -201,7 +233,7 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
         try:
             outcome = await cancels.interruptible(decision.invocation_id, _run_primitive(
                 deps, dataclasses.replace(resolved_plan, timeout_seconds=passed.timeout_seconds),
-                decision.parameters, reports))
+                decision.parameters, reports, admit))
         except JobCancelled as cancelled:
             outcome = PrimitiveOutcome(ok=False, error=cancelled.to_dict(),
                                        duration_ms=(time.perf_counter() - started) * 1000)
@@ -305,12 +337,16 @@ def _unknown(event: Envelope, decision: PermissionDecided, attempt: int,
 
 
 async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan | McpPlan,
-                         params: Mapping[str, Any], reports: AttemptReports) -> PrimitiveOutcome:
+                         params: Mapping[str, Any], reports: AttemptReports,
+                         admit: Admission | None = None) -> PrimitiveOutcome:
     """Primitives report failures as outcomes; one that raises has a bug, and what the
     tool did is then unknown (E3404), which is recorded rather than lost. A subprocess
-    tool's reports go to `reports`; what waits in it goes out when the tool ended."""
+    tool's reports go to `reports`; what waits in it goes out when the tool ended. An
+    MCP call is first admitted by its definition check (a refusal is the outcome)."""
     try:
         if not isinstance(plan, SubprocessPlan):
+            if admit is not None and isinstance(plan, McpPlan):
+                plan = dataclasses.replace(plan, definition_hash=await admit(plan))
             return await deps.runner.run(plan, params, secrets=deps.secrets)
         outcome = await deps.runner.run(plan, params, secrets=deps.secrets, session=reports)
         try:
@@ -318,6 +354,8 @@ async def _run_primitive(deps: ExecuteDeps, plan: SubprocessPlan | HttpPlan | Mc
         except ToolexecError as refused:  # its last checkpoint could not be stored
             return dataclasses.replace(outcome, ok=False, error=refused.to_dict())
         return outcome
+    except ToolexecError as refused:  # E3108, or the server could not list its tools
+        return PrimitiveOutcome(ok=False, error=refused.to_dict())
     except Exception as exc:  # boundary: becomes an execution.finished with outcome unknown
         return PrimitiveOutcome(ok=False, error={
             "code": "E3404", "message": f"primitive failed unexpectedly: {exc!r}",

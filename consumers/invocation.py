@@ -149,7 +149,7 @@ async def run_invocation(request: Envelope, facts: InvocationFacts, log: FactLog
         return refused
     conclusion = await execute_decision(decision, chain,
                                         dataclasses.replace(deps.execute, publish=out.publish),
-                                        facts.attempts())
+                                        facts.attempts(), lockfile=request.data.lockfile)
     if conclusion.type != "tool.execution.finished":
         await out.append(conclusion)
         return conclusion

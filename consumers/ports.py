@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from contracts.envelope import Envelope
 from domain.claims import ClaimDecision, ClaimRecord
+from domain.definitions import DefinitionPin
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
 from domain.tool_reports import Report
 
@@ -106,3 +107,26 @@ class Secrets(Protocol):
     """Resolves `${NAME}` references at execution time."""
 
     def __call__(self, name: str) -> str | None: ...
+
+
+class DefinitionPins(Protocol):
+    """Pinned MCP tool definitions (a projection of `toolexec.registry`)."""
+
+    def pin(self, server_tool_id: str, mcp_tool_name: str) -> DefinitionPin | None:
+        """The tool's pin, None before its definition was first seen."""
+        ...
+
+    async def catch_up(self, timeout: float) -> bool:
+        """Wait (bounded) until the pins hold every registry record in the log now."""
+        ...
+
+
+class AnnouncedDefinitions(Protocol):
+    """What MCP servers announce (`tools/list`), on the connection calls use."""
+
+    async def definition(self, plan: McpPlan, *,
+                         secrets: Callable[[str], str | None]) -> Mapping[str, Any] | None:
+        """The plan's tool as its server announces it (JSON form), None when the server
+        announces no tool of that name. Raises ToolexecError when the server cannot
+        be started or reached."""
+        ...

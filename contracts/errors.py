@@ -56,6 +56,9 @@ _ROWS: Final[tuple[tuple[str, str, int, str], ...]] = (
     ("E3107", "Publisher signature missing or untrusted", 403,
      "Publish the version signed (`toolexec publish --sign-key`) by a key the trust store "
      "lists for its tool id"),
+    ("E3108", "Tool definition changed since it was approved", 409,
+     "Review the drift (`toolexec definitions list`), then approve the new hash "
+     "(`toolexec definitions approve SERVER HASH`) or lock again"),
     ("E3201", "Token expired", 401, "Obtain new capability token"),
     ("E3202", "Invalid token signature", 401, "Verify token signing key"),
     ("E3203", "Malformed token", 401, "Check JWT format"),

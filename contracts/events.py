@@ -150,6 +150,66 @@ class ToolLifecycleChanged(EventData):
     replacement_tool_id: str | None = Field(default=None, description="Tool to use instead.")
 
 
+class DefinitionChange(BaseModel):
+    """One changed leaf of an MCP tool definition (objects compared key by key)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(description="JSON Pointer into the definition, e.g. '/description'.")
+    change: Literal["added", "removed", "changed", "truncated"] = Field(
+        description="What happened there ('truncated': more changes were left out).")
+    old: JsonValue = Field(default=None, description="The value before (None when added).")
+    new: JsonValue = Field(default=None, description="The value now (None when removed).")
+
+
+class _AnnouncedBy(EventData):
+    """Fields of a definition event that name the server and tool that announced it."""
+
+    server_tool_id: NonEmpty = Field(description="tool_id of the mcp_server; the partition key.")
+    server_version: NonEmpty = Field(description="Version of the server that announced it.")
+    server_integrity: Integrity = Field(description="Integrity of that server version.")
+    mcp_tool_name: NonEmpty = Field(description="The tool's name on the server.")
+
+
+class ToolDefinitionPinned(_AnnouncedBy):
+    """An MCP server's definition of one of its tools, seen for the first time, is
+    pinned (trust on first use): later calls run only while it announces this hash.
+    When several are written for one tool, the first in the log is the pin."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.definition.pinned"
+
+    definition_hash: Integrity = Field(description="sha256 of the definition's RFC 8785 JSON.")
+    definition: JsonObject = Field(description="name, title, description, inputSchema, "
+                                   "outputSchema, annotations as announced.")
+
+
+class ToolDefinitionDrifted(_AnnouncedBy):
+    """A server announces another definition of a pinned tool: calls to it are refused
+    (E3108) until a person approves the new hash."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.definition.drifted"
+
+    previous_hash: Integrity = Field(description="The pinned (approved) definition's hash.")
+    definition_hash: Integrity = Field(description="The announced definition's hash.")
+    definition: JsonObject = Field(description="The announced definition.")
+    diff: list[DefinitionChange] = Field(description="What changed from the pinned one.")
+
+
+class ToolDefinitionApproved(EventData):
+    """A person approved a drifted definition: it becomes the tool's pin."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.definition.approved"
+
+    server_tool_id: NonEmpty = Field(description="tool_id of the mcp_server; the partition key.")
+    mcp_tool_name: NonEmpty = Field(description="The tool's name on the server.")
+    previous_hash: Integrity | None = Field(description="The pin it replaces.")
+    definition_hash: Integrity = Field(description="The approved definition's hash.")
+    definition: JsonObject = Field(description="The approved definition (as it drifted).")
+    approved_by: str | None = Field(default=None, description="Token subject of the approver; "
+                                    "None when authorization is off (the operator).")
+    reason: str | None = Field(default=None, description="Why, in words.")
+
+
 # --- toolexec.invocations ------------------------------------------------------------
 
 
@@ -473,6 +533,7 @@ EVENT_MODELS: Final[dict[str, type[EventData]]] = {
     model.EVENT_TYPE: model
     for model in (
         ToolPublished, ToolPublishRejected, ToolLifecycleChanged,
+        ToolDefinitionPinned, ToolDefinitionDrifted, ToolDefinitionApproved,
         InvokeRequested, ChainResolved, PermissionDecided,
         ExecutionStarted, ExecutionProgressed, ExecutionCheckpointed, ExecutionFinished,
         InvokeCompleted, InvokeFailed, InvokeCancelRequested,

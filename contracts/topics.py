@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Final
 
 REGISTRY: Final = "toolexec.registry"
-"""Tool publications and lifecycle changes; key = tool_id."""
+"""Tool publications, lifecycle changes and pinned MCP tool definitions; key =
+tool_id (the server's for definitions)."""
 REQUESTS: Final = "toolexec.requests"
 """Commands to the pipeline (invoke, cancel, approval decisions); key = invocation_id. Producers write
 here and only here."""
@@ -34,6 +35,9 @@ TOPIC_OF_TYPE: Final[dict[str, str]] = {
     "tool.published": REGISTRY,
     "tool.publish.rejected": REGISTRY,
     "tool.lifecycle.changed": REGISTRY,
+    "tool.definition.pinned": REGISTRY,
+    "tool.definition.drifted": REGISTRY,
+    "tool.definition.approved": REGISTRY,
     "tool.invoke.requested": REQUESTS,
     "tool.chain.resolved": INVOCATIONS,
     "tool.permission.decided": INVOCATIONS,

@@ -41,7 +41,7 @@ class InvalidRequest(RequestError):
 class RegistryError(ToolexecError):
     """E3100-E3149: tool not found (E3101), version not found (E3102), conflict
     (E3103), deprecated (E3104), manifest or chain invalid (E3105), publisher not
-    trusted (E3107)."""
+    trusted (E3107), MCP tool definition changed (E3108)."""
 
     code = "E3105"
 
@@ -77,6 +77,14 @@ class PublisherNotTrusted(RegistryError):
     by an untrusted key (E3107)."""
 
     code = "E3107"
+
+
+class DefinitionChanged(RegistryError):
+    """E3108: an MCP server announces another definition of a tool than the one
+    pinned (first seen or approved) or locked; calls are refused until a person
+    approves the new hash (domain.definitions)."""
+
+    code = "E3108"
 
 
 class ChainInvalid(RegistryError):

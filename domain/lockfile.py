@@ -8,6 +8,9 @@ and integrities, for reproducible execution.
  "registry": {"url", "fetched_at"}}
 ```
 Each entry's `executor` is the tool_id of the next entry (null for the primitive).
+The entry of an `mcp_tool` may also pin `definition_hash`: the hash of the definition
+its server announces (domain.definitions); a locked call whose server announces
+another one is refused (E3108), whatever was approved.
 """
 
 from __future__ import annotations
@@ -36,10 +39,14 @@ class LockEntry:
     version: str
     integrity: str
     executor: str | None
+    definition_hash: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tool_id": self.tool_id, "version": self.version,
-                "integrity": self.integrity, "executor": self.executor}
+        entry = {"tool_id": self.tool_id, "version": self.version,
+                 "integrity": self.integrity, "executor": self.executor}
+        if self.definition_hash is not None:
+            entry["definition_hash"] = self.definition_hash
+        return entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +64,17 @@ class Lockfile:
         return self.chain[0]
 
 
-def freeze(chain: ResolvedChain, *, generated_at: str, registry_url: str) -> dict[str, Any]:
+def freeze(chain: ResolvedChain, *, generated_at: str, registry_url: str,
+           definitions: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The lockfile (a JSON-ready dict) of a resolved chain. The caller resolves,
-    verifies and validates the chain first; time comes in as `generated_at`."""
+    verifies and validates the chain first; time comes in as `generated_at`.
+    `definitions` maps an mcp_tool's tool_id to the definition hash to pin."""
     links = chain.links
+    pinned = definitions or {}
     entries = [
         LockEntry(tv.tool_id, tv.version, tv.integrity,
-                  links[i + 1].tool_id if i + 1 < len(links) else None).to_dict()
+                  links[i + 1].tool_id if i + 1 < len(links) else None,
+                  pinned.get(tv.tool_id)).to_dict()
         for i, tv in enumerate(links)
     ]
     root = {k: entries[0][k] for k in ("tool_id", "version", "integrity")}
@@ -107,6 +118,11 @@ def parse_lockfile(data: Mapping[str, Any]) -> Lockfile:
 def pins(lock: Lockfile) -> dict[str, str]:
     """tool_id -> exact version, for `resolve_chain(..., pins=...)`."""
     return {entry.tool_id: entry.version for entry in lock.chain}
+
+
+def locked_definition(data: Mapping[str, Any]) -> str | None:
+    """The definition hash a lockfile (checked at resolution) pins for its root tool."""
+    return parse_lockfile(data).root.definition_hash
 
 
 def verify_lockfile(lock: Lockfile, registry: RegistryView) -> ResolvedChain:
@@ -192,7 +208,12 @@ def _entry(raw: Any, path: str) -> LockEntry:
     executor = raw.get("executor")
     if executor is not None and (not isinstance(executor, str) or not executor):
         raise _bad(f"{path}.executor", "executor must be a tool_id or null")
-    return LockEntry(tool_id, version, integrity, executor)
+    definition = raw.get("definition_hash")
+    if definition is not None and (not isinstance(definition, str)
+                                   or not _INTEGRITY.match(definition)):
+        raise _bad(f"{path}.definition_hash",
+                   "definition_hash must be 'sha256:' + 64 lowercase hex digits")
+    return LockEntry(tool_id, version, integrity, executor, definition)
 
 
 def _check_links(chain: tuple[LockEntry, ...]) -> None:

@@ -201,7 +201,9 @@ class McpPlan:
     files, limits, sandbox as for any process); a remote one (`sse`,
     `streamable_http`) is reached at `endpoint` (an HttpPlan: url, `${ENV}` headers,
     network policy). `timeout_seconds` bounds one call, `startup_timeout_seconds`
-    the server's start and MCP handshake."""
+    the server's start and MCP handshake. `definition_hash`, when set, is the hash
+    the tool's announced definition must still have on the connection the call uses
+    (checked before the call by the execute step, see domain.definitions)."""
 
     server_key: str
     tool_name: str
@@ -210,6 +212,7 @@ class McpPlan:
     endpoint: HttpPlan | None = None
     timeout_seconds: float = 30.0
     startup_timeout_seconds: float = 10.0
+    definition_hash: str | None = None
     kind: Literal["mcp"] = "mcp"
 
     @property

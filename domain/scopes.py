@@ -11,7 +11,8 @@ ending in `*` (`acme_*`: every tool id starting with `acme_`), or `*` (every too
 - `publish`: publish new versions of matching tools (script, api, mcp_tool, knowledge,
   directive types);
 - `lifecycle`: deprecate, sunset, remove or restore versions of matching tools;
-- `approve`: decide approval requests for invocations of matching tools;
+- `approve`: approve drifted MCP tool definitions of matching servers (the right is
+  on the server's tool id); decide approval requests for invocations of matching tools;
 - `policy`: apply ABAC policy sets;
 - `audit`: read the audit trail and every caller's invocations (without it a caller
   reads only its own invocations);
@@ -146,7 +147,8 @@ def lifecycle_need(tool_id: str, tool_types: Iterable[str] = ()) -> Need:
 
 
 def approve_need(tool_id: str) -> Need:
-    """Deciding an approval request for an invocation of `tool_id`."""
+    """Deciding an approval request for an invocation of `tool_id`, or approving a
+    drifted definition announced by the MCP server `tool_id`."""
     return Need("approve", tool_id)
 
 

@@ -7,6 +7,7 @@ import dataclasses
 from projections.approvals import approvals_model
 from projections.audit import AuditModel
 from projections.circuits import circuits_model
+from projections.definitions import definitions_model
 from projections.invocations import invocations_model
 from projections.registry_table import registry_model
 from projections.store import AggregateModel, ReadModel
@@ -15,7 +16,7 @@ from projections.store import AggregateModel, ReadModel
 def read_models() -> dict[str, ReadModel]:
     """Fresh instances of every read model, by name, in start order."""
     models: list[ReadModel] = [registry_model(), invocations_model(), circuits_model(),
-                               approvals_model(), AuditModel()]
+                               approvals_model(), definitions_model(), AuditModel()]
     return {model.name: model for model in models}
 
 

@@ -19,6 +19,7 @@ from projections.tables import (
     iso,
     registry_tools,
     registry_versions,
+    tool_definitions,
 )
 
 
@@ -46,6 +47,16 @@ async def search_tools_page(conn: AsyncConnection, query: str, *, limit: int = 5
                       include_removed=include_removed)
     return await search(conn, query, limit=limit, offset=offset, filters=filters,
                         embedder=embedder)
+
+
+async def list_definitions(conn: AsyncConnection,
+                           server_tool_id: str | None = None) -> list[dict[str, Any]]:
+    """Pinned MCP tool definitions (all, or one server's), by server and tool name."""
+    query = select(tool_definitions).order_by(tool_definitions.c.server_tool_id,
+                                              tool_definitions.c.mcp_tool_name)
+    if server_tool_id is not None:
+        query = query.where(tool_definitions.c.server_tool_id == server_tool_id)
+    return [dict(row) for row in (await conn.execute(query)).mappings()]
 
 
 async def show_tool(conn: AsyncConnection, tool_id: str) -> dict[str, Any] | None:

@@ -112,6 +112,28 @@ registry_versions = Table(
     Column("publisher_signature", JSON),
 )
 
+tool_definitions = Table(
+    "tool_definitions", metadata,
+    Column("server_tool_id", String(200), primary_key=True),
+    Column("mcp_tool_name", String(200), primary_key=True),
+    Column("state", String(20), nullable=False),
+    Column("definition_hash", String(80), nullable=False),
+    Column("definition", JSON, nullable=False),
+    Column("pinned_how", String(20), nullable=False),
+    Column("approved_by", String(200)),
+    Column("server_version", String(100)),
+    Column("server_integrity", String(80)),
+    Column("pinned_at", String(32), nullable=False),
+    Column("pin_event_id", String(200), nullable=False),
+    Column("pending", JSON, nullable=False),
+    Column("event_ids", JSON, nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+"""The pinned definition of each MCP tool of each server (`projections.definitions`):
+`state` pinned or drifted, `pending` the drifted definitions waiting for approval
+(hash, definition, diff, when and by which server version seen), `event_ids` the
+definition events folded in (a repeated one is skipped)."""
+
 # --- invocations -------------------------------------------------------------------------
 
 invocations = Table(

@@ -15,6 +15,7 @@ from contracts.events import (
     ChainLink,
     ChainResolved,
     CircuitStateChanged,
+    DefinitionChange,
     EventData,
     ExecutionCheckpointed,
     ExecutionFinished,
@@ -25,6 +26,9 @@ from contracts.events import (
     InvokeRequested,
     PermissionDecided,
     PublishedFile,
+    ToolDefinitionApproved,
+    ToolDefinitionDrifted,
+    ToolDefinitionPinned,
     ToolLifecycleChanged,
     ToolPublished,
 )
@@ -156,3 +160,37 @@ def circuit(service_id: str, from_state: str, to_state: str, *, failures: int = 
                                failure_count=failures, success_count=0, since=when,
                                reason="threshold")
     return envelope(data, service_id, when=when, id=f"cb-{service_id}-{when}-{to_state}")
+
+
+def definition_log(server_tool_id: str, tool: str = "echo", *,
+                   start: float = 0.0) -> list[Envelope]:
+    """A server's tool pinned on first use, a racing executor's later pin (which loses),
+    a drift, the same drift seen again, its approval, and a second drift."""
+    first, second, third = (f"sha256:{c * 64}" for c in "abc")
+
+    def pinned(digest: str, seconds: float) -> Envelope:
+        data = ToolDefinitionPinned(server_tool_id=server_tool_id, server_version="1.0.0",
+                                    server_integrity=INTEGRITY, mcp_tool_name=tool,
+                                    definition_hash=digest,
+                                    definition={"name": tool, "description": digest[-4:]})
+        return envelope(data, server_tool_id, when=at(start + seconds),
+                        id=f"pin-{server_tool_id}-{digest[-4:]}")
+
+    def drifted(previous: str, digest: str, seconds: float) -> Envelope:
+        data = ToolDefinitionDrifted(
+            server_tool_id=server_tool_id, server_version="1.0.1", server_integrity=INTEGRITY,
+            mcp_tool_name=tool, previous_hash=previous, definition_hash=digest,
+            definition={"name": tool, "description": digest[-4:]},
+            diff=[DefinitionChange(path="/description", change="changed",
+                                   old=previous[-4:], new=digest[-4:])])
+        return envelope(data, server_tool_id, when=at(start + seconds),
+                        id=f"drift-{server_tool_id}-{previous[-4:]}-{digest[-4:]}")
+
+    approval = envelope(ToolDefinitionApproved(
+        server_tool_id=server_tool_id, mcp_tool_name=tool, previous_hash=first,
+        definition_hash=second, definition={"name": tool, "description": second[-4:]},
+        approved_by="did:example:ops"), server_tool_id, when=at(start + 3),
+        id=f"approve-{server_tool_id}-{second[-4:]}")
+    drift = drifted(first, second, 2)
+    return [pinned(first, 0), pinned(second, 0.5), drift, drift, approval,
+            drifted(second, third, 4)]

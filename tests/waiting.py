@@ -4,6 +4,7 @@ being asserted (conditions normally hold much sooner)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 WAIT = 120.0
@@ -19,3 +20,12 @@ def until(predicate: Any, what: str, timeout: float = WAIT, interval: float = 0.
             return value
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
         time.sleep(interval)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether the process `pid` has exited (a zombie counts: only its parent reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return True
+    return state in ("Z", "X")

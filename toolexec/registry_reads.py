@@ -35,9 +35,11 @@ POLL_SECONDS = 0.1
 
 async def registry_caught_up(engine: AsyncEngine, bootstrap: str,
                              timeout: float = READ_MODEL_WAIT_SECONDS, *,
-                             client_options: Mapping[str, Any] | None = None) -> bool:
-    """Wait (bounded) until the registry read model has folded the registry topic up to
-    its end offsets as they are now; False when it has not within `timeout`."""
+                             client_options: Mapping[str, Any] | None = None,
+                             model: str = NAME) -> bool:
+    """Wait (bounded) until the registry read model (or `model`, another one folding
+    the registry topic) has folded the registry topic up to its end offsets as they
+    are now; False when it has not within `timeout`."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 **dict(client_options or {}))
     await consumer.start()
@@ -50,7 +52,7 @@ async def registry_caught_up(engine: AsyncEngine, bootstrap: str,
         await consumer.stop()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        stored = await stored_offsets(engine, NAME)
+        stored = await stored_offsets(engine, model)
         if all(stored.get((tp.topic, tp.partition), 0) >= end for tp, end in ends.items()):
             return True
         await asyncio.sleep(POLL_SECONDS)

@@ -157,3 +157,18 @@ def read_runtime(settings: Settings) -> dict[str, Any] | None:
     whose `up` is gone, is ignored: `runtime_status` says why)."""
     status = runtime_status(settings)
     return status.info if status.state == "running" else None
+
+
+def running_system(settings: Settings) -> tuple[dict[str, Any], str, str]:
+    """(the runtime file, the broker's bootstrap, the read models' database URL) of the
+    running system a CLI write talks to: the settings' broker, else the running `up`'s.
+    Raises ToolexecError (E3001) when there is none."""
+    from domain.errors import ToolexecError
+
+    runtime = read_runtime(settings) or {}
+    bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
+    if not bootstrap:
+        raise ToolexecError("no running toolexec found: start `toolexec up` first "
+                            "or set TOOLEXEC_KAFKA_BOOTSTRAP", code="E3001")
+    database_url = runtime.get("database_url") or settings.effective_database_url
+    return runtime, str(bootstrap), str(database_url)

@@ -30,6 +30,7 @@ from consumers.checkpoint_store import FileCheckpointStore
 from consumers.claim_store import RedisClaims, SqliteClaims
 from consumers.deadletter import DeadLetters
 from consumers.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions
+from consumers.definitions import DefinitionDeps
 from consumers.delivery import DeliveringPublisher
 from consumers.fetch_pacing import FetchPacer
 from consumers.invocation import invocation_deps
@@ -47,6 +48,7 @@ from contracts.kafka_binding import UndecodableRecord, decode, encode, header_ty
 from domain.capability import VerifiedTokens
 from domain.policy import DecisionCache
 from projections.circuit_view import CircuitView
+from projections.definitions import DefinitionLogView
 from projections.policy_view import PolicyView
 from projections.registry_view import RegistryLogView
 from toolexec import keys
@@ -122,6 +124,7 @@ class Stack:
     group_prefix: str = "toolexec"
     execute_workers: int = 32
     registry: RegistryLogView = field(init=False)
+    definitions: DefinitionLogView = field(init=False)
     circuits: CircuitView = field(init=False)
     policies: PolicyView = field(init=False)
     decisions: DecisionStore = field(init=False)
@@ -192,6 +195,7 @@ class Stack:
         await self._offsets.start()
         self.registry = RegistryLogView(end_offsets=self._registry_end_offsets,
                                      limits=self.settings.publication_limits)
+        self.definitions = DefinitionLogView(end_offsets=self._registry_end_offsets)
         self.circuits = CircuitView(end_offsets=self._circuits_end_offsets)
         self.decisions = self._decision_store()
         self.policies = PolicyView(validate=compile_policies, to_text=cedar_text_from_json,
@@ -339,14 +343,16 @@ class Stack:
                 pacer.update()
 
     def _attach_views(self, broker: KafkaBroker) -> None:
-        """Every process folds the registry, circuits and policies topics into its
-        views, outside any consumer group, through one consumer: each consumer polls
+        """Every process folds the registry (tools and MCP tool definitions), circuits
+        and policies topics into its views, outside any consumer group, through one
+        consumer: each consumer polls
         the broker even when idle, so one instead of three. Records of other types
         only advance a view's position."""
-        views: dict[str, tuple[Any, tuple[str, ...]]] = {
-            topics.REGISTRY: (self.registry, ("tool.published", "tool.lifecycle.changed")),
-            topics.CIRCUITS: (self.circuits, ("circuit.state.changed",)),
-            topics.POLICIES: (self.policies, ("policy.updated",)),
+        views: dict[str, tuple[tuple[Any, tuple[str, ...]], ...]] = {
+            topics.REGISTRY: ((self.registry, ("tool.published", "tool.lifecycle.changed")),
+                              (self.definitions, DefinitionLogView.TYPES)),
+            topics.CIRCUITS: ((self.circuits, ("circuit.state.changed",)),),
+            topics.POLICIES: ((self.policies, ("policy.updated",)),),
         }
         pacer = self._new_pacer(idle_ms=VIEWS_IDLE_WAIT_MS)
 
@@ -359,14 +365,15 @@ class Stack:
         async def fold(message: Any) -> None:
             pacer.busy()
             record = message.raw_message
-            view, types = views[record.topic]
-            if header_type(record.headers) in types:
-                try:
-                    view.apply(decode(record.key, record.value, record.headers))
-                except UndecodableRecord as bad:
-                    log.warning("view.undecodable", topic=record.topic, offset=record.offset,
-                                error=bad.error.code)
-            view.advance(record.partition, record.offset)
+            kind = header_type(record.headers)
+            for view, types in views[record.topic]:
+                if kind in types:
+                    try:
+                        view.apply(decode(record.key, record.value, record.headers))
+                    except UndecodableRecord as bad:
+                        log.warning("view.undecodable", topic=record.topic,
+                                    offset=record.offset, error=bad.error.code)
+                view.advance(record.partition, record.offset)
 
     def _attach_circuits(self, broker: KafkaBroker) -> None:
         """The circuits step, a side step of its own consumer group on the facts: it
@@ -454,7 +461,10 @@ class Stack:
             runner=self._primitives, claims=self._claims, secrets=env_snapshot.get,
             random=random.random, gate=AttemptGate(circuits=self.circuits, canaries=canaries),
             credential_grants=self.settings.credential_grants_policy(),
-            checkpoints=FileCheckpointStore(state / "checkpoints"))
+            checkpoints=FileCheckpointStore(state / "checkpoints"),
+            definitions=DefinitionDeps(pins=self.definitions, announced=self._primitives,
+                                       publish=DeliveringPublisher(self.publish),
+                                       clock=utc_now))
         options = {k: v for k, v in consumer_kwargs(self.settings).items()
                    if k != "fetch_max_wait_ms"}
         assert self._signer is not None

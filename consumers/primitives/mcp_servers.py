@@ -9,6 +9,12 @@ network policy (`open_endpoint`, E3406) with its `${ENV}` headers resolved, and 
 host resolved and checked against the operator's address rules (no loopback or
 private address unless allowed, E3406) before the MCP SDK connects.
 
+`definition` lists the server's tools (`tools/list`) on the connection calls use; a
+plan carrying a `definition_hash` is called only while the tool's last listed
+definition on that connection still has that hash (E3108 otherwise), so a server
+restarted between the execute step's check and the call cannot slip another
+definition in.
+
 One connection per server version (`McpPlan.server_key`: tool id, version,
 integrity) is shared by every call; a connection whose process exited or whose
 stream ended is dropped and the next call starts a new one.
@@ -44,7 +50,8 @@ from mcp.shared.message import SessionMessage
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.http_primitive import check_resolved_host, open_endpoint
 from consumers.primitives.service_process import ServiceProcess, start_service
-from domain.errors import ExecutionError, ToolexecError
+from domain.definitions import announced_definition, definition_hash
+from domain.errors import DefinitionChanged, ExecutionError, ToolexecError
 from domain.model import McpPlan, PrimitiveOutcome
 from domain.sandbox_policy import SandboxPolicy
 
@@ -54,6 +61,7 @@ SecretLookup = Callable[[str], str | None]
 _LINE_LIMIT = 16 * 1024 * 1024
 _INVALID_PARAMS = -32602
 _CLIENT_INFO = mcp_types.Implementation(name="toolexec", version="0.1.0")
+_MAX_LIST_PAGES = 100
 
 
 class McpServers:
@@ -75,11 +83,23 @@ class McpServers:
         sandbox = self._sandbox if plan.server is not None else "none"
         try:
             connection = await self._connection(plan, secrets)
+            if plan.definition_hash is not None:
+                if connection.listed is None:  # restarted since the check: list again
+                    await connection.list_tools(plan.startup_timeout_seconds)
+                _check_definition(plan, (connection.listed or {}).get(plan.tool_name))
             result = await connection.call(plan.tool_name, dict(params), plan.timeout_seconds)
         except ToolexecError as error:
             return PrimitiveOutcome(ok=False, error=error.to_dict(),
                                     duration_ms=_elapsed_ms(started), sandbox=sandbox)
         return _outcome(plan, result, _elapsed_ms(started), sandbox)
+
+    async def definition(self, plan: McpPlan, *,
+                         secrets: SecretLookup) -> Mapping[str, Any] | None:
+        """The plan's tool as its server announces it now (`tools/list` on the
+        connection calls use, started if need be), None when it announces no such tool."""
+        connection = await self._connection(plan, secrets)
+        await connection.list_tools(plan.startup_timeout_seconds)
+        return (connection.listed or {}).get(plan.tool_name)
 
     def pid_of(self, server_key: str) -> int | None:
         """Pid of the live stdio server process for `server_key`, if any."""
@@ -139,6 +159,9 @@ class _Connection:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._broken = False
+        self.listed: dict[str, dict[str, Any]] | None = None
+        """The tools of the last `tools/list`, by name, in their JSON form (None
+        before the first)."""
 
     async def start(self, timeout: float) -> None:
         self._task = asyncio.create_task(self._hold())
@@ -184,6 +207,38 @@ class _Connection:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError,
                 httpx2.HTTPError) as error:
             raise self._gone("during the call", error) from None
+
+    async def list_tools(self, timeout: float) -> None:
+        """List the server's tools (every page) into `listed`."""
+        session = self._session
+        if session is None or not self.alive():
+            raise self._gone("before listing its tools")
+        listed: dict[str, dict[str, Any]] = {}
+        cursor: str | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                for _ in range(_MAX_LIST_PAGES):
+                    page = await session.list_tools(params=None if cursor is None else
+                                                    mcp_types.PaginatedRequestParams(cursor=cursor))
+                    for tool in page.tools:
+                        listed.setdefault(tool.name, tool.model_dump(
+                            mode="json", by_alias=True, exclude_none=True))
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+        except TimeoutError:
+            raise ExecutionError(f"MCP server {self._plan.server_key} did not list its tools "
+                                 f"within {timeout:g}s", code="E3402",
+                                 details=self._details()) from None
+        except MCPError as error:
+            if not self.alive() or error.code == mcp_types.CONNECTION_CLOSED:
+                raise self._gone("while listing its tools") from None
+            raise ExecutionError(f"MCP server {self._plan.server_key} refused tools/list: "
+                                 f"{error.message}", details=self._details()) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError,
+                httpx2.HTTPError) as error:
+            raise self._gone("while listing its tools", error) from None
+        self.listed = listed
 
     async def close(self) -> None:
         self._stop.set()
@@ -296,6 +351,17 @@ async def _remote_streams(plan: McpPlan, url: str,
                                   follow_redirects=False) as client, \
             streamable_http_client(url, http_client=client) as streams:
         yield streams[0], streams[1]
+
+
+def _check_definition(plan: McpPlan, listed: Mapping[str, Any] | None) -> None:
+    """Refuse (E3108) a call whose tool's definition on this connection is not the
+    one the execute step checked."""
+    announced = None if listed is None else definition_hash(announced_definition(listed))
+    if announced != plan.definition_hash:
+        raise DefinitionChanged(
+            f"MCP tool {plan.tool_name}'s definition changed on {plan.server_key} after it "
+            "was checked", details={"server": plan.server_key, "mcp_tool": plan.tool_name,
+                                    "checked": plan.definition_hash, "announced": announced})
 
 
 def _outcome(plan: McpPlan, result: mcp_types.CallToolResult, duration_ms: float,

@@ -61,6 +61,14 @@ class Primitives:
         assert isinstance(narrowed, HttpPlan)
         return await self._http.run(narrowed, params, secrets=secrets)
 
+    async def definition(self, plan: McpPlan, *,
+                         secrets: Callable[[str], str | None]) -> Mapping[str, Any] | None:
+        """The plan's MCP tool as its server announces it (the AnnouncedDefinitions
+        port), on the connection the narrowed plan's calls use."""
+        narrowed, _cuts = narrow_plan(plan, self._policy)
+        assert isinstance(narrowed, McpPlan)
+        return await self.mcp.definition(narrowed, secrets=secrets)
+
     @property
     def mcp(self) -> McpServers:
         """The live MCP servers (the MCP SDK is imported on the first MCP call)."""

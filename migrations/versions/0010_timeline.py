@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0010_timeline'
-down_revision = '0008_approvals'
+down_revision = '0009_definitions'
 branch_labels = None
 depends_on = None
 

@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from contracts.envelope import Envelope
 from domain.model import ToolSource
+from tests.waiting import process_gone
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
@@ -152,13 +153,6 @@ def _completed(event: Envelope) -> object:
     return event.data.result
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return True
-    return state in ("Z", "X")
-
 
 async def test_mcp_tool_returns_the_servers_result(client: InvocationClient) -> None:
     result = _completed(await client.invoke("text_word_count", {"text": "to be or not to be"}))
@@ -171,7 +165,7 @@ async def test_second_call_reuses_the_server_process(client: InvocationClient) -
     second = _completed(await client.invoke("text_word_count", {"text": "one two"}))
     assert second["words"] == 2
     assert first["pid"] == second["pid"]
-    assert not _gone(first["pid"])
+    assert not process_gone(first["pid"])
 
 
 async def test_other_tools_of_the_same_server_share_its_process(
@@ -187,7 +181,7 @@ async def test_killed_server_is_restarted_by_the_next_call(client: InvocationCli
     before = _completed(await client.invoke("text_word_count", {"text": "a b"}))
     os.kill(before["pid"], signal.SIGKILL)
     for _ in range(200):
-        if _gone(before["pid"]):
+        if process_gone(before["pid"]):
             break
         await asyncio.sleep(0.01)
     after = _completed(await client.invoke("text_word_count", {"text": "a b c"}))

@@ -29,7 +29,15 @@ from projections.store import ReadModel
 from projections.tables import audit_log, invocations
 from tests.projection_db import *  # noqa: F403 - fixtures
 from tests.projection_db import run_to_end, snapshot
-from tests.projection_events import at, captoken, circuit, envelope, invocation, published
+from tests.projection_events import (
+    at,
+    captoken,
+    circuit,
+    definition_log,
+    envelope,
+    invocation,
+    published,
+)
 from toolexec.embedded_broker import ensure_topics
 
 pytestmark = [pytest.mark.integration]
@@ -47,11 +55,13 @@ def _models(prefix: str) -> list[ReadModel]:
 
 
 def _log(seed: int) -> list[Envelope]:
-    """Publications, breakers and 60 invocations of every outcome, with cancels (some
+    """Publications, MCP tool definitions (pins, drifts, approvals), breakers and 60
+    invocations of every outcome, with cancels (some
     after the end) and redelivered events, interleaved."""
     chooser = random.Random(seed)
     events = [published("grep", "1.0.0", tags=["text"]), published("curl", "2.0.0"),
-              circuit("api.example", "closed", "open", failures=5, when=at(1))]
+              circuit("api.example", "closed", "open", failures=5, when=at(1)),
+              *definition_log("files_mcp"), *definition_log("git_mcp", "log", start=2)]
     for n in range(60):
         one = invocation(f"inv-{seed}-{n}", chooser.choice(["grep", "curl"]),
                          outcome=chooser.choice(["completed", "failed", "denied"]),
@@ -112,6 +122,7 @@ async def test_parallel_and_sequential_rebuilds_equal_the_incremental_models(
     await _incremental(engine, kafka_bootstrap, models, batch_size=batch_size)
     incremental = await _snapshots(engine, models)
     assert len(incremental["invocations"]["invocations"]) == 60  # type: ignore[index]
+    assert len(incremental["definitions"]["tool_definitions"]) == 2  # type: ignore[index]
 
     sequential = await rebuild_together(engine, models, kafka_bootstrap, workers=1)
     assert await _snapshots(engine, models) == incremental

@@ -30,6 +30,7 @@ from contracts.export import SCHEMA_DIRECTORY, export_schemas, render, schema_fi
 NOW = datetime(2025, 3, 1, 9, 30, tzinfo=UTC)
 CATALOG = {
     "tool.published", "tool.publish.rejected", "tool.lifecycle.changed",
+    "tool.definition.pinned", "tool.definition.drifted", "tool.definition.approved",
     "tool.invoke.requested", "tool.chain.resolved", "tool.permission.decided",
     "tool.execution.started", "tool.execution.progressed", "tool.execution.checkpointed", "tool.execution.finished",
     "tool.invoke.completed", "tool.invoke.failed", "tool.invoke.cancel.requested",
@@ -62,6 +63,8 @@ def test_commands_go_to_the_requests_topic_and_facts_to_the_invocations_topic() 
     assert {topics.TOPIC_OF_TYPE[t] for t in invocation_types - commands} == {
         "toolexec.invocations"}
     assert topics.TOPIC_OF_TYPE["tool.published"] == "toolexec.registry"
+    assert {topics.TOPIC_OF_TYPE[t] for t in CATALOG if t.startswith("tool.definition")} == {
+        "toolexec.registry"}
     assert topics.TOPIC_OF_TYPE["circuit.state.changed"] == "toolexec.circuits"
     assert topics.TOPIC_OF_TYPE["policy.updated"] == "toolexec.policies"
     assert topics.TOPIC_OF_TYPE["deadletter.recorded"] == "toolexec.deadletter"
@@ -72,11 +75,14 @@ def test_commands_go_to_the_requests_topic_and_facts_to_the_invocations_topic() 
 
 def test_registry_holds_the_spec_codes_with_their_statuses() -> None:
     # the spec's 58, E3804 (a fact the pipeline did not sign), E3805 and E3806 (audit
-    # export), E3107 (publisher signature missing or untrusted), E3208-E3210 (approvals)
-    assert len(ERROR_CODES) == 65
+    # export), E3107 (publisher signature missing or untrusted), E3108 (an MCP tool
+    # definition changed since it was approved: a state conflict, not a missing right),
+    # E3208-E3210 (approvals)
+    assert len(ERROR_CODES) == 66
     assert http_status_for("E3209") == 403
     assert http_status_for("E3804") == 403
     assert http_status_for("E3107") == 403
+    assert http_status_for("E3108") == 409
     assert http_status_for("E3004") == 400
     assert http_status_for("E3101") == 404
     assert http_status_for("E3105") == 422

@@ -14,7 +14,7 @@ from domain.errors import (
     VersionNotFound,
     VersionRemoved,
 )
-from domain.lockfile import freeze, parse_lockfile, pins, verify_lockfile
+from domain.lockfile import freeze, locked_definition, parse_lockfile, pins, verify_lockfile
 from domain.registry import InMemoryRegistry
 from tests.unit.chain_builders import primitive, registry_of, runtime, script
 
@@ -160,3 +160,21 @@ def test_a_parsed_lockfile_keeps_registry_and_time():
     lock = parse_lockfile(_lock())
     assert (lock.generated_at, lock.registry_url, lock.fetched_at) == (NOW, URL, NOW)
     assert lock.root.tool_id == "hello"
+
+
+def test_a_definition_hash_is_pinned_on_its_entry_and_read_back():
+    chain = resolve_chain(_registry(), "hello", "^1.0.0")
+    digest = "sha256:" + "de" * 32
+    lock = freeze(chain, generated_at=NOW, registry_url=URL, definitions={"hello": digest})
+    assert lock["resolved_chain"][0]["definition_hash"] == digest
+    assert "definition_hash" not in lock["resolved_chain"][1]
+    assert locked_definition(lock) == digest
+    assert locked_definition(_lock()) is None  # entries without one stay as they were
+
+
+def test_a_malformed_definition_hash_is_a_lockfile_error():
+    lock = _lock()
+    lock["resolved_chain"][0]["definition_hash"] = "sha256:nope"
+    with pytest.raises(LockfileError) as bad:
+        parse_lockfile(lock)
+    assert bad.value.details["path"] == "$.resolved_chain[0].definition_hash"

@@ -171,12 +171,17 @@ def lock(
     strict: Annotated[bool, typer.Option(
         help="parents without child_schemas reject their children")] = False,
     registry_url: Annotated[str, typer.Option(help="registry recorded in the lockfile")] = LOCAL_REGISTRY_URL,
+    definition_hash: Annotated[str | None, typer.Option(
+        "--definition-hash", help="an mcp_tool's definition hash to pin (default: its "
+        "pinned one, as `toolexec definitions list` shows)")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Freeze TOOL's resolved and verified chain to a lockfile.
 
     Resolves the chain from the built-in and local tools, verifies every link's
-    integrity and checks parent -> child schemas."""
+    integrity and checks parent -> child schemas. An MCP tool's entry also pins the
+    definition its server announces (read from the definitions read model of this
+    state directory when it exists)."""
     tool_id, _, version_range = tool.partition("@")
     if not tool_id:
         bad_usage(f"expected TOOL or TOOL@RANGE, got {tool!r}", as_json)
@@ -184,12 +189,29 @@ def lock(
         _require_existing(tools, as_json)
     try:
         lockfile, warnings = lock_chain(tool_id, version_range or "*", tools or [DEFAULT_TOOLS_DIR],
-                                        strict=strict, registry_url=registry_url)
+                                        strict=strict, registry_url=registry_url,
+                                        definitions=_pinned_definitions(as_json),
+                                        definition_hash=definition_hash)
     except ToolexecError as error:
         fail_with(error, as_json)
     for warning in warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     _write_lockfile(lockfile, output, as_json)
+
+
+def _pinned_definitions(as_json: bool) -> dict[tuple[str, str], str]:
+    """(server, MCP tool name) -> pinned definition hash, from this state directory's
+    read model when one exists (a lock needs no running system, and makes none)."""
+    from toolexec.cli.projections import with_engine
+    from toolexec.settings import Settings
+    from toolexec.usecases.definitions import list_pins
+
+    settings = Settings()
+    if not settings.database_url and not (settings.state_dir / "toolexec.db").exists():
+        return {}
+    pins = with_engine(settings, list_pins, as_json)
+    return {(pin["server_tool_id"], pin["mcp_tool_name"]): pin["definition_hash"]
+            for pin in pins}
 
 
 def _write_lockfile(lockfile: dict[str, Any], output: Path | None, as_json: bool) -> None:

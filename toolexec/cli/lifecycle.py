@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from toolexec.cli.output import bad_usage, fail, fail_with
-from toolexec.runtime_file import read_runtime
+from toolexec.cli.output import bad_usage, fail_with
+from toolexec.runtime_file import running_system
 from toolexec.settings import Settings, kafka_client_options
 
 if TYPE_CHECKING:
@@ -87,19 +87,13 @@ def _change(tool: str, state: str, reason: str | None, replacement: str | None,
         wanted = "TOOL@VERSION" if version_required else "TOOL or TOOL@VERSION"
         bad_usage(f"expected {wanted} with an exact version, got {tool!r}", as_json)
     settings = Settings()
-    runtime = read_runtime(settings) or {}
-    bootstrap = settings.kafka_bootstrap or runtime.get("kafka_bootstrap")
-    if not bootstrap:
-        fail("E3001", "no running toolexec found: start `toolexec up` first "
-              "or set TOOLEXEC_KAFKA_BOOTSTRAP", as_json)
-    database_url = runtime.get("database_url") or settings.effective_database_url
     change = LifecycleChange(tool_id, version or None, state, reason=reason,
                              replacement_tool_id=replacement)
     try:
+        runtime, bootstrap, database_url = running_system(settings)
         capability = rights.caller(settings, token or settings.token, runtime)
         event_ids, shown = asyncio.run(change_lifecycle(
-            str(bootstrap), str(database_url), change, capability,
-            kafka_client_options(settings)))
+            bootstrap, database_url, change, capability, kafka_client_options(settings)))
     except ToolexecError as error:
         fail_with(error, as_json)
     _report(change, event_ids, shown, as_json)

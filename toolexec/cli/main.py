@@ -20,6 +20,7 @@ from toolexec.cli import (
     authoring,
     broker,
     cancel,
+    definitions,
     invocation_status,
     lifecycle,
     mcp,
@@ -42,6 +43,7 @@ cancel.register(app)  # cancel
 invocation_status.register(app)  # status INVOCATION: timeline and progress
 approval.register(app)  # approve, deny, approvals
 lifecycle.register(app)  # deprecate, remove, restore
+definitions.register(app)  # definitions list, approve
 security.register(app)  # token issue, policy apply, keys
 projections.register(app)  # projections rebuild, search, show, status, audit
 broker.register(app)  # broker status, start, stop

@@ -77,6 +77,9 @@ from toolexec.gateway.models import (
     CancelAccepted,
     CancelRequest,
     CircuitList,
+    DefinitionApproval,
+    DefinitionApproved,
+    DefinitionList,
     Health,
     InvocationError,
     InvocationList,
@@ -104,6 +107,7 @@ from toolexec.usecases.approval import (
 from toolexec.usecases.audit import audit_page, utc
 from toolexec.usecases.callbacks import checked_callback_url
 from toolexec.usecases.cancel import cancel_invocation, shown_status
+from toolexec.usecases.definitions import approve_with, list_pins
 from toolexec.usecases.lifecycle import checked_reading_your_writes, lifecycle_event
 from toolexec.usecases.registry import search_page, with_publishers
 from toolexec.usecases.status import status_snapshot
@@ -207,6 +211,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
 
     _invocation_routes(app, ctx)
     _registry_routes(app, ctx)
+    _definition_routes(app, ctx)
     _read_routes(app, ctx)
     _operations_routes(app, ctx)
     return app
@@ -436,6 +441,32 @@ def _registry_routes(app: FastAPI, ctx: GatewayContext) -> None:
         return LifecycleResult(tool_id=tool_id, version=body.version, state=body.state,
                                reason=body.reason, replacement=body.replacement,
                                event_ids=[e.id for e in events])
+
+
+def _definition_routes(app: FastAPI, ctx: GatewayContext) -> None:
+    """Pinned MCP tool definitions: list them, approve a drifted one."""
+
+    @app.get("/v1/definitions", response_model=DefinitionList, tags=["registry"])
+    async def definitions(server: Annotated[str | None, Query(max_length=200)] = None
+                          ) -> DefinitionList:
+        """Pinned MCP tool definitions (all, or one server's), as `toolexec definitions
+        list` shows them."""
+        return DefinitionList(definitions=await list_pins(ctx.engine, server))
+
+    @app.post("/v1/definitions/{target}/approve", response_model=DefinitionApproved,
+              tags=["registry"], responses=documented(400, 401, 403, 404, 422))
+    async def approve_definition(target: str, body: DefinitionApproval,
+                                 authorization: Annotated[str | None, Header()] = None
+                                 ) -> DefinitionApproved:
+        """Approve a drifted MCP tool definition of `target` (the server's tool id, or
+        an mcp_tool's), as `toolexec definitions approve` does: the event is
+        `tool.definition.approved`. With authorization on, the token needs the approve
+        scope on the server's tool id (or admin)."""
+        capability = caller(ctx.settings, _bearer(authorization))
+        answer = await approve_with(
+            ctx.engine, ctx.client.send, lambda: ctx.catch_up("definitions", CATCH_UP_SECONDS),
+            target, body.definition_hash, capability, body.reason)
+        return DefinitionApproved(**answer)
 
 
 def _canceller(ctx: GatewayContext, token: str | None, row: Mapping[str, Any]) -> str | None:

@@ -247,6 +247,31 @@ class LifecycleResult(BaseModel):
                                              "version when some were removed before).")
 
 
+class DefinitionList(BaseModel):
+    definitions: list[dict[str, Any]] = Field(
+        description="Pinned MCP tool definitions: server, tool, state (pinned, drifted), "
+                    "hash, definition, and the drifts waiting for approval with their diff.")
+
+
+class DefinitionApproval(BaseModel):
+    """`POST /v1/definitions/{target}/approve`: approve one drifted definition."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    definition_hash: str = Field(min_length=1, max_length=200,
+                                 description="The drifted definition's hash (sha256:...).")
+    reason: str | None = Field(default=None, max_length=2000, description="Why.")
+
+
+class DefinitionApproved(BaseModel):
+    status: Literal["approved", "already_approved"]
+    event_id: str | None = Field(description="The tool.definition.approved event (None when "
+                                             "the hash was the approved one already).")
+    applied: bool = Field(description="Whether the read model showed the new pin in time.")
+    definition: dict[str, Any] = Field(description="The tool's pin, as GET /v1/definitions "
+                                                   "shows it.")
+
+
 class ToolList(BaseModel):
     tools: list[dict[str, Any]]
     mode: str | None = Field(default=None, description="How the tools were ranked: list "

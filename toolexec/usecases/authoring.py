@@ -3,17 +3,18 @@ the lockfile of a tool's verified chain."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from domain.chain import resolve_chain
 from domain.child_validation import ensure_chain_valid
-from domain.errors import ToolexecError
+from domain.errors import InvalidRequest, ToolexecError
 from domain.integrity import compute_integrity, seal, verify_chain
 from domain.lockfile import freeze
-from domain.model import Issue, ToolSource
+from domain.model import Issue, ResolvedChain, ToolSource
 from domain.publication import plan_publication
 from domain.registry import InMemoryRegistry
 from domain.validation import validate_source
@@ -50,18 +51,47 @@ def source_integrity(path: Path) -> tuple[str, str, str]:
 
 
 def lock_chain(tool_id: str, version_range: str, tool_dirs: Sequence[Path], *,
-               strict: bool = False, registry_url: str = LOCAL_REGISTRY_URL
-               ) -> tuple[dict[str, Any], list[str]]:
+               strict: bool = False, registry_url: str = LOCAL_REGISTRY_URL,
+               definitions: Mapping[tuple[str, str], str] | None = None,
+               definition_hash: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """The lockfile of `tool_id@version_range` resolved from the built-in tools and
     `tool_dirs` (every link verified, parent -> child schemas checked), and the
-    warnings met, sources left out included. Raises ToolexecError (E31xx) when it
-    cannot be resolved."""
+    warnings met, sources left out included. An mcp_tool's entry pins
+    `definition_hash` when given, else its pinned definition in `definitions`
+    ((server tool id, MCP tool name) -> hash, as `toolexec definitions list` shows).
+    Raises ToolexecError (E31xx) when it cannot be resolved."""
     registry, skipped = local_registry(tool_dirs)
     chain = resolve_chain(registry, tool_id, version_range)
     verify_chain(chain)
     warnings = [*skipped, *chain.warnings, *ensure_chain_valid(chain, strict=strict)]
-    lockfile = freeze(chain, generated_at=_now(), registry_url=registry_url)
+    pinned = _definition_pin(chain, definitions or {}, definition_hash, warnings)
+    lockfile = freeze(chain, generated_at=_now(), registry_url=registry_url,
+                      definitions=pinned)
     return lockfile, list(dict.fromkeys(warnings))
+
+
+_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _definition_pin(chain: ResolvedChain, definitions: Mapping[tuple[str, str], str],
+                    given: str | None, warnings: list[str]) -> dict[str, str]:
+    """{leaf tool id: definition hash} for an mcp_tool leaf whose hash is known."""
+    leaf = chain.leaf
+    if given is not None and not _HASH.match(given):
+        raise InvalidRequest(f"--definition-hash must be sha256:<64 hex digits>, got "
+                             f"{given[:80]!r}", details={"definition_hash": given[:80]})
+    if leaf.tool_type != "mcp_tool" or len(chain.links) < 2:
+        if given is not None:
+            raise InvalidRequest(f"{leaf.tool_id} is no mcp_tool: it has no definition hash",
+                                 details={"tool_id": leaf.tool_id})
+        return {}
+    config = leaf.manifest.get("config") or {}
+    known = given or definitions.get((chain.links[1].tool_id, str(config.get("mcp_tool_name"))))
+    if known is None:
+        warnings.append(f"no definition of {leaf.tool_id} was pinned yet (call it once, or "
+                        "pass --definition-hash): the lockfile does not pin it")
+        return {}
+    return {leaf.tool_id: known}
 
 
 def _now() -> str:
