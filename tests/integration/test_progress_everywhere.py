@@ -6,8 +6,7 @@ Two sources of progress:
 - facts written to the log the way the pipeline writes them (signed with the state
   directory's fact key) while the tool runs: the read side alone, proven now;
 - the tool's own report lines (TOOLEXEC_REPORT_FILE), which the executor turns into
-  `tool.execution.progressed`: that needs the executor side of issue 20 and fails
-  until it is there (strict xfail, named in the report to the lead).
+  `tool.execution.progressed`: the whole path, tool to reader.
 """
 
 from __future__ import annotations
@@ -136,7 +135,8 @@ async def _follow(cwd: Path, gateway: str, release: Path, write_facts: bool) -> 
     async with _mcp(cwd) as session:
         call = asyncio.create_task(session.call_tool(
             "execute", {"action": "run", "tool_id": "reporter",
-                        "parameters": {"steps": STEPS, "release": str(release)}},
+                        "parameters": {"steps": STEPS, "release": str(release),
+                                       "quiet": write_facts}},
             progress_callback=noted))
         invocation_id = await _running_invocation(gateway, release)
         if write_facts:
@@ -168,10 +168,8 @@ async def test_progress_written_to_the_log_reaches_http_and_mcp(workdir: Path) -
     await _follow_one_run(workdir, write_facts=True)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the executor side of issue 20 (long20): "
-                   "report-file lines become tool.execution.progressed")
 async def test_a_tool_s_report_lines_reach_http_and_mcp(workdir: Path) -> None:
-    await asyncio.wait_for(_follow_one_run(workdir, write_facts=False), timeout=90)
+    await asyncio.wait_for(_follow_one_run(workdir, write_facts=False), timeout=300)
 
 
 async def test_start_then_status_until_the_result(workdir: Path) -> None:

@@ -1,5 +1,5 @@
 """reporter: appends one progress line per step to $TOOLEXEC_REPORT_FILE (the
-tool-side protocol: one JSON object per line, flushed), then waits for the `release`
+tool-side protocol: one JSON object per line, flushed; none with `quiet`), then waits for the `release`
 file to appear before it answers {"steps": N}: a test decides when it ends."""
 
 import json
@@ -9,7 +9,7 @@ import time
 
 params = json.load(sys.stdin)
 steps = params["steps"]
-report = os.environ.get("TOOLEXEC_REPORT_FILE")
+report = None if params.get("quiet") else os.environ.get("TOOLEXEC_REPORT_FILE")
 for step in range(1, steps + 1):
     if report:
         with open(report, "a", encoding="utf-8") as lines:
