@@ -176,3 +176,20 @@ async def test_a_resumed_attempt_can_be_cancelled(harness: Harness) -> None:
     await harness.cancel(invocation)
     await asyncio.wait_for(running, 10)
     assert harness.terminal(invocation).data.error.code == "E3703"
+
+
+async def test_a_flood_of_reports_is_coalesced_to_the_latest(harness: Harness) -> None:
+    async def flooding(plan: Any, params: Any, *, secrets: Any,
+                       session: ToolSession | None = None) -> PrimitiveOutcome:
+        assert session is not None
+        await session.receive([Progress(i / 1000, f"{i}") for i in range(1000)])
+        await session.receive([Checkpoint({"done": i}) for i in range(100)])
+        return OK
+
+    harness.runner.run = flooding  # type: ignore[method-assign]
+    invocation = await harness.request("py_echo", {"text": "x"})
+    progressed = [e.data for e in harness.of(invocation, "tool.execution.progressed")]
+    assert [p.message for p in progressed] == ["0", "999"]  # the first, then the latest
+    saved = [e.data for e in harness.of(invocation, "tool.execution.checkpointed")]
+    assert [c.state_hash for c in saved] == [state_hash(canonical_json({"done": n}))
+                                            for n in (0, 99)]
