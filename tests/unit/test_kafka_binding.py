@@ -17,10 +17,10 @@ from contracts.envelope import Envelope, derived_event_id, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import (
     EVENT_MODELS,
-    CallbackDelivered,
-    CallbackFailed,
     ApprovalDecided,
     ApprovalRequested,
+    CallbackDelivered,
+    CallbackFailed,
     ChainLink,
     ChainResolved,
     CircuitStateChanged,
