@@ -342,20 +342,31 @@ class CallbackDeliverer:
                  code=None if delivery.error is None else delivery.error.code)
 
 
+class RequestNotFolded(RuntimeError):
+    """The read model has not folded an invocation's request yet: the terminal event's
+    batch is handled again later rather than its callback skipped."""
+
+
 def read_model_lookup(engine: Any, caught_up: Callable[[float], Awaitable[bool]], *,
                       wait_seconds: float = 10.0) -> Lookup:
-    """The callback URL of an invocation's request, from the invocations read model;
-    a request the model has not folded yet is waited for once (bounded)."""
+    """The callback URL of an invocation's request, from the invocations read model.
+    A request the model has not folded yet is waited for (bounded); if the model is
+    still behind then, RequestNotFolded (the batch comes again); a request missing
+    from a model that has caught up is no callback (logged)."""
     from projections.queries import invocation_status
 
     async def lookup(invocation_id: str) -> str | None:
+        caught = False
         for first in (True, False):
             async with engine.connect() as conn:
                 row = await invocation_status(conn, invocation_id)
             if row is not None and row["requested_at"] is not None:
                 return row["callback_url"]
             if first:
-                await caught_up(wait_seconds)
+                caught = await caught_up(wait_seconds)
+        if not caught:
+            raise RequestNotFolded(invocation_id)
+        log.warning("callbacks.request_not_found", invocation_id=invocation_id)
         return None
 
     return lookup

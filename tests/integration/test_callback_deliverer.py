@@ -27,6 +27,7 @@ from tests.projection_db import *  # noqa: F403 - fixtures
 from toolexec.callback_delivery import (
     CallbackDeliverer,
     CallbackPolicy,
+    RequestNotFolded,
     outcome_event,
     read_model_lookup,
 )
@@ -111,3 +112,22 @@ async def test_a_recorded_outcome_is_not_sent_again(
             await asyncio.sleep(0.1)
     assert posts.count(f"/{sent}") == 1
     assert f"/{recorded}" not in posts
+
+
+async def test_a_request_the_read_model_has_not_folded_is_waited_for_not_skipped(
+        engine: AsyncEngine) -> None:
+    tag = uuid.uuid4().hex[:8]
+    waiting, absent = f"inv-late-{tag}", f"inv-absent-{tag}"
+
+    async def behind(timeout: float) -> bool:
+        return False  # the model did not catch up within the wait
+
+    with pytest.raises(RequestNotFolded):  # the batch is handled again, nothing lost
+        await read_model_lookup(engine, behind)(waiting)
+    await fold(engine, [_request(waiting, "https://hooks.example.net/late")])
+    assert await read_model_lookup(engine, behind)(waiting) == "https://hooks.example.net/late"
+
+    async def caught_up(timeout: float) -> bool:
+        return True
+
+    assert await read_model_lookup(engine, caught_up)(absent) is None  # no such request
