@@ -26,7 +26,7 @@ from toolexec.usecases.authoring import source_integrity
 pytestmark = [pytest.mark.integration]
 
 EXAMPLES = REPO / "examples" / "tools"
-GATEWAY_TOOLS = {"search", "load", "execute", "help"}
+GATEWAY_TOOLS = {"search", "load", "execute", "approval", "help"}
 
 
 @pytest.fixture(scope="module")
