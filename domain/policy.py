@@ -4,7 +4,7 @@ The request (principal = the token's subject, action = `tool.invoke`, resource =
 leaf tool version with its manifest attributes, context = parameter keys and time) is
 evaluated by a `PolicyEvaluator` port against the current `PolicyBundle` (every
 policy set folded from `policy.updated` events). The Cedar adapter lives in
-`consumers.policy_engine`; this module holds the request model, the default when no
+`consumers.adapters.policy_engine`; this module holds the request model, the default when no
 policy is loaded and the decision cache, and does no I/O.
 
 Defaults: with no policy set loaded, a request carrying a valid token is allowed

@@ -6,7 +6,7 @@ import dataclasses
 
 from projections.approvals import approvals_model
 from projections.audit import AuditModel
-from projections.circuits import circuits_model
+from projections.circuit_table import circuits_model
 from projections.definitions import definitions_model
 from projections.invocations import invocations_model
 from projections.registry_table import registry_model

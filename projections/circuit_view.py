@@ -19,7 +19,7 @@ from datetime import datetime
 
 from contracts.envelope import Envelope
 from contracts.events import CircuitStateChanged
-from domain.circuit import (
+from domain.circuit_breaker import (
     Admission,
     CircuitConfig,
     CircuitState,
@@ -94,7 +94,7 @@ class CircuitView:
 
     # -- CircuitGate --------------------------------------------------------------
     def admit(self, service_id: str, at: datetime, config: CircuitConfig) -> Admission:
-        """May a call to `service_id` go now? (see domain.circuit.admit)"""
+        """May a call to `service_id` go now? (see domain.circuit_breaker.admit)"""
         state = dataclasses.replace(self.state(service_id),
                                     half_open_in_flight=self._canaries.get(service_id, 0))
         return admit(state, at, config)

@@ -130,7 +130,7 @@ class RunnerStats:
 
 class Pacer(Protocol):
     """Sets the runner's fetch wait: short while records flow, long when idle (a
-    `consumers.fetch_pacing.FetchPacer`, wired by the composition root)."""
+    `consumers.runtime.fetch_pacing.FetchPacer`, wired by the composition root)."""
 
     def attach(self, consumer: Any) -> None: ...
 

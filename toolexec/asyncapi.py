@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from pydantic.json_schema import models_json_schema
 
-from consumers.recovery import RESUME_HEADER
+from consumers.runtime.recovery import RESUME_HEADER
 from contracts import topics
 from contracts.events import EVENT_MODELS, EventData, dataschema_uri
 from contracts.fact_signature import KID, SET, SIG

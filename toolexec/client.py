@@ -27,8 +27,8 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from consumers.delivery import transient_broker_error
-from consumers.fetch_pacing import FetchPacer
+from consumers.runtime.delivery import transient_broker_error
+from consumers.runtime.fetch_pacing import FetchPacer
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import TERMINAL_TYPES, InvokeCancelRequested, InvokeRequested
@@ -37,7 +37,7 @@ from contracts.kafka_binding import UndecodableRecord, decode, header_type, send
 from domain.errors import ToolexecError
 
 if TYPE_CHECKING:
-    from consumers.pipeline import Pipeline
+    from consumers.runtime.pipeline import Pipeline
 
 log = structlog.get_logger(__name__)
 

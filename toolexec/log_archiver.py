@@ -11,7 +11,7 @@ A record is archived once the fetch that returned it is written (and fsynced, wi
 the `always` policy): the loss window of a broker killed with SIGKILL is what it
 acknowledged since the archiver's last fetch — at most about one fetch wait plus a
 write and an fsync while it keeps up. The fetch wait is short while records flow and
-for a few seconds after, long once the log is quiet (consumers.fetch_pacing): the
+for a few seconds after, long once the log is quiet (consumers.runtime.fetch_pacing): the
 first records after a quiet spell may wait up to the long one.
 """
 
@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
-from consumers.fetch_pacing import FetchPacer
+from consumers.runtime.fetch_pacing import FetchPacer
 from toolexec.log_archive import ArchivedRecord, LogArchive
 
 log = structlog.get_logger(__name__)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.fetch_pacing import FetchPacer
+from consumers.runtime.fetch_pacing import FetchPacer
 from contracts import topics
 from contracts.fact_signature import FactVerifier
 from projections.catalog import read_models

@@ -40,7 +40,7 @@ SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 # Tansu (embedded) does not answer a waiting fetch when records arrive, so every hop
 # costs up to fetch_max_wait_ms: keep it short there while work is in flight
 # (measured: 500 ms wait -> 249 ms p50 per hop, 5 ms -> 2.8 ms, 1 ms -> 0.8 ms) and
-# long while idle (consumers.fetch_pacing). Kafka answers waiting fetches at once.
+# long while idle (consumers.runtime.fetch_pacing). Kafka answers waiting fetches at once.
 EMBEDDED_CONSUMER_TUNING: dict[str, int] = {
     "session_timeout_ms": 1000,
     "heartbeat_interval_ms": 100,
@@ -403,7 +403,7 @@ IDLE_FETCH_WAIT_MS = 500
 
 
 def fetch_waits(settings: Settings) -> tuple[int, int]:
-    """(busy, idle) fetch waits for `settings`' profile (consumers.fetch_pacing)."""
+    """(busy, idle) fetch waits for `settings`' profile (consumers.runtime.fetch_pacing)."""
     busy = consumer_kwargs(settings)["fetch_max_wait_ms"]
     idle = settings.fetch_idle_wait_ms or IDLE_FETCH_WAIT_MS
     return busy, max(idle, busy)

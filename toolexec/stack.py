@@ -22,24 +22,24 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
-from consumers import authorize, circuits
-from consumers.abac_client import HttpAbac
-from consumers.admission import AttemptGate
-from consumers.canaries import CanarySlots, LocalCanaries, RedisCanaries
-from consumers.checkpoint_store import FileCheckpointStore
-from consumers.claim_store import RedisClaims, SqliteClaims
-from consumers.deadletter import DeadLetters
-from consumers.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions
-from consumers.definitions import DefinitionDeps
-from consumers.delivery import DeliveringPublisher
-from consumers.fetch_pacing import FetchPacer
-from consumers.invocation import invocation_deps
-from consumers.pipeline import Pipeline
-from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
+from consumers.adapters.abac_client import HttpAbac
+from consumers.adapters.canaries import CanarySlots, LocalCanaries, RedisCanaries
+from consumers.adapters.checkpoint_store import FileCheckpointStore
+from consumers.adapters.claim_store import RedisClaims, SqliteClaims
+from consumers.adapters.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions
+from consumers.adapters.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
 from consumers.primitives.sandbox_launch import warn_about_isolation
 from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbox
+from consumers.runtime.deadletter import DeadLetters
+from consumers.runtime.delivery import DeliveringPublisher
+from consumers.runtime.fetch_pacing import FetchPacer
+from consumers.runtime.invocation import invocation_deps
+from consumers.runtime.pipeline import Pipeline
+from consumers.steps import authorize, circuit_transitions
+from consumers.steps.admission import AttemptGate
+from consumers.steps.definitions import DefinitionDeps
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.events import EVENT_MODELS
@@ -382,9 +382,9 @@ class Stack:
         is no fact, or a fact the pipeline did not sign, is dead-lettered (E3004,
         E3804) and counted by no one."""
         assert self._producer is not None
-        deps = circuits.CircuitDeps(publish=DeliveringPublisher(self._publish_signed),
+        deps = circuit_transitions.CircuitDeps(publish=DeliveringPublisher(self._publish_signed),
                                     registry=self.registry,
-                                    book=circuits.CircuitBook(self.circuits), clock=utc_now)
+                                    book=circuit_transitions.CircuitBook(self.circuits), clock=utc_now)
         dead_letters = DeadLetters(DeliveringPublisher(self.publish), utc_now)
         verifier = self.verifier
         pacer = self._new_pacer(busy_ms=CIRCUITS_WAIT_MS)
@@ -405,13 +405,13 @@ class Stack:
             for record in records:
                 kind = header_type(record.headers)
                 if kind not in FACT_TYPES:
-                    await circuits.misplaced_record(record, dead_letters, consumer=group)
+                    await circuit_transitions.misplaced_record(record, dead_letters, consumer=group)
                 elif (verdict := verifier.verify(record.headers, record.value)) \
                         is not Verdict.VALID:
-                    await circuits.untrusted_record(record, verdict.value, dead_letters,
+                    await circuit_transitions.untrusted_record(record, verdict.value, dead_letters,
                                                     consumer=group)
                 elif kind == "tool.execution.finished":
-                    await circuits.count_record(record, deps, dead_letters, consumer=group)
+                    await circuit_transitions.count_record(record, deps, dead_letters, consumer=group)
             positions: dict[TopicPartition, int] = {}
             for record in records:
                 tp = TopicPartition(record.topic, record.partition)

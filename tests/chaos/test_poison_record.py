@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-import consumers.resolve
+import consumers.steps.resolve
 from contracts import topics
 from contracts.kafka_binding import decode
 from toolexec.client import InvocationClient
@@ -35,7 +35,7 @@ def crash_on(tool_id: str, resolve: Callable[..., Any]) -> Callable[..., Any]:
 
 async def test_poison_record_is_dead_lettered_while_the_rest_is_processed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consumers.resolve, "_resolve", crash_on("poison", consumers.resolve._resolve))
+    monkeypatch.setattr(consumers.steps.resolve, "_resolve", crash_on("poison", consumers.steps.resolve._resolve))
     settings = Settings(state_dir=tmp_path, tools_dir=tmp_path / "none", user_tools_dir=None)
     async with Stack(settings) as stack:
         now = datetime.now(UTC)

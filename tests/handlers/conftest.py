@@ -20,15 +20,15 @@ from typing import Any
 import pytest_asyncio
 from aiokafka.errors import KafkaConnectionError
 
-from consumers import authorize
-from consumers.checkpoint_store import CheckpointStore
-from consumers.claim_store import InMemoryClaims
-from consumers.deadletter import DeadLetters
-from consumers.delivery import DeliveringFactLog
-from consumers.invocation import InvocationDeps, invocation_deps
-from consumers.invocation_facts import InvocationFacts
+from consumers.adapters.checkpoint_store import CheckpointStore
+from consumers.adapters.claim_store import InMemoryClaims
 from consumers.ports import ToolSession
-from consumers.runs import InvocationRuns, RecordRef
+from consumers.runtime.deadletter import DeadLetters
+from consumers.runtime.delivery import DeliveringFactLog
+from consumers.runtime.invocation import InvocationDeps, invocation_deps
+from consumers.runtime.invocation_facts import InvocationFacts
+from consumers.runtime.runs import InvocationRuns, RecordRef
+from consumers.steps import authorize
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeCancelRequested, InvokeRequested

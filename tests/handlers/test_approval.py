@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from consumers import authorize
-from consumers.invocation_facts import InvocationFacts
-from consumers.runs import InvocationRuns
+from consumers.runtime.invocation_facts import InvocationFacts
+from consumers.runtime.runs import InvocationRuns
+from consumers.steps import authorize
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import ApprovalDecided
 from tests.handlers.conftest import (

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from consumers.checkpoint_store import FileCheckpointStore
+from consumers.adapters.checkpoint_store import FileCheckpointStore
 from consumers.ports import ToolSession
 from domain.canonical_json import canonical_json
 from domain.checkpoints import state_hash

@@ -1,4 +1,4 @@
-"""The execute step's definition check (consumers.definitions) against a log kept in
+"""The execute step's definition check (consumers.steps.definitions) against a log kept in
 memory: first use pins, the log order decides a race, a drift is refused and recorded
 once, an approval lets the call through, a lockfile only narrows."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from consumers.definitions import DefinitionDeps, admit_definition
+from consumers.steps.definitions import DefinitionDeps, admit_definition
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import ToolDefinitionApproved
 from domain.definitions import (

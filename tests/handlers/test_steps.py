@@ -8,8 +8,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from consumers.claim_store import InMemoryClaims
-from consumers.invocation_facts import InvocationFacts
+from consumers.adapters.claim_store import InMemoryClaims
+from consumers.runtime.invocation_facts import InvocationFacts
 from domain.model import PrimitiveOutcome
 from tests.handlers.conftest import FIXED_NOW, Harness, build_harness
 

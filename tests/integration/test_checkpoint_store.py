@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.checkpoint_store import FileCheckpointStore, load_state
+from consumers.adapters.checkpoint_store import FileCheckpointStore, load_state
 from domain.checkpoints import CheckpointError, encode_checkpoint
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from faststream.kafka import KafkaBroker
 
-from consumers.delivery import DeliveringPublisher
+from consumers.runtime.delivery import DeliveringPublisher
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import encode

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.claim_store import REDIS_PREFIX
+from consumers.adapters.claim_store import REDIS_PREFIX
 from tests.log_reading import terminal_event_ids
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event

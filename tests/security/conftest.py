@@ -12,10 +12,10 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from consumers import authorize
-from consumers.decision_cache import DecisionStore, MemoryDecisions
-from consumers.policy_engine import CedarEvaluator
-from consumers.runs import InvocationRuns
+from consumers.adapters.decision_cache import DecisionStore, MemoryDecisions
+from consumers.adapters.policy_engine import CedarEvaluator
+from consumers.runtime.runs import InvocationRuns
+from consumers.steps import authorize
 from domain.credentials import CredentialGrants
 from domain.policy import DecisionCache
 from projections.policy_view import PolicyView

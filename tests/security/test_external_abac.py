@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from consumers.abac_client import HttpAbac
+from consumers.adapters.abac_client import HttpAbac
 from tests.security.conftest import build_secure_harness, rs256
 
 pytestmark = pytest.mark.security

@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.derived_events import derive
-from consumers.resolve import chain_links
+from consumers.steps.derived_events import derive
+from consumers.steps.resolve import chain_links
 from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import ChainResolved, InvokeCompleted, InvokeRequested, PermissionDecided

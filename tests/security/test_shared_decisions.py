@@ -16,8 +16,8 @@ import redis.asyncio
 import structlog
 from prometheus_client import REGISTRY
 
-from consumers.decision_cache import RedisDecisions
-from consumers.policy_engine import CedarEvaluator
+from consumers.adapters.decision_cache import RedisDecisions
+from consumers.adapters.policy_engine import CedarEvaluator
 from domain.policy import EXTERNAL_VERSION, AccessRequest, PolicyBundle, PolicyDecision
 from tests.security.conftest import build_secure_harness, rs256
 from tests.security.test_tokens_and_policies import FORBID_AGENT, _policy_event

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.decision_cache import _dump, _load
-from consumers.policy_engine import CedarEvaluator
+from consumers.adapters.decision_cache import _dump, _load
+from consumers.adapters.policy_engine import CedarEvaluator
 from domain.approval import (
     MANIFEST_REASON,
     ApprovalDenied,

@@ -7,8 +7,8 @@ import uuid
 import pytest
 import redis.asyncio
 
-from consumers.admission import AttemptGate, enter_attempt, leave_attempt
-from consumers.canaries import LocalCanaries, RedisCanaries
+from consumers.adapters.canaries import LocalCanaries, RedisCanaries
+from consumers.steps.admission import AttemptGate, enter_attempt, leave_attempt
 from domain.errors import CircuitOpen
 from projections.circuit_view import CircuitView
 from tests.unit.test_deadline import API, Clock, later, opened

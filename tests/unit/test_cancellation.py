@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from consumers.cancellation import Cancellations, JobCancelled
+from consumers.steps.cancellation import Cancellations, JobCancelled
 
 
 async def test_work_of_an_invocation_not_cancelled_returns_its_result() -> None:

@@ -1,4 +1,4 @@
-"""The circuit-breaker state machine (domain.circuit): pure, time passed in."""
+"""The circuit-breaker state machine (domain.circuit_breaker): pure, time passed in."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.circuit import (
+from domain.circuit_breaker import (
     CircuitConfig,
     CircuitState,
     Transition,

@@ -1,4 +1,4 @@
-"""The circuits step (consumers.circuits) with a fake publish, and the circuit view
+"""The circuits step (consumers.steps.circuit_transitions) with a fake publish, and the circuit view
 it and the executor share (projections.circuit_view)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from consumers.circuits import CircuitBook, CircuitDeps, on_execution_finished
+from consumers.steps.circuit_transitions import CircuitBook, CircuitDeps, on_execution_finished
 from contracts.envelope import Envelope, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import CircuitStateChanged, ExecutionFinished
-from domain.circuit import CircuitConfig
+from domain.circuit_breaker import CircuitConfig
 from domain.model import ToolVersion
 from projections.circuit_view import CircuitView
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.claim_store import InMemoryClaims, RedisClaims, SqliteClaims
+from consumers.adapters.claim_store import InMemoryClaims, RedisClaims, SqliteClaims
 from domain.claims import LEASE_GRACE_SECONDS, ClaimRecord, ClaimStatus, decide
 
 STORES = ["memory", "sqlite", "redis"]

@@ -1,5 +1,5 @@
 """Request deadlines (domain.deadline) and the executor's pre-attempt checks
-(consumers.admission) that apply them with the breaker and the rate limit."""
+(consumers.steps.admission) that apply them with the breaker and the rate limit."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from consumers.admission import (
+from consumers.steps.admission import (
     AttemptGate,
     AttemptPass,
     enter_attempt,
@@ -17,7 +17,7 @@ from consumers.admission import (
 )
 from contracts.envelope import new_envelope
 from contracts.events import CircuitStateChanged
-from domain.circuit import CircuitConfig
+from domain.circuit_breaker import CircuitConfig
 from domain.deadline import DeadlineExceeded, effective_timeout, ensure_not_expired, remaining
 from domain.model import PrimitiveOutcome
 from domain.rate_limit import RateLimitConfig
@@ -64,7 +64,7 @@ def test_the_timeout_is_capped_by_the_time_left() -> None:
     assert effective_timeout(3, later(5), NOW) == 3
 
 
-# -- consumers.admission ----------------------------------------------------------------
+# -- consumers.steps.admission ----------------------------------------------------------------
 
 class Clock:
     def __init__(self) -> None:

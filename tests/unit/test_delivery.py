@@ -8,7 +8,11 @@ from datetime import UTC, datetime
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from consumers.delivery import DeliveringFactLog, DeliveringPublisher, transient_broker_error
+from consumers.runtime.delivery import (
+    DeliveringFactLog,
+    DeliveringPublisher,
+    transient_broker_error,
+)
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
 

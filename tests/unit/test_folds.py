@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from domain import redaction
 from projections.audit_document import GENESIS, audit_document, audit_entry, chain_hash
-from projections.circuits import evolve_circuit
+from projections.circuit_table import evolve_circuit
 from projections.invocations import evolve_invocation
 from projections.registry_table import fold_registry
 from projections.store import Rows

@@ -1,7 +1,9 @@
 """The dependency rules of docs/architecture.md, checked on every import statement
 (function-level ones included): `domain` and `contracts` import none of the other
 layers nor each other, consumers never import projections, the front ends (CLI, HTTP
-gateway, MCP server) do not import each other, and the use cases import no front end."""
+gateway, MCP server) do not import each other, the use cases import no front end, and
+inside the pipeline the adapters and the primitives import neither the steps nor the
+runtime."""
 
 from __future__ import annotations
 
@@ -74,6 +76,11 @@ RULES = {
     "the HTTP gateway imports neither the CLI nor the MCP server": (HTTP, (*CLI, *MCP)),
     "the MCP server imports neither the CLI nor the HTTP gateway": (MCP, (*CLI, *HTTP)),
     "the use cases import no front end": (("toolexec.usecases",), (*CLI, *HTTP, *MCP)),
+    "the pipeline's adapters import neither its steps nor its runtime": (
+        ("consumers.adapters",), ("consumers.steps", "consumers.runtime")),
+    "the primitives import no other part of the pipeline": (
+        ("consumers.primitives",), ("consumers.steps", "consumers.runtime",
+                                    "consumers.adapters")),
 }
 
 
@@ -85,7 +92,9 @@ def test_dependency_rule(rule: str) -> None:
 
 def test_the_rules_see_the_front_ends() -> None:
     """A rule over modules that do not exist would pass for nothing."""
-    for module in (*HTTP, *MCP, *CLI, "toolexec.usecases"):
+    for module in (*HTTP, *MCP, *CLI, "toolexec.usecases", "consumers.steps",
+                   "consumers.runtime", "consumers.adapters", "consumers.primitives"):
         path = ROOT / Path(*module.split("."))
         assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), module
     assert _violations(("toolexec.cli",), ("toolexec.usecases",)) != []  # cli uses them
+    assert _violations(("consumers.runtime",), ("consumers.steps",)) != []  # chains them

@@ -21,13 +21,13 @@ def test_the_terminal_events_are_the_completed_and_failed_facts() -> None:
 
 
 def test_every_part_uses_the_contracts_terminal_set() -> None:
-    import consumers.invocation_facts
+    import consumers.runtime.invocation_facts
     import projections.audit
     import projections.invocations
     import toolexec.client
     import toolexec.metrics
 
-    assert consumers.invocation_facts.TERMINAL_TYPES is TERMINAL_TYPES
+    assert consumers.runtime.invocation_facts.TERMINAL_TYPES is TERMINAL_TYPES
     assert toolexec.client.TERMINAL_TYPES is TERMINAL_TYPES
     assert toolexec.metrics.TERMINAL is TERMINAL_TYPES
     assert set(projections.audit.TERMINAL_TYPES) == TERMINAL_TYPES

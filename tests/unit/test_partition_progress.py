@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.partition_progress import PartitionProgress, ResumePoint
+from consumers.runtime.partition_progress import PartitionProgress, ResumePoint
 
 
 def test_a_request_handed_over_locally_is_not_run_again_when_the_consumer_reads_it() -> None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from consumers.policy_engine import CedarEvaluator, compile_policies
+from consumers.adapters.policy_engine import CedarEvaluator, compile_policies
 from contracts.envelope import new_envelope
 from contracts.events import PolicyUpdated
 from domain.errors import AuthorizationError

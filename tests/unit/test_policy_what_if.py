@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.policy_engine import CedarEvaluator
+from consumers.adapters.policy_engine import CedarEvaluator
 from domain.policy import PolicyBundle, ToolResource
 from domain.policy_what_if import RecordedDecision, what_if, with_set
 

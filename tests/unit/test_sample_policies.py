@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.policy_engine import CedarEvaluator
+from consumers.adapters.policy_engine import CedarEvaluator
 from domain.policy import AccessRequest, PolicyBundle, ToolResource
 
 POLICIES = Path(__file__).resolve().parents[2] / "examples" / "policies"

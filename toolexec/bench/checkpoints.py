@@ -22,10 +22,10 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consumers.checkpoint_store import FileCheckpointStore
+from consumers.adapters.checkpoint_store import FileCheckpointStore
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import resolve_sandbox, run_subprocess
-from consumers.tool_reports import CHECKPOINT_INTERVAL, AttemptReports, ReportTrail
+from consumers.steps.tool_reports import CHECKPOINT_INTERVAL, AttemptReports, ReportTrail
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import ExecutionCheckpointed, InvokeRequested
 from contracts.kafka_binding import encode

@@ -19,8 +19,8 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from consumers.derived_events import derive
-from consumers.policy_engine import CedarEvaluator
+from consumers.adapters.policy_engine import CedarEvaluator
+from consumers.steps.derived_events import derive
 from contracts.envelope import new_envelope
 from contracts.events import ChainLink, ChainResolved, InvokeRequested
 from contracts.kafka_binding import decode, encode

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.derived_events import derive
+from consumers.steps.derived_events import derive
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import (
     ChainLink,

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from consumers.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
+from consumers.adapters.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import PermissionDecided, PolicyUpdated
 from contracts.kafka_binding import UndecodableRecord, from_document

@@ -1,10 +1,10 @@
 """The invocations running in one pipeline process: at most one run per invocation.
 
 A run starts when the pipeline's consumer reads a request, or earlier when a local
-producer hands its acknowledged request over in memory (consumers.pipeline); whoever
+producer hands its acknowledged request over in memory (consumers.runtime.pipeline); whoever
 comes second joins the run that exists. Runs are bounded (`max_in_flight` at once,
 the others wait for a slot in arrival order). A run waiting for an approver gives its
-slot back and does not count as active until it goes on (consumers.approvals); at
+slot back and does not count as active until it goes on (consumers.steps.approvals); at
 shutdown such a run is simply stopped: its approval request is on the log, so the
 next owner waits again.
 
@@ -27,12 +27,17 @@ from typing import Any
 
 import structlog
 
-from consumers.deadletter import DeadLetters
-from consumers.delivery import FactLog
-from consumers.derived_events import failed
-from consumers.execute import AttemptTakenOver
-from consumers.invocation import ApprovalPending, InvocationDeps, failed_stage, run_invocation
-from consumers.invocation_facts import InvocationFacts
+from consumers.runtime.deadletter import DeadLetters
+from consumers.runtime.delivery import FactLog
+from consumers.runtime.invocation import (
+    ApprovalPending,
+    InvocationDeps,
+    failed_stage,
+    run_invocation,
+)
+from consumers.runtime.invocation_facts import InvocationFacts
+from consumers.steps.derived_events import failed
+from consumers.steps.execute import AttemptTakenOver
 from contracts.envelope import Envelope
 from domain.bounded import remember
 from domain.errors import JobCancelled, ToolexecError

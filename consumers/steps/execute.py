@@ -6,7 +6,7 @@ the primitive's plan and runs it, retrying retriable failures with full-jitter
 backoff per the manifest's retry_policy. Each `tool.execution.started` is on the log
 (acknowledged) before its attempt starts.
 
-`tool.invoke.cancel.requested` stops an invocation here (see consumers.cancellation):
+`tool.invoke.cancel.requested` stops an invocation here (see consumers.steps.cancellation):
 before its first attempt it never starts; a running attempt is interrupted and
 finishes with E3703; a retry backoff ends and no further attempt runs. Each ends
 with one terminal `tool.invoke.failed` E3703.
@@ -20,12 +20,12 @@ the interrupted attempt is then concluded as unknown, not final, and the next on
 starts from the invocation's last checkpoint (at most MAX_RESUMES times).
 
 A subprocess tool's reports (progress, checkpoints) become facts while it runs
-(consumers.tool_reports); every attempt of a resumable tool after a checkpoint starts
+(consumers.steps.tool_reports); every attempt of a resumable tool after a checkpoint starts
 with that checkpoint's state (E3903/E3904 fail the invocation when it cannot be
 restored).
 
 An MCP tool's attempt first checks the definition its server announces against the
-tool's pin (consumers.definitions, when `ExecuteDeps.definitions` is wired): a
+tool's pin (consumers.steps.definitions, when `ExecuteDeps.definitions` is wired): a
 drifted or unlocked definition ends the attempt with E3108, not retried.
 """
 
@@ -39,13 +39,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.admission import AttemptGate, enter_attempt, leave_attempt, outcome_past_deadline
-from consumers.cancellation import Cancellations, JobCancelled
-from consumers.checkpoint_store import CheckpointStore
-from consumers.definitions import DefinitionDeps, admit_definition
-from consumers.derived_events import derive, error_info, failed
+from consumers.adapters.checkpoint_store import CheckpointStore
 from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, Secrets
-from consumers.tool_reports import AttemptReports, ReportTrail
+from consumers.steps.admission import (
+    AttemptGate,
+    enter_attempt,
+    leave_attempt,
+    outcome_past_deadline,
+)
+from consumers.steps.cancellation import Cancellations, JobCancelled
+from consumers.steps.definitions import DefinitionDeps, admit_definition
+from consumers.steps.derived_events import derive, error_info, failed
+from consumers.steps.tool_reports import AttemptReports, ReportTrail
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
 from contracts.events import ExecutionFinished, ExecutionStarted, PermissionDecided
@@ -259,7 +264,7 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
 _LEFT_UNFINISHED = frozenset({ClaimStatus.ABANDONED, ClaimStatus.RUNNING_HERE})
 """An attempt whose claim an executor left without concluding it: a dead one
 (abandoned) or this one, when an earlier run of the invocation here failed (one run
-of an invocation exists at a time in a process, see consumers.invocation)."""
+of an invocation exists at a time in a process, see consumers.runtime.invocation)."""
 
 
 def _is_final(conclusion: Envelope) -> bool:

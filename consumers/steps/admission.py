@@ -3,7 +3,7 @@
 In order: the request's deadline (E3002); the external service's circuit breaker
 (E3501, and a canary slot when half-open); the service's rate limit (wait, or E3504);
 then the attempt's timeout is the plan's capped by the time left. Rules live in
-domain.deadline, domain.circuit and domain.rate_limit; this module holds the
+domain.deadline, domain.circuit_breaker and domain.rate_limit; this module holds the
 per-process state (token buckets) and the order of the checks.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from consumers.canaries import CanarySlots, LocalCanaries
+from consumers.adapters.canaries import CanarySlots, LocalCanaries
 from consumers.ports import Clock
-from domain.circuit import Admission, CircuitConfig
+from domain.circuit_breaker import Admission, CircuitConfig
 from domain.deadline import effective_timeout, ensure_not_expired, remaining
 from domain.model import PrimitiveOutcome
 from domain.rate_limit import RateLimitConfig, TokenBucket, acquire

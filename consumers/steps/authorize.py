@@ -9,7 +9,7 @@ never copied into a derived event nor kept anywhere else.
 With a valid token, ABAC policies (domain.policy) decide next: the leaf's manifest
 attributes come from the resolved chain, the policy bundle from the policy view
 port, the evaluation from the evaluator port (Cedar), through the decision store
-port (in-process, or Redis shared by the replicas: consumers.decision_cache).
+port (in-process, or Redis shared by the replicas: consumers.adapters.decision_cache).
 A deny is E3206 carrying the deciding policies' ids and reasons.
 """
 
@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from consumers.decision_cache import DecisionStore
-from consumers.derived_events import derive, error_info, failed
+from consumers.adapters.decision_cache import DecisionStore
 from consumers.ports import Clock
+from consumers.steps.derived_events import derive, error_info, failed
 from contracts.envelope import Envelope
 from contracts.events import ApprovalRequested, ChainResolved, PermissionDecided
 from domain.approval import approval_reasons, call_hash, expiry
@@ -52,7 +52,7 @@ NOT_REQUIRED = "authorization not required (TOOLEXEC_REQUIRE_AUTH=false)"
 
 
 class ExternalEngine(Protocol):
-    """An external ABAC engine (consumers.abac_client.HttpAbac)."""
+    """An external ABAC engine (consumers.adapters.abac_client.HttpAbac)."""
 
     async def evaluate(self, request: AccessRequest) -> PolicyDecision: ...
 

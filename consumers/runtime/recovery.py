@@ -4,7 +4,7 @@ Runs at start and after every rebalance, for each requests partition assigned, b
 any of its requests is handled: the last `toolexec-resume` header of the matching
 invocations partition says which requests are finished (below L) and from where
 their facts are (F); the facts from F to the end are folded per invocation, so each
-request still to run resumes from its last fact (consumers.partition_progress).
+request still to run resumes from its last fact (consumers.runtime.partition_progress).
 
 Only facts signed by a trusted pipeline key count (contracts.fact_signature): a fact
 anyone else wrote on the topic — say a forged permission decision — is left out, so no
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from consumers.invocation_facts import FACT_TYPES, InvocationFacts
-from consumers.partition_progress import ResumePoint
+from consumers.runtime.invocation_facts import FACT_TYPES, InvocationFacts
+from consumers.runtime.partition_progress import ResumePoint
 from contracts.fact_signature import FactVerifier, Verdict
 from contracts.kafka_binding import UndecodableRecord, decode, header_type
 

@@ -1,8 +1,8 @@
 """What the log already holds of one invocation: the facts a resumed run starts from.
 
 Each step of an invocation is done once: after a crash or a rebalance the pipeline
-reads the facts of the invocations it has to finish (consumers.recovery) and a run
-skips every step whose fact is there (consumers.invocation). A run also records the
+reads the facts of the invocations it has to finish (consumers.runtime.recovery) and a run
+skips every step whose fact is there (consumers.runtime.invocation). A run also records the
 facts it appends, so a run that is retried after an unexpected failure knows what it
 already did.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from consumers.execute import AttemptsOnLog
-from consumers.tool_reports import ReportTrail
+from consumers.steps.execute import AttemptsOnLog
+from consumers.steps.tool_reports import ReportTrail
 from contracts.envelope import Envelope
 from contracts.events import TERMINAL_TYPES
 

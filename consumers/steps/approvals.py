@@ -5,12 +5,12 @@ A decision is a command on `toolexec.requests`, keyed by the invocation id, so i
 read by the pipeline that owns the invocation, in partition order after its request.
 Decisions are kept in arrival order per invocation (bounded: a few per invocation, the
 oldest invocations forgotten first); the waiting run takes the first one whose
-approver may decide (consumers.authorize.approver_may_decide): anyone can write the
+approver may decide (consumers.steps.authorize.approver_may_decide): anyone can write the
 requests topic, so a decision without the right token counts for nothing and blocks
 nobody. Across a restart the decisions are read again, since the partition's committed
-offset never passes a request that has not ended (consumers.partition_progress).
+offset never passes a request that has not ended (consumers.runtime.partition_progress).
 
-A waiting run holds no execution slot (consumers.runs): it sleeps here until a new
+A waiting run holds no execution slot (consumers.runtime.runs): it sleeps here until a new
 decision arrives or its approval expires.
 """
 

@@ -3,15 +3,15 @@ to end, where its request lands.
 
 One consumer reads the requests of the partitions this process owns, in batches,
 straight from aiokafka (no per-record framework work); each request runs in process
-(consumers.runs, consumers.invocation) and its facts go to the same partition of
+(consumers.runtime.runs, consumers.runtime.invocation) and its facts go to the same partition of
 `toolexec.invocations`. Cancels and approvers' decisions are applied at once. Offsets
-are committed up to the first unfinished request (consumers.partition_progress), a few
+are committed up to the first unfinished request (consumers.runtime.partition_progress), a few
 times a second: a request waiting for an approver holds its partition's commit back
 until it ends, so after a restart the requests behind it are read again (those that
 ended are skipped, by their facts).
 
 When a partition is assigned (start, rebalance) it is paused until its requests'
-state is read back from the log (consumers.recovery): finished requests are skipped,
+state is read back from the log (consumers.runtime.recovery): finished requests are skipped,
 the others resume from their last fact. A producer in this process (the HTTP gateway,
 the MCP server, an embedded `toolexec run`) hands its acknowledged request over in
 memory (`expect` + `hand_over`) and gets the terminal event back in memory; the copy
@@ -34,15 +34,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import ConsumerStoppedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from consumers.deadletter import DeadLetters
-from consumers.delivery import DeliveringFactLog
-from consumers.fact_log import PartitionFactLog
-from consumers.fetch_pacing import FetchPacer
-from consumers.invocation import InvocationDeps
-from consumers.invocation_facts import InvocationFacts
-from consumers.partition_progress import PartitionProgress
-from consumers.recovery import LogReader
-from consumers.runs import InvocationRuns, Listener, RecordRef
+from consumers.runtime.deadletter import DeadLetters
+from consumers.runtime.delivery import DeliveringFactLog
+from consumers.runtime.fact_log import PartitionFactLog
+from consumers.runtime.fetch_pacing import FetchPacer
+from consumers.runtime.invocation import InvocationDeps
+from consumers.runtime.invocation_facts import InvocationFacts
+from consumers.runtime.partition_progress import PartitionProgress
+from consumers.runtime.recovery import LogReader
+from consumers.runtime.runs import InvocationRuns, Listener, RecordRef
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo

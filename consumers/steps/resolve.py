@@ -3,15 +3,15 @@
 Reads the registry view, follows executors to a primitive (or takes the lockfile's
 pins), recomputes every link's integrity, checks each link's publisher signature
 against the trust store and lets each parent validate its child.
-The step returns its fact; the pipeline appends it to the log (consumers.invocation).
+The step returns its fact; the pipeline appends it to the log (consumers.runtime.invocation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from consumers.derived_events import derive, failed
 from consumers.ports import Clock, RegistryReader
+from consumers.steps.derived_events import derive, failed
 from contracts.envelope import Envelope
 from contracts.events import ChainLink, ChainResolved, InvokeRequested
 from domain.chain import ChainCache

@@ -1,8 +1,8 @@
 """Step — circuits: tool.execution.finished -> circuit.state.changed.
 
 Folds the outcomes of attempts of tools naming an `external_service` into a breaker
-per service (domain.circuit) and publishes every transition on `toolexec.circuits`,
-keyed by service id. Which outcomes count is decided by domain.circuit.health_signal.
+per service (domain.circuit_breaker) and publishes every transition on `toolexec.circuits`,
+keyed by service id. Which outcomes count is decided by domain.circuit_breaker.health_signal.
 
 The working states live in memory (`CircuitBook`); a service seen for the first
 time starts from its recorded state (the circuits projection, rebuilt from
@@ -25,13 +25,13 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter
 
-from consumers.deadletter import DeadLetters
 from consumers.ports import Clock, Publish, RegistryReader
+from consumers.runtime.deadletter import DeadLetters
 from contracts.envelope import Envelope, derived_event_id, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import CircuitStateChanged, ExecutionFinished
 from contracts.kafka_binding import UndecodableRecord, decode, header_type
-from domain.circuit import CircuitConfig, CircuitState, Transition, health_signal, record
+from domain.circuit_breaker import CircuitConfig, CircuitState, Transition, health_signal, record
 
 log = structlog.get_logger(__name__)
 

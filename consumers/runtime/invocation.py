@@ -30,21 +30,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.approvals import ApprovalDecisions, decision_of
-from consumers.authorize import (
+from consumers.ports import Clock, RegistryReader
+from consumers.runtime.delivery import FactLog
+from consumers.runtime.invocation_facts import InvocationFacts
+from consumers.steps.approvals import ApprovalDecisions, decision_of
+from consumers.steps.authorize import (
     AuthorizeDeps,
     approval_hash_of,
     approver_may_decide,
     authorize_request,
     denial_failure,
 )
-from consumers.delivery import FactLog
-from consumers.derived_events import failed
-from consumers.execute import ExecuteDeps, execute_decision
-from consumers.finalize import FinalizeDeps, finalize_execution
-from consumers.invocation_facts import InvocationFacts
-from consumers.ports import Clock, RegistryReader
-from consumers.resolve import Resolved, ResolveDeps, chain_from_links, resolve_request
+from consumers.steps.derived_events import failed
+from consumers.steps.execute import ExecuteDeps, execute_decision
+from consumers.steps.finalize import FinalizeDeps, finalize_execution
+from consumers.steps.resolve import Resolved, ResolveDeps, chain_from_links, resolve_request
 from contracts.envelope import Envelope
 from domain.approval import check_approval
 from domain.errors import ToolexecError

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from consumers.checkpoint_store import CheckpointStore, load_state
-from consumers.derived_events import derive
+from consumers.adapters.checkpoint_store import CheckpointStore, load_state
 from consumers.ports import Clock, Publish
+from consumers.steps.derived_events import derive
 from contracts.envelope import Envelope
 from contracts.events import ExecutionCheckpointed, ExecutionProgressed
 from domain.checkpoints import DEFAULT_MAX_STATE_BYTES, Restored, encode_checkpoint

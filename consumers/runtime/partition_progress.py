@@ -13,9 +13,9 @@ Two numbers follow, and they are all a restart needs:
 - `facts_floor` (F): every fact of a request at or above L is at or above F.
 
 Each fact the pipeline appends carries both (the `toolexec-resume` record header,
-consumers.fact_log). A new owner reads the last such header of the partition, skips
+consumers.runtime.fact_log). A new owner reads the last such header of the partition, skips
 the requests below L and reads the facts from F to the end to resume the others
-(consumers.recovery) — whatever the committed offset says, and without the offset
+(consumers.runtime.recovery) — whatever the committed offset says, and without the offset
 commit metadata that some brokers (Tansu) drop.
 """
 

@@ -4,15 +4,15 @@ Only the final attempt's outcome is finalised; the result is validated against t
 manifest's result_schema with coercion (E3303) and cleared of secrets (not of PII: the
 caller gets the tool's result; the audit trail redacts PII). The step returns the
 terminal fact; the pipeline appends it to the log together with the execution.finished
-it follows from (consumers.invocation).
+it follows from (consumers.runtime.invocation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consumers.derived_events import derive, failed
 from consumers.ports import Clock
+from consumers.steps.derived_events import derive, failed
 from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
 from contracts.events import ExecutionFinished, InvokeCompleted

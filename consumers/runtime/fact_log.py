@@ -2,11 +2,11 @@
 
 Facts go to the partition of the invocation's request (same number, same key), so a
 partition of facts belongs to one owner of requests. Each batch carries the owner's
-resume point (`toolexec-resume`, consumers.partition_progress) while it owns the
+resume point (`toolexec-resume`, consumers.runtime.partition_progress) while it owns the
 partition, and returns once the broker acknowledged every record.
 
 Each batch is signed (contracts.fact_signature): one Ed25519 signature covers the
-facts appended together. Wrapped in `consumers.delivery.DeliveringFactLog`, a batch
+facts appended together. Wrapped in `consumers.runtime.delivery.DeliveringFactLog`, a batch
 refused while the broker is away is sent again until the broker takes it.
 """
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaProducer
 
-from consumers.partition_progress import PartitionProgress
-from consumers.recovery import RESUME_HEADER
+from consumers.runtime.partition_progress import PartitionProgress
+from consumers.runtime.recovery import RESUME_HEADER
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.fact_signature import FactSigner
