@@ -162,16 +162,19 @@ def approval_hash_of(decision: PermissionDecided) -> str:
 
 def approver_may_decide(decided: Envelope, tool_id: str, deps: AuthorizeDeps) -> bool:
     """Whether a `tool.approval.decided` counts: with authorization on, its `captoken`
-    (checked as of the decision's time, so a decision read again after a restart still
-    counts) must grant the approve scope for `tool_id` to the subject it names as
-    `decided_by`. The token is read here and kept nowhere."""
+    must grant the approve scope for `tool_id` to the subject it names as `decided_by`,
+    checked as of the pipeline's clock, never the event's own `time` (which its producer
+    chose: a backdated decision must not revive an expired token). A decision read again
+    after a restart whose token has expired since no longer counts: the call waits for
+    another one or expires. The token is read here and kept nowhere."""
     if not deps.require_auth:
         return True
     lifetime = deps.verified.lifetime if deps.verified is not None else DEFAULT_LIFETIME
     try:
         capability = authorise_action(
             decided.extensions.get("captoken"), deps.public_keys(), approve_need(tool_id),
-            now=int(decided.time.timestamp()), verified=deps.verified, lifetime=lifetime)
+            now=int(deps.clock().timestamp()), verified=deps.verified,
+            lifetime=lifetime)
     except AuthorizationError:
         return False
     return capability.subject == decided.data.decided_by

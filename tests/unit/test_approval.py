@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from hypothesis import given
 from hypothesis import strategies as st
 
 from consumers.adapters.decision_cache import _dump, _load
 from consumers.adapters.policy_engine import CedarEvaluator
+from consumers.steps.authorize import AuthorizeDeps, approver_may_decide
+from contracts.envelope import Envelope, new_envelope
+from contracts.events import ApprovalDecided
 from domain.approval import (
     MANIFEST_REASON,
     ApprovalDenied,
@@ -175,3 +180,37 @@ def test_the_requirement_survives_the_decision_caches() -> None:
     assert again.cached and again.approval == first.approval != ()
     shared = _load(_dump(first))  # the Redis form
     assert shared is not None and shared.approval == first.approval
+
+
+# --- who may decide: the approver's token, checked as of the pipeline's clock --------
+
+def _decided(token: str, *, at: datetime, decided_by: str = "did:example:ops") -> Envelope:
+    data = ApprovalDecided(invocation_id="inv-1", decision="approve", approved_hash=HASH,
+                           decided_by=decided_by)
+    return new_envelope(data, source="urn:test", partitionkey="inv-1", correlationid="inv-1",
+                        id="decided-1", time=at, extensions={"captoken": token})
+
+
+def _approver_token(key: rsa.RSAPrivateKey, *, issued: datetime) -> str:
+    iat = int(issued.timestamp())
+    return jwt.encode({"sub": "did:example:ops", "iat": iat, "exp": iat + 300, "jti": "a-1",
+                       "scopes": {"approve": ["guarded_*"]}}, key, algorithm="RS256")
+
+
+def test_a_decision_counts_only_with_an_approver_token_valid_now() -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    now = T0 + timedelta(minutes=30)
+
+    def deps() -> AuthorizeDeps:
+        return AuthorizeDeps(clock=lambda: now, require_auth=True,
+                             public_keys=lambda: [key.public_key()])
+
+    fresh = _approver_token(key, issued=now - timedelta(seconds=10))
+    assert approver_may_decide(_decided(fresh, at=now), "guarded_tool", deps())
+    assert not approver_may_decide(_decided(fresh, at=now), "other_tool", deps())
+    assert not approver_may_decide(_decided(fresh, at=now, decided_by="did:example:eve"),
+                                   "guarded_tool", deps())
+    # expired 25 minutes ago: backdating the decision's own `time` does not revive it
+    stale = _approver_token(key, issued=T0)
+    assert not approver_may_decide(_decided(stale, at=T0 + timedelta(seconds=5)),
+                                   "guarded_tool", deps())
