@@ -15,7 +15,6 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,6 +22,7 @@ from typing import Any, Literal
 
 from domain.canonical_json import canonical_json
 from domain.errors import ApprovalDenied, ApprovalExpired, ApprovalMismatch
+from domain.integrity import sha256_ref
 
 ANNOTATION = "approval"
 """The Cedar annotation a permit carries to require approval: `@approval("required")`."""
@@ -37,7 +37,7 @@ def call_hash(*, integrity: str, parameters: Mapping[str, Any], agent: str | Non
     """`sha256:<hex>` of the call's canonical JSON: what an approver approves."""
     document = {"integrity": integrity, "parameters": dict(parameters), "agent": agent,
                 "policy_version": policy_version}
-    return "sha256:" + hashlib.sha256(canonical_json(document)).hexdigest()
+    return sha256_ref(canonical_json(document))
 
 
 def manifest_requires_approval(manifest: Mapping[str, Any]) -> bool:

@@ -12,7 +12,6 @@ Restoring checks every link against its hash (E3904 when one does not match).
 from __future__ import annotations
 
 import gzip
-import hashlib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import rfc8785
 
 from domain.canonical_json import canonical_json
 from domain.errors import ToolexecError
+from domain.integrity import sha256_ref
 from domain.merge_patch import apply_patch, diff
 
 GZIP_THRESHOLD = 1024
@@ -71,7 +71,8 @@ class Restored:
 
 
 def state_hash(canonical: bytes) -> str:
-    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+    """The state's address in the checkpoint store."""
+    return sha256_ref(canonical)
 
 
 def canonical_state(state: Any, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> bytes:

@@ -12,13 +12,13 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from domain.canonical_json import canonical_json
 from domain.errors import DefinitionChanged, ExecutionError
+from domain.integrity import sha256_ref
 
 DEFINITION_FIELDS: tuple[str, ...] = ("name", "title", "description", "inputSchema",
                                       "outputSchema", "annotations")
@@ -65,7 +65,7 @@ def announced_definition(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 def definition_hash(definition: Mapping[str, Any]) -> str:
     """`sha256:` + hex sha256 of the definition's RFC 8785 canonical JSON."""
-    return "sha256:" + hashlib.sha256(_canonical(definition)).hexdigest()
+    return sha256_ref(_canonical(definition))
 
 
 def _canonical(definition: Mapping[str, Any]) -> bytes:

@@ -28,6 +28,12 @@ from domain.model import ResolvedChain, ToolFile, ToolSource, ToolVersion
 INTEGRITY_PREFIX = "sha256:"
 
 
+def sha256_ref(canonical: bytes) -> str:
+    """`sha256:<hex>` of canonical bytes: the form of every content address and hash
+    toolexec records (integrity, call hashes, checkpoint states, MCP definitions)."""
+    return INTEGRITY_PREFIX + hashlib.sha256(canonical).hexdigest()
+
+
 def file_sha256(content: bytes) -> str:
     """Lowercase hex sha256 digest of a file's bytes."""
     return hashlib.sha256(content).hexdigest()
@@ -54,7 +60,7 @@ def compute_integrity(
     except rfc8785.CanonicalizationError as error:
         raise RegistryError(f"{tool_id}@{version} cannot be canonicalised: {error}",
                             details={"tool_id": tool_id, "version": version}) from error
-    return INTEGRITY_PREFIX + hashlib.sha256(canonical).hexdigest()
+    return sha256_ref(canonical)
 
 
 def seal(source: ToolSource) -> ToolVersion:

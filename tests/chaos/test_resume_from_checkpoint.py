@@ -11,7 +11,6 @@ steps: the work of a step after its last checkpoint is, by the protocol, done ag
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import signal
 import uuid
@@ -24,6 +23,7 @@ from aiokafka import AIOKafkaConsumer
 from contracts import topics
 from contracts.kafka_binding import UndecodableRecord, decode
 from domain.canonical_json import canonical_json
+from domain.checkpoints import state_hash
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.cli_process import toolexec
 from tests.log_reading import terminal_event_ids
@@ -44,7 +44,7 @@ def state_after(steps: int) -> dict:
 
 
 def hash_of(state: dict) -> str:
-    return "sha256:" + hashlib.sha256(canonical_json(state)).hexdigest()
+    return state_hash(canonical_json(state))
 
 
 async def _facts(bootstrap: str, invocation_id: str, state_hash: str | None = None) -> list:
