@@ -183,11 +183,13 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
     secret_values += secret_parameter_values(manifest.get("parameters"), decision.parameters)
     resumable = resumable_tool(manifest)
     attempt = 1
+    interrupted = 0  # attempts resumed after their executor died: not tries of the tool
     while True:
         on_record = on_log.finished.get(attempt)
         if on_record is not None:  # concluded before a restart: never run again
             if on_record.data.final:
                 return on_record
+            interrupted += _was_resumed(on_record)
             attempt += 1
             continue
         key = f"{decision.invocation_id}/{attempt}"
@@ -198,12 +200,14 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
             if conclusion is None or _is_final(conclusion):
                 return conclusion or _unknown(event, decision, attempt, manifest, deps)
             await deps.publish(conclusion)
-            attempt += 1  # that attempt asked for a retry: go on with the next one
+            interrupted += _was_resumed(conclusion)
+            attempt += 1  # that attempt asked for a retry or a resume: go on with the next
             continue
         if claim.status in _LEFT_UNFINISHED:
-            if resumable and _resumes(on_log) < MAX_RESUMES:
+            if resumable and interrupted < MAX_RESUMES:
                 await deps.publish(await _conclude(
                     key, _unknown(event, decision, attempt, manifest, deps, resumed=True), deps))
+                interrupted += 1
                 attempt += 1  # the next attempt resumes from the last checkpoint
                 continue
             return await _conclude(key, _unknown(event, decision, attempt, manifest, deps), deps)
@@ -247,7 +251,8 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
         outcome = outcome_past_deadline(outcome, passed)
         # A cancel seen as a retriable failure came in ends at the next attempt's
         # claim, with E3703, without running it.
-        retry = attempt < policy.max_attempts and is_retriable(outcome, policy)
+        tries = attempt - interrupted
+        retry = tries < policy.max_attempts and is_retriable(outcome, policy)
         finished = derive(event, _finished(decision, attempt, outcome, manifest, secret_values,
                                            final=not retry),
                           step=f"execute.finished.{attempt}", now=deps.clock())
@@ -257,7 +262,7 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
         await deps.publish(finished)
         with contextlib.suppress(JobCancelled):  # the next attempt then ends as cancelled
             await cancels.interruptible(decision.invocation_id,
-                                        deps.sleep(backoff_delay(attempt, policy, deps.random())))
+                                        deps.sleep(backoff_delay(tries, policy, deps.random())))
         attempt += 1
 
 
@@ -318,9 +323,11 @@ def resumable_tool(manifest: Mapping[str, Any]) -> bool:
     return isinstance(config, Mapping) and config.get("enabled") is True
 
 
-def _resumes(on_log: AttemptsOnLog) -> int:
-    return sum(1 for finished in on_log.finished.values()
-               if finished.data.error is not None and finished.data.error.details.get("resumed"))
+def _was_resumed(conclusion: Envelope) -> bool:
+    """Whether an attempt ended because its executor died and the next one resumes it."""
+    data = conclusion.data
+    return isinstance(data, ExecutionFinished) and data.error is not None \
+        and data.error.details.get("resumed") is True
 
 
 def _unknown(event: Envelope, decision: PermissionDecided, attempt: int,

@@ -140,6 +140,29 @@ async def test_a_resumable_tool_resumes_from_its_last_checkpoint_in_a_new_attemp
     assert harness.terminal(invocation).type == "tool.invoke.completed"
 
 
+async def test_a_resumed_attempt_does_not_use_up_a_retry(tmp_path: Path) -> None:
+    # Attempt 1 was interrupted (its executor died) and resumed as attempt 2, which
+    # failed retriably: the tool has tried once, so max_attempts 2 gives it its retry.
+    harness = build_harness(checkpoints=FileCheckpointStore(tmp_path / "checkpoints"))
+    harness.registry.add(echo_variant(
+        tmp_path, "py_resumable",
+        "checkpoint_config: {enabled: true}\nretry_policy: {max_attempts: 2}\n"))
+    invocation, request = await _interrupted_run(harness, "py_resumable")
+    outcomes = iter([PrimitiveOutcome(ok=False, error={"code": "E3502",
+                                                       "message": "unavailable"}), OK])
+
+    async def flaky(plan: Any, params: Any, *, secrets: Any,
+                    session: ToolSession | None = None) -> PrimitiveOutcome:
+        return next(outcomes)
+
+    harness.runner.run = flaky  # type: ignore[method-assign]
+    await harness.redeliver(request)
+    finished = [e.data for e in harness.of(invocation, "tool.execution.finished")]
+    assert [(f.attempt, f.final, f.outcome) for f in finished] == [
+        (1, False, "unknown"), (2, False, "failure"), (3, True, "success")]
+    assert harness.terminal(invocation).type == "tool.invoke.completed"
+
+
 async def test_a_tool_not_declared_resumable_ends_as_unknown(harness: Harness) -> None:
     invocation, request = await _interrupted_run(harness, "py_echo")
     harness.runner.run = lambda *a, **k: pytest.fail("must not run again")  # type: ignore
