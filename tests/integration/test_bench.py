@@ -7,11 +7,15 @@ test machine happens to be doing.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from tests.waiting import process_gone, until
 from toolexec.bench.command import SCENARIOS
 
 pytestmark = pytest.mark.integration
@@ -81,3 +85,34 @@ def test_quick_bench_pairs_checkpointing_with_the_same_tool_without(quick_report
             "executor ms/checkpoint p50", "compression ratio", "deltas %"} <= set(figures)
     assert figures["checkpoints"] >= 1 and figures["errors"] == 0
     assert figures["compression ratio"] > 1  # what the store keeps is smaller than the state
+
+
+def _processes_under(folder: Path) -> list[bytes]:
+    """The command lines of the live processes that name a path under `folder`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(folder).encode() in cmdline and not process_gone(int(entry.name)):
+                found.append(cmdline)
+    return found
+
+
+def test_a_terminated_bench_stops_the_stacks_and_brokers_it_started(tmp_path: Path) -> None:
+    bench = subprocess.Popen([sys.executable, "-m", "toolexec.cli", "bench",
+                              "--scenario", "gateway-overhead"],
+                             env={**os.environ, "TMPDIR": str(tmp_path)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        # `up` and its broker supervisor (which outlives `up` by design) are running
+        until(lambda: any(b"up-state" in cmdline for cmdline in _processes_under(tmp_path)),
+              "the broker of the bench's `up`")
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=120) == 143, bench.stderr.read().decode()[-2000:]
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    until(lambda: not _processes_under(tmp_path), "every process the bench started to end")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import traceback
@@ -75,7 +76,11 @@ def bench(
                   f"choose from {', '.join(SCENARIOS)}")
         raise typer.Exit(2)
     chosen = [name for name in SCENARIOS if not scenario or name in scenario]
-    results = asyncio.run(run_bench(chosen, QUICK if quick else FULL))
+    try:
+        results = asyncio.run(_stopped_by_sigterm(run_bench(chosen, QUICK if quick else FULL)))
+    except asyncio.CancelledError:
+        err.print("bench: terminated; its stacks and brokers are stopped")
+        raise typer.Exit(143) from None
     document = report_document(machine_info(), results, command=_command_line(quick, scenario, as_json),
                                quick=quick)
     if as_json:
@@ -84,6 +89,16 @@ def bench(
         render(Console(width=None if sys.stdout.isatty() else 140), document)
     failed = any(result.figures.get("error") for result in results)
     raise typer.Exit(1 if failed else 0)
+
+
+async def _stopped_by_sigterm(bench_run: Awaitable[list[ScenarioResult]]) -> list[ScenarioResult]:
+    """Run the bench; SIGTERM cancels it, as Ctrl-C does, so that every stack, `up`
+    and broker it started is stopped and its folders removed on the way out (the
+    default SIGTERM ends the process at once and leaves them running)."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await bench_run
 
 
 async def run_bench(chosen: list[str], sizes: Sizes) -> list[ScenarioResult]:

@@ -51,15 +51,23 @@ class UpProcess:
         self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             [sys.executable, "-m", "toolexec.cli", "up", "--tools", str(self.tools_dir)],
             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        runtime_file = state / "runtime.json"
+        log.close()  # the child holds its own copy
+        try:
+            self.runtime = await self._started(state / "runtime.json")
+        except BaseException:  # failed or cancelled while starting: stop what started
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _started(self, runtime_file: Path) -> dict[str, object]:
+        assert self.process is not None
         deadline = time.monotonic() + UP_START_SECONDS
         while not runtime_file.exists():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 tail = (self.root / "up.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"toolexec up did not start: {tail}")
             await asyncio.sleep(0.1)
-        self.runtime = json.loads(runtime_file.read_text())
-        return self
+        return dict(json.loads(runtime_file.read_text()))
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
