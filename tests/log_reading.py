@@ -4,6 +4,7 @@ terminal events to put on it (signed as a pipeline signs them, or forged)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -23,26 +24,42 @@ TERMINAL = ("tool.invoke.completed", "tool.invoke.failed")
 async def terminal_event_ids(bootstrap: str, ids: set[str]) -> dict[str, set[str]]:
     """Distinct terminal event ids per invocation in the log (redeliveries of one event
     share its id, so distinct ids are distinct outcomes)."""
+    found: dict[str, set[str]] = {}
+    for event in await invocation_events(
+            bootstrap, lambda e: e.type in TERMINAL and e.correlationid in ids):
+        found.setdefault(event.correlationid, set()).add(event.id)
+    return found
+
+
+async def invocation_events(bootstrap: str, wanted: Callable[[Envelope], bool], *,
+                            until: Callable[[list[Envelope]], bool] | None = None,
+                            timeout: float = 120) -> list[Envelope]:
+    """The events of the invocations log that `wanted` keeps, in log order per
+    partition, read from the start to the log's end as it is when called, or, given
+    `until`, on past it until `until(kept)` holds at the log's end."""
     consumer = AIOKafkaConsumer(topics.INVOCATIONS, bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest")
     await consumer.start()
-    found: dict[str, set[str]] = {}
+    found: list[Envelope] = []
     try:
         ends = await consumer.end_offsets(list(consumer.assignment()))
-        async with asyncio.timeout(60):
-            while not await _at_end(consumer, ends):
-                batch = await consumer.getmany(timeout_ms=500)
+        async with asyncio.timeout(timeout):
+            while True:
+                batch = await consumer.getmany(timeout_ms=200)
                 for records in batch.values():
                     for record in records:
                         try:
                             event = decode(record.key, record.value, record.headers)
                         except UndecodableRecord:
                             continue
-                        if event.type in TERMINAL and event.correlationid in ids:
-                            found.setdefault(event.correlationid, set()).add(event.id)
+                        if wanted(event):
+                            found.append(event)
+                if await _at_end(consumer, ends):
+                    if until is None or until(found):
+                        return found
+                    ends = await consumer.end_offsets(list(ends))
     finally:
         await consumer.stop()
-    return found
 
 
 async def _at_end(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:

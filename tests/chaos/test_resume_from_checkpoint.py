@@ -18,15 +18,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
-from contracts import topics
-from contracts.kafka_binding import UndecodableRecord, decode
 from domain.canonical_json import canonical_json
 from domain.checkpoints import state_hash
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.cli_process import toolexec
-from tests.log_reading import terminal_event_ids
+from tests.log_reading import invocation_events, terminal_event_ids
 from tests.waiting import until
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
@@ -50,29 +47,12 @@ def hash_of(state: dict) -> str:
 async def _facts(bootstrap: str, invocation_id: str, state_hash: str | None = None) -> list:
     """The facts of `invocation_id` on the log, read from the start until a checkpoint
     of `state_hash` is there, when one is given (else as the log is now)."""
-    consumer = AIOKafkaConsumer(topics.INVOCATIONS, bootstrap_servers=bootstrap, group_id=None,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    found: list = []
-    try:
-        async with asyncio.timeout(120):
-            while True:
-                batch = await consumer.getmany(timeout_ms=200)
-                for records in batch.values():
-                    for record in records:
-                        try:
-                            event = decode(record.key, record.value, record.headers)
-                        except UndecodableRecord:
-                            continue
-                        if event.correlationid == invocation_id:
-                            found.append(event)
-                seen = state_hash is None or any(
-                    e.type == "tool.execution.checkpointed" and e.data.state_hash == state_hash
-                    for e in found)
-                if seen and not batch:
-                    return found
-    finally:
-        await consumer.stop()
+    def checkpointed(found: list) -> bool:
+        return any(e.type == "tool.execution.checkpointed" and e.data.state_hash == state_hash
+                   for e in found)
+
+    return await invocation_events(bootstrap, lambda e: e.correlationid == invocation_id,
+                                   until=None if state_hash is None else checkpointed)
 
 
 async def test_kill_9_mid_run_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
