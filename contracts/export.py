@@ -1,7 +1,8 @@
-"""Export the JSON Schema of every event contract to ``contracts/schemas/``.
+"""Export the JSON Schema of every event contract to ``contracts/schemas/``, and the
+E3xxx error registry to ``docs/errors.md``.
 
-Run ``python -m contracts.export [DIRECTORY]`` after changing a model; a test fails
-while the files on disk differ from the models.
+Run ``python -m contracts.export [DIRECTORY]`` after changing a model or an error code;
+a test fails while the files on disk differ from the models and the registry.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
+from contracts.errors import ERROR_CODES, family_of
 from contracts.events import EVENT_MODELS, dataschema_uri
 
 SCHEMA_DIRECTORY: Final = Path(__file__).parent / "schemas"
 JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
+ERRORS_DOCUMENT: Final = Path(__file__).parent.parent / "docs" / "errors.md"
 
 
 def schema_for(event_type: str) -> dict[str, Any]:
@@ -49,11 +52,42 @@ def export_schemas(directory: Path | str = SCHEMA_DIRECTORY) -> list[Path]:
     return written
 
 
+def render_error_table() -> str:
+    """docs/errors.md: every E3xxx code by family, with its HTTP status and what to do."""
+    lines = ["# Error codes", "",
+             "Every failure toolexec reports carries one of these codes: in a",
+             "`tool.invoke.failed` event (`data.error.code`), an HTTP error body",
+             "(`{\"error\": {\"code\", \"message\", \"details\"}}`, with the status below), an MCP",
+             "tool error, a dead-letter record, and the CLI's `--json` output (exit 1).",
+             "The message and `details` say what exactly was wrong; the code says what kind of",
+             "failure it is. Generated from `contracts/errors.py` by `python -m contracts.export`.",
+             ""]
+    family = None
+    for code in sorted(ERROR_CODES):
+        info = ERROR_CODES[code]
+        if family_of(code) != family:
+            family = family_of(code)
+            lines += [f"## {family.replace('_', ' ')}", "",
+                      "| code | meaning | HTTP | what to do |", "|---|---|---|---|"]
+        lines.append(f"| {code} | {_cell(info.title)} | {info.http_status} "
+                     f"| {_cell(info.resolution)} |")
+        if code == max(c for c in ERROR_CODES if family_of(c) == family):
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: export into the given directory or ``contracts/schemas/``."""
+    """Command line: export into the given directory or ``contracts/schemas/``, and the
+    error table into docs/errors.md."""
     args = sys.argv[1:] if argv is None else argv
     for path in export_schemas(Path(args[0]) if args else SCHEMA_DIRECTORY):
         sys.stdout.write(f"{path}\n")
+    ERRORS_DOCUMENT.write_text(render_error_table(), encoding="utf-8")
+    sys.stdout.write(f"{ERRORS_DOCUMENT}\n")
     return 0
 
 

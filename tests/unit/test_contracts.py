@@ -25,7 +25,14 @@ from contracts.events import (
     InvokeRequested,
     PublishedFile,
 )
-from contracts.export import SCHEMA_DIRECTORY, export_schemas, render, schema_filename
+from contracts.export import (
+    ERRORS_DOCUMENT,
+    SCHEMA_DIRECTORY,
+    export_schemas,
+    render,
+    render_error_table,
+    schema_filename,
+)
 
 NOW = datetime(2025, 3, 1, 9, 30, tzinfo=UTC)
 CATALOG = {
@@ -221,6 +228,15 @@ def test_exported_schema_matches_the_model(event_type: str) -> None:
     assert path.is_file(), f"missing {path}; run python -m contracts.export"
     assert path.read_text(encoding="utf-8") == render(event_type), (
         f"{path.name} drifted from the model; run python -m contracts.export")
+
+
+def test_the_error_table_in_docs_lists_every_code_of_the_registry() -> None:
+    assert ERRORS_DOCUMENT.read_text(encoding="utf-8") == render_error_table(), (
+        "docs/errors.md drifted from contracts/errors.py; run python -m contracts.export")
+    rows = [line.split(" | ") for line in render_error_table().splitlines()
+            if line.startswith("| E3")]
+    assert {row[0].lstrip("| "): int(row[2]) for row in rows} == {
+        code: info.http_status for code, info in ERROR_CODES.items()}
 
 
 def test_export_writes_one_identified_schema_per_type(tmp_path: Path) -> None:
