@@ -32,15 +32,19 @@ class EmbeddedArchive:
     _cursors: dict[tuple[str, int], _Cursor] = field(default_factory=dict)
     _stamp: int | None = None
     _retained_cache: dict[str, int] = field(default_factory=dict)
+    _state_file: Path | None = None
 
     def retained_from(self, topic: str, partition: int) -> int:
         """First offset the broker holds; the records before it are only archived."""
         return int(self._retained().get(f"{topic}/{partition}", 0))
 
     def _retained(self) -> dict[str, int]:
-        # asked before every batch: read the state file again only when it changed
+        # asked for every partition before every batch, idle polls included: one stat
+        # of the state file (its path resolved once), read again only when it changed
+        if self._state_file is None:
+            self._state_file = state_path(self.state_dir)
         try:
-            stamp = state_path(self.state_dir).stat().st_mtime_ns
+            stamp = self._state_file.stat().st_mtime_ns
         except OSError:
             return {}
         if stamp != self._stamp:
