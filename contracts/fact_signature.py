@@ -47,6 +47,16 @@ TOOLEXEC_PREFIX: Final = "toolexec-"
 DIGEST_HEX: Final = 32
 CACHE_SIZE: Final = 20_000
 
+_CHECKED: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+"""Batch signatures checked in this process (key id, digests, signature -> valid),
+shared by every verifier: in `up` the read models, the breakers' outcome counter and
+the gateway's client each read the same facts, and a batch's Ed25519 verification is
+the costliest part of reading one (measured: ~8 % of the stack's CPU under API load,
+when each checked it again); a batch this process signed is known valid from the
+start. A verdict depends on nothing else: the key id is a digest of the key itself,
+and a verifier that does not trust that key answers UNKNOWN_KEY before asking. Each
+operation on it is atomic under the GIL."""
+
 
 def key_id(public_key: Ed25519PublicKey) -> str:
     """The id of `public_key`: 16 bytes of the sha256 of its raw bytes, hex."""
@@ -77,8 +87,10 @@ class FactSigner:
                    for r in records]
         digests = ".".join(record_digest(r.headers, r.value) for r in records)
         signature = base64.urlsafe_b64encode(self._key.sign(_message(self.kid, digests)))
+        signature = signature.rstrip(b"=")
+        _remember(self.kid, digests, signature.decode("ascii"), True)  # our own: valid
         added = [(CE_PREFIX + KID, self.kid.encode()), (CE_PREFIX + SET, digests.encode()),
-                 (CE_PREFIX + SIG, signature.rstrip(b"="))]
+                 (CE_PREFIX + SIG, signature)]
         return [replace(r, headers=[*r.headers, *added]) for r in records]
 
 
@@ -149,21 +161,16 @@ class FactVerifier:
             valid = True
         except (InvalidSignature, binascii.Error, ValueError):
             valid = False
-        _CHECKED[cache_key] = valid
-        while len(_CHECKED) > CACHE_SIZE:
-            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
-                _CHECKED.popitem(last=False)
+        _remember(kid, digests, signature, valid)
         return valid
 
 
-_CHECKED: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
-"""Batch signatures checked in this process (key id, digests, signature -> valid),
-shared by every verifier: in `up` the read models, the breakers' outcome counter and
-the gateway's client each read the same facts, and a batch's Ed25519 verification is
-the costliest part of reading one (measured: ~8 % of the stack's CPU under API load,
-when each checked it again). A verdict depends on nothing else: the key id is a
-digest of the key itself, and a verifier that does not trust that key answers
-UNKNOWN_KEY before asking. Each operation on it is atomic under the GIL."""
+def _remember(kid: str, digests: str, signature: str, valid: bool) -> None:
+    _CHECKED[(kid, digests, signature)] = valid
+    while len(_CHECKED) > CACHE_SIZE:
+        with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
+            _CHECKED.popitem(last=False)
+
 
 
 def _text(raw: Any) -> str:
