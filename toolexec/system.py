@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toolexec import heap
 from toolexec.settings import Settings
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ async def running_system(settings: Settings, tools: list[Path]) -> AsyncIterator
             serve_gateway(stack, started[0], settings) as gateway_url, \
             callback_deliverer(settings, stack, started[0]):
         publications = await publish_to_stack(stack, tools, settings)
+        heap.settle()
         yield RunningSystem(stack, gateway_url, publications)
 
 

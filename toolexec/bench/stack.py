@@ -21,6 +21,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from toolexec import heap
 from toolexec.bench.report import percentile
 from toolexec.logs import configure_logging
 from toolexec.publishing import publish_event
@@ -60,6 +61,7 @@ async def run_stack(state_dir: Path, tools_dir: Path, workers: int) -> None:
             raise SystemExit(f"bench tools rejected: {rejected}")
         await stack.publish_all(events)
         await stack.registry.catch_up(REGISTRY_WAIT_SECONDS)
+        heap.settle()  # as `up` does once started
         broker = stack.embedded
         pids = [p for p in ((broker.pid, broker.supervisor_pid) if broker else ()) if p]
         print(json.dumps({"bootstrap": stack.bootstrap, "published": len(events),
