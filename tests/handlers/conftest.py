@@ -198,7 +198,8 @@ def clock() -> datetime:
 def pipeline_deps(harness: Harness, *, authorize_deps: authorize.AuthorizeDeps,
                   secrets: Callable[[str], str | None] = lambda name: None,
                   credential_grants: CredentialGrants | None = None,
-                  checkpoints: CheckpointStore | None = None) -> InvocationDeps:
+                  checkpoints: CheckpointStore | None = None,
+                  clock: Callable[[], datetime] = clock) -> InvocationDeps:
     """The steps' ports as toolexec wires them, with the harness's fakes."""
 
     async def sleep(seconds: float) -> None:
