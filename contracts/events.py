@@ -479,6 +479,24 @@ class ApprovalDecided(EventData):
     reason: str | None = Field(default=None, description="Why, in words.")
 
 
+class ApprovalReceived(EventData):
+    """The pipeline read an approver's `tool.approval.decided` that may count (its token
+    grants the approve scope for the tool to the approver it names). The event's time
+    is when the pipeline read it, by its own clock: what "decided before the expiry"
+    is judged by, also after a restart (never the decision's own, producer-chosen
+    time). One per invocation: the first decision counts."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.approval.received"
+
+    invocation_id: NonEmpty = Field(description="Id of the invocation.")
+    decision_id: NonEmpty = Field(description="Id of the tool.approval.decided read.")
+    decision: Literal["approve", "deny"] = Field(description="The approver's answer.")
+    approved_hash: CallHash = Field(description="The call hash the approver decided on.")
+    decided_by: NonEmpty = Field(description="The approver (the token's subject, or the "
+                                 "front end's name with authorization off).")
+    reason: str | None = Field(default=None, description="Why, in words.")
+
+
 # --- toolexec.circuits / toolexec.policies / toolexec.deadletter ---------------------
 
 
@@ -537,7 +555,7 @@ EVENT_MODELS: Final[dict[str, type[EventData]]] = {
         InvokeRequested, ChainResolved, PermissionDecided,
         ExecutionStarted, ExecutionProgressed, ExecutionCheckpointed, ExecutionFinished,
         InvokeCompleted, InvokeFailed, InvokeCancelRequested,
-        ApprovalRequested, ApprovalDecided,
+        ApprovalRequested, ApprovalDecided, ApprovalReceived,
         CircuitStateChanged, PolicyUpdated, DeadLetterRecord,
         CallbackDelivered, CallbackFailed,
     )

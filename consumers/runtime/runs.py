@@ -32,6 +32,7 @@ from consumers.runtime.delivery import FactLog
 from consumers.runtime.invocation import (
     ApprovalPending,
     InvocationDeps,
+    approval_received,
     failed_stage,
     run_invocation,
 )
@@ -254,8 +255,24 @@ class InvocationRuns:
             self._changed.set()
             try:
                 await self._wait_for_approval(pending)
+                await self._note_received(pending.requested, fact_log, facts)
             finally:
                 run.waiting = False
+
+    async def _note_received(self, requested: Envelope, fact_log: FactLog,
+                             facts: InvocationFacts) -> None:
+        """Put the decision just read on the log (`tool.approval.received`) before the
+        run waits for a slot, so a restart meanwhile judges it as read in time; if
+        that append fails, the run appends it once it holds a slot."""
+        received = approval_received(requested, facts, self._deps)
+        if received is None:
+            return
+        try:
+            await fact_log.append([received])
+        except Exception as error:  # boundary: the run's approval gate appends it again
+            log.warning("approval.received_not_appended", error=repr(error))
+            return
+        facts.add(received)
 
     async def _wait_for_approval(self, pending: ApprovalPending) -> None:
         """Until a new decision, the expiry or a cancel (the run then goes on, or ends

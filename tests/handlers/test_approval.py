@@ -224,3 +224,41 @@ async def test_a_decision_read_in_time_counts_though_the_run_checks_it_later() -
     moving.now = FIXED_NOW + timedelta(seconds=120)  # before the run wakes up to check it
     await asyncio.wait_for(waiting, 5)
     assert harness.terminal("inv-read-in-time").type == "tool.invoke.completed"
+
+
+async def _until_on_log(harness: Harness, invocation_id: str, event_type: str) -> None:
+    for _ in range(500):
+        if harness.of(invocation_id, event_type):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no {event_type} on the log")
+
+
+async def test_a_decision_read_in_time_stays_in_time_across_a_restart() -> None:
+    moving = MovingClock()
+    harness = _guarded_harness(ttl=60, moving=moving)  # one execution slot
+    harness.runner.blocking = True
+    waiting = await _waiting(harness, "inv-restart")
+    asyncio.create_task(harness.request("py_echo", {"text": "y"}, version_range="1.0.0",
+                                        invocation_id="inv-blocker"))
+    await asyncio.wait_for(harness.runner.running.wait(), 5)  # holds the only slot
+    moving.now = FIXED_NOW + timedelta(seconds=30)
+    harness.runs.decide(_decision(harness, "inv-restart"))  # read in time...
+    await _until_on_log(harness, "inv-restart", "tool.approval.received")
+    for invocation_id in ("inv-restart", "inv-blocker"):  # ...then the pipeline died
+        run = harness.runs.running(invocation_id)
+        assert run is not None and run.task is not None
+        run.task.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert harness.of("inv-restart", "tool.execution.started") == []
+
+    moving.now = FIXED_NOW + timedelta(seconds=120)  # restarted after the expiry
+    again = _guarded_harness(ttl=60, moving=moving)
+    again.events.extend(e for e in harness.events if e.correlationid == "inv-restart")
+    request = again.of("inv-restart", "tool.invoke.requested")[0]
+    resumed = asyncio.create_task(again.run(request, InvocationFacts.of(again.of("inv-restart"))))
+    await asyncio.sleep(0)
+    again.runs.decide(again.of("inv-restart", "tool.approval.decided")[0])  # read again
+    await asyncio.wait_for(resumed, 5)
+    assert again.terminal("inv-restart").type == "tool.invoke.completed"
+    assert len(again.of("inv-restart", "tool.approval.received")) == 1
