@@ -19,8 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from consumers.adapters.decision_cache import DecisionStore
-from consumers.ports import Clock
+from consumers.ports import Clock, DecisionStore
 from consumers.steps.derived_events import derive, error_info, failed
 from contracts.envelope import Envelope
 from contracts.events import ApprovalRequested, ChainResolved, PermissionDecided

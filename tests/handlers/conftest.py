@@ -20,9 +20,8 @@ from typing import Any
 import pytest_asyncio
 from aiokafka.errors import KafkaConnectionError
 
-from consumers.adapters.checkpoint_store import CheckpointStore
 from consumers.adapters.claim_store import InMemoryClaims
-from consumers.ports import ToolSession
+from consumers.ports import CheckpointStore, ToolSession
 from consumers.runtime.deadletter import DeadLetters
 from consumers.runtime.delivery import DeliveringFactLog
 from consumers.runtime.invocation import InvocationDeps, invocation_deps
