@@ -466,10 +466,8 @@ class ApprovalRequested(EventData):
                                       "invocation fails with E3209.")
 
 
-class ApprovalDecided(EventData):
-    """An approver approved or denied a waiting call (a command, on the requests topic)."""
-
-    EVENT_TYPE: ClassVar[str] = "tool.approval.decided"
+class _ApprovalAnswer(EventData):
+    """An approver's answer on a waiting call (the fields both approval answers share)."""
 
     invocation_id: NonEmpty = Field(description="Id of the invocation.")
     decision: Literal["approve", "deny"] = Field(description="The approver's answer.")
@@ -479,7 +477,13 @@ class ApprovalDecided(EventData):
     reason: str | None = Field(default=None, description="Why, in words.")
 
 
-class ApprovalReceived(EventData):
+class ApprovalDecided(_ApprovalAnswer):
+    """An approver approved or denied a waiting call (a command, on the requests topic)."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.approval.decided"
+
+
+class ApprovalReceived(_ApprovalAnswer):
     """The pipeline read an approver's `tool.approval.decided` that may count (its token
     grants the approve scope for the tool to the approver it names). The event's time
     is when the pipeline read it, by its own clock: what "decided before the expiry"
@@ -488,13 +492,7 @@ class ApprovalReceived(EventData):
 
     EVENT_TYPE: ClassVar[str] = "tool.approval.received"
 
-    invocation_id: NonEmpty = Field(description="Id of the invocation.")
     decision_id: NonEmpty = Field(description="Id of the tool.approval.decided read.")
-    decision: Literal["approve", "deny"] = Field(description="The approver's answer.")
-    approved_hash: CallHash = Field(description="The call hash the approver decided on.")
-    decided_by: NonEmpty = Field(description="The approver (the token's subject, or the "
-                                 "front end's name with authorization off).")
-    reason: str | None = Field(default=None, description="Why, in words.")
 
 
 # --- toolexec.circuits / toolexec.policies / toolexec.deadletter ---------------------
