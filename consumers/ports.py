@@ -11,9 +11,11 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from contracts.envelope import Envelope
+from domain.checkpoints import StoredCheckpoint
 from domain.claims import ClaimDecision, ClaimRecord
 from domain.definitions import DefinitionPin
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan, ToolVersion
+from domain.policy import CacheKey, PolicyDecision
 from domain.tool_reports import Report
 
 
@@ -130,3 +132,40 @@ class AnnouncedDefinitions(Protocol):
         announces no tool of that name. Raises ToolexecError when the server cannot
         be started or reached."""
         ...
+
+
+class CheckpointStore(Protocol):
+    """Tools' checkpoint states, content-addressed by state hash
+    (consumers.adapters.checkpoint_store: files under the state directory)."""
+
+    async def put(self, checkpoint: StoredCheckpoint) -> None:
+        """Keep `checkpoint`; returns once it is durable."""
+        ...
+
+    async def get(self, state_hash: str) -> StoredCheckpoint | None:
+        """The checkpoint stored under `state_hash`, if any."""
+        ...
+
+
+class DecisionStore(Protocol):
+    """The authorize step's decision cache (consumers.adapters.decision_cache: in
+    process, or Redis shared by the replicas)."""
+
+    async def get(self, key: CacheKey, *, now: float) -> PolicyDecision | None:
+        """The live decision for `key` (marked `cached`), or None."""
+        ...
+
+    async def put(self, key: CacheKey, decision: PolicyDecision, *, now: float) -> None: ...
+
+    def invalidate(self) -> None:
+        """A `policy.updated` was folded: forget every decision."""
+        ...
+
+
+class CanarySlots(Protocol):
+    """Half-open canary slots shared by every executor replica
+    (consumers.adapters.canaries: Redis in production)."""
+
+    async def acquire(self, service_id: str, limit: int) -> bool: ...
+
+    async def release(self, service_id: str) -> None: ...

@@ -466,10 +466,8 @@ class ApprovalRequested(EventData):
                                       "invocation fails with E3209.")
 
 
-class ApprovalDecided(EventData):
-    """An approver approved or denied a waiting call (a command, on the requests topic)."""
-
-    EVENT_TYPE: ClassVar[str] = "tool.approval.decided"
+class _ApprovalAnswer(EventData):
+    """An approver's answer on a waiting call (the fields both approval answers share)."""
 
     invocation_id: NonEmpty = Field(description="Id of the invocation.")
     decision: Literal["approve", "deny"] = Field(description="The approver's answer.")
@@ -477,6 +475,24 @@ class ApprovalDecided(EventData):
     decided_by: NonEmpty = Field(description="Who decided: the approver's token subject (or "
                                  "the front end's name with authorization off).")
     reason: str | None = Field(default=None, description="Why, in words.")
+
+
+class ApprovalDecided(_ApprovalAnswer):
+    """An approver approved or denied a waiting call (a command, on the requests topic)."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.approval.decided"
+
+
+class ApprovalReceived(_ApprovalAnswer):
+    """The pipeline read an approver's `tool.approval.decided` that may count (its token
+    grants the approve scope for the tool to the approver it names). The event's time
+    is when the pipeline read it, by its own clock: what "decided before the expiry"
+    is judged by, also after a restart (never the decision's own, producer-chosen
+    time). One per invocation: the first decision counts."""
+
+    EVENT_TYPE: ClassVar[str] = "tool.approval.received"
+
+    decision_id: NonEmpty = Field(description="Id of the tool.approval.decided read.")
 
 
 # --- toolexec.circuits / toolexec.policies / toolexec.deadletter ---------------------
@@ -537,7 +553,7 @@ EVENT_MODELS: Final[dict[str, type[EventData]]] = {
         InvokeRequested, ChainResolved, PermissionDecided,
         ExecutionStarted, ExecutionProgressed, ExecutionCheckpointed, ExecutionFinished,
         InvokeCompleted, InvokeFailed, InvokeCancelRequested,
-        ApprovalRequested, ApprovalDecided,
+        ApprovalRequested, ApprovalDecided, ApprovalReceived,
         CircuitStateChanged, PolicyUpdated, DeadLetterRecord,
         CallbackDelivered, CallbackFailed,
     )

@@ -50,6 +50,7 @@ TOPIC_OF_TYPE: Final[dict[str, str]] = {
     "tool.invoke.cancel.requested": REQUESTS,
     "tool.approval.requested": INVOCATIONS,
     "tool.approval.decided": REQUESTS,
+    "tool.approval.received": INVOCATIONS,
     "circuit.state.changed": CIRCUITS,
     "policy.updated": POLICIES,
     "deadletter.recorded": DEADLETTER,

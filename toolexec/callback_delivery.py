@@ -5,9 +5,11 @@ A consumer of its own group (`toolexec.callbacks`) on the facts topic, stateless
 each signed terminal event it reads the request's callback URL from the invocations
 read model, checks it against the operator's callback hosts again (a request may come
 from any Kafka producer) and the addresses the host resolves to
-(`domain.callbacks`), then POSTs the terminal event as a structured CloudEvent with
-`Toolexec-Signature` and `Toolexec-Event-Id` headers. 5xx, 408, 429 and transport
-errors are retried with exponential backoff and jitter (tenacity) up to
+(`domain.callbacks`), then POSTs the terminal event to one of the very addresses
+checked (the name is never resolved again: no DNS rebinding between the check and the
+connection; the Host header and TLS server name stay the URL's) as a structured
+CloudEvent with `Toolexec-Signature` and `Toolexec-Event-Id` headers. 5xx, 408, 429
+and transport errors are retried (each attempt resolving the host once again) with exponential backoff and jitter (tenacity) up to
 `callback_max_attempts`; then, or on another answer, it gives up (E3704).
 
 "Once": the outcome is appended to `toolexec.callbacks` (`callback.delivered` or
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -123,6 +125,26 @@ async def resolve_host(target: CallbackTarget) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+async def post_pinned(http: httpx.AsyncClient, target: CallbackTarget,
+                      addresses: Sequence[str], body: bytes, headers: Mapping[str, str],
+                      timeout: float) -> httpx.Response:
+    """POST `body` to the first of `addresses` (those `target`'s host resolved to, all
+    checked) that takes the connection; the host name is never resolved again. The
+    URL's host is replaced by the address, while the Host header and the TLS server
+    name (SNI, the name the certificate is verified against) stay the URL's."""
+    url = httpx.URL(target.url)
+    pinned = {**headers, "Host": url.netloc.decode("ascii")}
+    refused: httpx.ConnectError | None = None
+    for address in addresses:
+        try:
+            return await http.post(url.copy_with(host=address), content=body,
+                                   headers=pinned, timeout=timeout,
+                                   extensions={"sni_hostname": target.host})
+        except httpx.ConnectError as error:
+            refused = error
+    raise refused or httpx.ConnectError(f"{target.host} has no address to connect to")
+
+
 async def deliver(http: httpx.AsyncClient, target: CallbackTarget, terminal: Envelope,
                   policy: CallbackPolicy, *,
                   resolve: Callable[[CallbackTarget], Awaitable[list[str]]] = resolve_host
@@ -135,16 +157,17 @@ async def deliver(http: httpx.AsyncClient, target: CallbackTarget, terminal: Env
         nonlocal attempts
         attempts += 1
         try:
-            check_callback_addresses(target, await resolve(target))
+            addresses = await resolve(target)
         except OSError as error:
             raise _Retryable(f"cannot resolve {target.host}: {error}") from None
+        check_callback_addresses(target, addresses)
         headers = {"Content-Type": "application/cloudevents+json",
                    SIGNATURE_HEADER: signature(policy.secret, int(time.time()), body),
                    EVENT_ID_HEADER: terminal.id,
                    INVOCATION_ID_HEADER: terminal.correlationid}
         try:
-            answer = await http.post(target.url, content=body, headers=headers,
-                                     timeout=policy.timeout_seconds)
+            answer = await post_pinned(http, target, addresses, body, headers,
+                                       policy.timeout_seconds)
         except httpx.HTTPError as error:
             raise _Retryable(f"{type(error).__name__}: {error}") from None
         if answer.status_code >= 500 or answer.status_code in RETRIED_STATUSES:
@@ -221,7 +244,10 @@ class CallbackDeliverer:
             **self._client_options)
         self._records = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
                                          enable_auto_commit=False, **self._client_options)
-        self._http = httpx.AsyncClient(follow_redirects=False)
+        # No kept-alive connections: one made to an address for one host name (its TLS
+        # server name) must not carry a callback to another name on that address.
+        self._http = httpx.AsyncClient(follow_redirects=False,
+                                       limits=httpx.Limits(max_keepalive_connections=0))
         await self._records.start()
         await self._records.topics()  # the cluster's metadata, partitions included
         partitions = self._records.partitions_for_topic(topics.CALLBACKS) or {0}

@@ -8,7 +8,11 @@ is the embedded profile's: the view's own count is the whole truth there.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
+
+from consumers.ports import CanarySlots
+
+__all__ = ["CanarySlots", "LocalCanaries", "RedisCanaries"]
 
 SLOT_TTL_SECONDS = 300
 """A crashed executor's slot frees itself after this long at most."""
@@ -27,12 +31,6 @@ local n = redis.call('DECR', KEYS[1])
 if n <= 0 then redis.call('DEL', KEYS[1]) end
 return n
 """
-
-
-class CanarySlots(Protocol):
-    async def acquire(self, service_id: str, limit: int) -> bool: ...
-
-    async def release(self, service_id: str) -> None: ...
 
 
 class LocalCanaries:

@@ -1,7 +1,7 @@
 """The checkpoint store: tools' checkpoint states, content-addressed by state_hash.
 
-`CheckpointStore` is the port (a shared store — an object store, a database — can
-replace the embedded one); `FileCheckpointStore` keeps each checkpoint in a file of
+`consumers.ports.CheckpointStore` is the port (a shared store — an object store, a
+database — can replace the embedded one); `FileCheckpointStore` keeps each checkpoint in a file of
 its own under the state directory, `root/<aa>/<hex>`: a header line (JSON: the
 compression and the delta base) and the stored bytes. A `put` returns once the file
 and its folder are on disk (written aside, fsynced, renamed), so a checkpoint is
@@ -16,49 +16,13 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Protocol
 
 import orjson
 
-from domain.checkpoints import (
-    MAX_DELTA_CHAIN,
-    CheckpointError,
-    Restored,
-    StoredCheckpoint,
-    restore,
-)
+from domain.checkpoints import CheckpointError, StoredCheckpoint
 
 _HASH = re.compile(r"sha256:([0-9a-f]{64})")
 _HEADER_MAX = 512
-
-
-class CheckpointStore(Protocol):
-    async def put(self, checkpoint: StoredCheckpoint) -> None:
-        """Keep `checkpoint`; returns once it is durable."""
-        ...
-
-    async def get(self, state_hash: str) -> StoredCheckpoint | None:
-        """The checkpoint stored under `state_hash`, if any."""
-        ...
-
-
-async def load_state(store: CheckpointStore, state_hash: str) -> Restored:
-    """The state of checkpoint `state_hash`, reassembled from the deltas leading to it
-    and checked link by link (E3903 when a link is missing, E3904 when corrupted)."""
-    chain: list[StoredCheckpoint] = []
-    wanted: str | None = state_hash
-    while wanted is not None:
-        if len(chain) > MAX_DELTA_CHAIN:
-            raise CheckpointError(f"Checkpoint corrupted: {state_hash} is more than "
-                                  f"{MAX_DELTA_CHAIN} deltas away from a whole state",
-                                  code="E3904", details={"state_hash": state_hash})
-        stored = await store.get(wanted)
-        if stored is None:
-            raise CheckpointError(f"Checkpoint not found: {wanted} is not in the checkpoint "
-                                  "store", code="E3903", details={"state_hash": wanted})
-        chain.append(stored)
-        wanted = stored.delta_of
-    return restore(chain[::-1])
 
 
 class FileCheckpointStore:

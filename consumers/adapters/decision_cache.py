@@ -1,7 +1,8 @@
 """Decision stores: where the authorize step keeps ABAC decisions for reuse.
 
 A decision is keyed by (subject, tool, version, policy version, parameter keys)
-(`domain.policy.cache_key`) and lives `ttl_seconds`. Two adapters of one port:
+(`domain.policy.cache_key`) and lives `ttl_seconds`. Two adapters of one port
+(`consumers.ports.DecisionStore`, re-exported here):
 
 - `MemoryDecisions` — the embedded profile: the in-process `domain.policy.DecisionCache`.
 - `RedisDecisions` — the production profile: one Redis shared by every authorize
@@ -37,14 +38,17 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from prometheus_client import Counter
 
+from consumers.ports import DecisionStore
 from domain.policy import CacheKey, DecisionCache, PolicyDecision
 
 log = structlog.get_logger(__name__)
+
+__all__ = ["DecisionStore", "MemoryDecisions", "RedisDecisions"]
 
 REDIS_PREFIX = "toolexec:decision:"
 HITS = Counter("toolexec_decision_cache_hits", "ABAC decisions served from the cache",
@@ -54,20 +58,6 @@ MISSES = Counter("toolexec_decision_cache_misses",
 ERRORS = Counter("toolexec_decision_cache_errors",
                  "Decision cache operations that failed (the decision was evaluated)",
                  ["backend"])
-
-
-class DecisionStore(Protocol):
-    """The authorize step's decision cache port."""
-
-    async def get(self, key: CacheKey, *, now: float) -> PolicyDecision | None:
-        """The live decision for `key` (marked `cached`), or None."""
-        ...
-
-    async def put(self, key: CacheKey, decision: PolicyDecision, *, now: float) -> None: ...
-
-    def invalidate(self) -> None:
-        """A `policy.updated` was folded: forget every decision."""
-        ...
 
 
 class MemoryDecisions:

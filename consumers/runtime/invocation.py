@@ -19,8 +19,10 @@ A call that needs approval (`tool.approval.requested` after the allow) stops bef
 its first attempt until an approver's decision for exactly this call arrives
 (domain.approval): `run_invocation` then raises `ApprovalPending`, and its caller
 waits (holding no execution slot) and runs it again. The approval request is on the
-log before anyone waits, so a restarted pipeline waits again; once an attempt has
-started the approval was honoured and is not asked again.
+log before anyone waits, so a restarted pipeline waits again; the first decision read
+that may count is on the log (`tool.approval.received`, timed when it was read) before
+it is judged, so a restarted pipeline judges the same decision at the same time; once
+an attempt has started the approval was honoured and is not asked again.
 """
 
 from __future__ import annotations
@@ -33,11 +35,10 @@ from typing import Any
 from consumers.ports import Clock, RegistryReader
 from consumers.runtime.delivery import FactLog
 from consumers.runtime.invocation_facts import InvocationFacts
-from consumers.steps.approvals import ApprovalDecisions, decision_of
+from consumers.steps.approvals import ApprovalDecisions, decision_of, received_fact
 from consumers.steps.authorize import (
     AuthorizeDeps,
     approval_hash_of,
-    approver_may_decide,
     authorize_request,
     denial_failure,
 )
@@ -194,11 +195,12 @@ async def _approval_gate(decision: Envelope, facts: InvocationFacts, out: _Appen
     requested = facts.approval_requested
     if requested is None or facts.started:  # none needed, or honoured before an attempt
         return None
-    invocation_id, tool_id = decision.data.invocation_id, decision.data.tool_id
+    invocation_id = decision.data.invocation_id
     cancels = deps.execute.cancellations
-    decisions = deps.approvals.decisions(invocation_id)
-    counted = next((decision_of(d) for d in decisions
-                    if approver_may_decide(d, tool_id, deps.authorize)), None)
+    received = approval_received(requested, facts, deps)
+    if received is not None:
+        await out.append(received)
+    counted = None if facts.approval_received is None else decision_of(facts.approval_received)
     try:
         if cancels.is_cancelled(invocation_id):
             raise cancels.error(invocation_id)
@@ -209,7 +211,18 @@ async def _approval_gate(decision: Envelope, facts: InvocationFacts, out: _Appen
         failure = _failure(requested, error, stage="authorize", deps=deps)
         await out.append(failure)
         return failure
-    raise ApprovalPending(requested, seen=len(decisions))
+    raise ApprovalPending(requested, seen=len(deps.approvals.decisions(invocation_id)))
+
+
+def approval_received(requested: Envelope, facts: InvocationFacts,
+                      deps: InvocationDeps) -> Envelope | None:
+    """The `tool.approval.received` fact still to append for the call waiting for
+    `requested`: of the first decision read for it that may count; None when the log
+    holds one already or no decision was read."""
+    if facts.approval_received is not None:
+        return None
+    read = deps.approvals.decisions(requested.data.invocation_id)
+    return received_fact(requested, read[0]) if read else None
 
 
 def _failure(cause: Envelope, error: ToolexecError, *, stage: str,

@@ -18,7 +18,8 @@ from contracts.envelope import Envelope
 from contracts.events import TERMINAL_TYPES
 
 FACT_TYPES = frozenset({"tool.chain.resolved", "tool.permission.decided",
-                        "tool.approval.requested", "tool.execution.started",
+                        "tool.approval.requested", "tool.approval.received",
+                        "tool.execution.started",
                         "tool.execution.finished", "tool.execution.progressed",
                         "tool.execution.checkpointed"}) | TERMINAL_TYPES
 """Fact types a run reads back: the steps' outcomes."""
@@ -31,6 +32,7 @@ class InvocationFacts:
     resolved: Envelope | None = None
     decision: Envelope | None = None
     approval_requested: Envelope | None = None
+    approval_received: Envelope | None = None
     terminal: Envelope | None = None
     started: set[int] = field(default_factory=set)
     finished: dict[int, Envelope] = field(default_factory=dict)
@@ -47,6 +49,8 @@ class InvocationFacts:
             self.decision = self.decision or event
         elif kind == "tool.approval.requested":
             self.approval_requested = self.approval_requested or event
+        elif kind == "tool.approval.received":
+            self.approval_received = self.approval_received or event
         elif kind == "tool.execution.started":
             self.started.add(event.data.attempt)
         elif kind == "tool.execution.finished":

@@ -240,7 +240,9 @@ class Pipeline:
         if event.type == CANCEL_REQUESTED:
             self.runs.cancel(event.data.invocation_id, event.data.reason)
         elif event.type == APPROVAL_DECIDED:
-            self.runs.decide(event)
+            refused = self.runs.decide(event)
+            if refused is not None:  # could never count: kept nowhere, on record here
+                self._dead_letter(record, refused)
         else:
             self._dead_letter(record, ErrorInfo(
                 code="E3004", message=f"{event.type} is not a command; producers may write "

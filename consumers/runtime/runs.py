@@ -32,15 +32,18 @@ from consumers.runtime.delivery import FactLog
 from consumers.runtime.invocation import (
     ApprovalPending,
     InvocationDeps,
+    approval_received,
     failed_stage,
     run_invocation,
 )
 from consumers.runtime.invocation_facts import InvocationFacts
-from consumers.steps.derived_events import failed
+from consumers.steps.authorize import check_approver
+from consumers.steps.derived_events import error_info, failed
 from consumers.steps.execute import AttemptTakenOver
 from contracts.envelope import Envelope
+from contracts.errors import ErrorInfo
 from domain.bounded import remember
-from domain.errors import JobCancelled, ToolexecError
+from domain.errors import AuthorizationError, JobCancelled, ToolexecError
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +78,8 @@ class Run:
     """Waiting for an approver: holds no slot, does not count as active."""
     partition: int | None = None
     """The requests partition of its request, once started."""
+    tool_id: str | None = None
+    """The tool its request asks for, once started (whose approvers may decide)."""
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the run ended with its terminal event on the log."""
@@ -156,6 +161,7 @@ class InvocationRuns:
                 invocation_id, asyncio.get_running_loop().create_future())
         run.when_done(on_done)
         run.partition = source.partition
+        run.tool_id = request.data.tool_id
         if run.task is None:
             if self._observe is not None:
                 self._observe(request)
@@ -169,10 +175,24 @@ class InvocationRuns:
         """Stop the invocation (now if it runs here, or when it arrives)."""
         self._deps.execute.cancellations.request(invocation_id, reason)
 
-    def decide(self, decided: Envelope) -> None:
-        """An approver's `tool.approval.decided`: wakes the run waiting for it (or is
-        kept for when it arrives)."""
-        self._deps.approvals.record(decided)
+    def decide(self, decided: Envelope) -> ErrorInfo | None:
+        """An approver's `tool.approval.decided`: kept, dated by this pipeline's clock,
+        waking the run waiting for it, when it may count; None then. Why it cannot count
+        otherwise (its E32xx code, for a dead-letter record): only decisions that may
+        count take room. One for an invocation not running here is dropped (read after
+        its request, so that invocation ended or was never requested)."""
+        invocation_id = decided.data.invocation_id
+        run = self._runs.get(invocation_id)
+        if run is None or run.tool_id is None:
+            log.info("approval.decision_without_run", invocation_id=invocation_id,
+                     event_id=decided.id)
+            return None
+        try:
+            check_approver(decided, run.tool_id, self._deps.authorize)
+        except AuthorizationError as refused:
+            return error_info(refused)
+        self._deps.approvals.record(decided, read_at=self._deps.authorize.clock())
+        return None
 
     def stop_waiting(self, partitions: set[int]) -> None:
         """Stop the runs of `partitions` waiting for an approver (the partitions moved
@@ -235,8 +255,24 @@ class InvocationRuns:
             self._changed.set()
             try:
                 await self._wait_for_approval(pending)
+                await self._note_received(pending.requested, fact_log, facts)
             finally:
                 run.waiting = False
+
+    async def _note_received(self, requested: Envelope, fact_log: FactLog,
+                             facts: InvocationFacts) -> None:
+        """Put the decision just read on the log (`tool.approval.received`) before the
+        run waits for a slot, so a restart meanwhile judges it as read in time; if
+        that append fails, the run appends it once it holds a slot."""
+        received = approval_received(requested, facts, self._deps)
+        if received is None:
+            return
+        try:
+            await fact_log.append([received])
+        except Exception as error:  # boundary: the run's approval gate appends it again
+            log.warning("approval.received_not_appended", error=repr(error))
+            return
+        facts.add(received)
 
     async def _wait_for_approval(self, pending: ApprovalPending) -> None:
         """Until a new decision, the expiry or a cancel (the run then goes on, or ends

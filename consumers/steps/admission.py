@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from consumers.adapters.canaries import CanarySlots, LocalCanaries
-from consumers.ports import Clock
+from consumers.ports import CanarySlots, Clock
 from domain.circuit_breaker import Admission, CircuitConfig
 from domain.deadline import effective_timeout, ensure_not_expired, remaining
 from domain.model import PrimitiveOutcome
@@ -56,8 +55,9 @@ class AttemptGate:
 
     circuits: CircuitGate | None = None
     rate_limits: RateLimits = field(default_factory=RateLimits)
-    canaries: CanarySlots = field(default_factory=LocalCanaries)
-    """Caps half-open canaries across replicas (Redis in production)."""
+    canaries: CanarySlots | None = None
+    """Caps half-open canaries across replicas (Redis in production); None: this
+    process's circuit view alone caps them (one process, the embedded profile)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,8 @@ async def _admit(gate: AttemptGate, service: str | None, manifest: Mapping[str, 
         raise admission.error(service)
     if not admission.canary:
         return None
-    if not await gate.canaries.acquire(service, config.half_open_max_calls):
+    if gate.canaries is not None and not await gate.canaries.acquire(
+            service, config.half_open_max_calls):
         raise Admission(False, "half_open", reason=(
             f"{config.half_open_max_calls} canary call(s) already in flight "
             "across executors")).error(service)
@@ -116,7 +117,8 @@ async def _admit(gate: AttemptGate, service: str | None, manifest: Mapping[str, 
 async def _release(gate: AttemptGate, service: str) -> None:
     if gate.circuits is not None:
         gate.circuits.end_canary(service)
-    await gate.canaries.release(service)
+    if gate.canaries is not None:
+        await gate.canaries.release(service)
 
 
 async def leave_attempt(gate: AttemptGate, passed: AttemptPass) -> None:

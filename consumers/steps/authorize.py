@@ -19,8 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from consumers.adapters.decision_cache import DecisionStore
-from consumers.ports import Clock
+from consumers.ports import Clock, DecisionStore
 from consumers.steps.derived_events import derive, error_info, failed
 from contracts.envelope import Envelope
 from contracts.events import ApprovalRequested, ChainResolved, PermissionDecided
@@ -160,24 +159,23 @@ def approval_hash_of(decision: PermissionDecided) -> str:
                      agent=decision.subject, policy_version=decision.policy_version)
 
 
-def approver_may_decide(decided: Envelope, tool_id: str, deps: AuthorizeDeps) -> bool:
-    """Whether a `tool.approval.decided` counts: with authorization on, its `captoken`
-    must grant the approve scope for `tool_id` to the subject it names as `decided_by`,
-    checked as of the pipeline's clock, never the event's own `time` (which its producer
-    chose: a backdated decision must not revive an expired token). A decision read again
-    after a restart whose token has expired since no longer counts: the call waits for
-    another one or expires. The token is read here and kept nowhere."""
+def check_approver(decided: Envelope, tool_id: str, deps: AuthorizeDeps) -> None:
+    """Check a `tool.approval.decided` may count for an invocation of `tool_id`: with
+    authorization on, its `captoken` must grant the approve scope for `tool_id` to the
+    subject it names as `decided_by`, checked as of the pipeline's clock, never the
+    event's own `time` (which its producer chose: a backdated decision must not revive
+    an expired token). Raises AuthorizationError (E3201-E3203 for the token, E3206 for
+    the scope or another approver named). The token is read here and kept nowhere."""
     if not deps.require_auth:
-        return True
+        return
     lifetime = deps.verified.lifetime if deps.verified is not None else DEFAULT_LIFETIME
-    try:
-        capability = authorise_action(
-            decided.extensions.get("captoken"), deps.public_keys(), approve_need(tool_id),
-            now=int(deps.clock().timestamp()), verified=deps.verified,
-            lifetime=lifetime)
-    except AuthorizationError:
-        return False
-    return capability.subject == decided.data.decided_by
+    capability = authorise_action(
+        decided.extensions.get("captoken"), deps.public_keys(), approve_need(tool_id),
+        now=int(deps.clock().timestamp()), verified=deps.verified, lifetime=lifetime)
+    if capability.subject != decided.data.decided_by:
+        raise AuthorizationError(
+            "the decision names another approver than its token's subject", code="E3206",
+            details={"decided_by": decided.data.decided_by, "subject": capability.subject})
 
 
 def denial_failure(decision: Envelope, denied: PermissionDecided, *, now: Any) -> Envelope:

@@ -39,8 +39,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.adapters.checkpoint_store import CheckpointStore
-from consumers.ports import ClaimStore, Clock, PrimitiveRunner, Publish, Secrets
+from consumers.ports import (
+    CheckpointStore,
+    ClaimStore,
+    Clock,
+    PrimitiveRunner,
+    Publish,
+    Secrets,
+)
 from consumers.steps.admission import (
     AttemptGate,
     enter_attempt,

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from consumers.adapters.checkpoint_store import CheckpointStore, load_state
-from consumers.ports import Clock, Publish
+from consumers.ports import CheckpointStore, Clock, Publish
+from consumers.steps.checkpoint_restore import load_state
 from consumers.steps.derived_events import derive
 from contracts.envelope import Envelope
 from contracts.events import ExecutionCheckpointed, ExecutionProgressed

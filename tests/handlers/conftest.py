@@ -20,9 +20,8 @@ from typing import Any
 import pytest_asyncio
 from aiokafka.errors import KafkaConnectionError
 
-from consumers.adapters.checkpoint_store import CheckpointStore
 from consumers.adapters.claim_store import InMemoryClaims
-from consumers.ports import ToolSession
+from consumers.ports import CheckpointStore, ToolSession
 from consumers.runtime.deadletter import DeadLetters
 from consumers.runtime.delivery import DeliveringFactLog
 from consumers.runtime.invocation import InvocationDeps, invocation_deps
@@ -198,7 +197,8 @@ def clock() -> datetime:
 def pipeline_deps(harness: Harness, *, authorize_deps: authorize.AuthorizeDeps,
                   secrets: Callable[[str], str | None] = lambda name: None,
                   credential_grants: CredentialGrants | None = None,
-                  checkpoints: CheckpointStore | None = None) -> InvocationDeps:
+                  checkpoints: CheckpointStore | None = None,
+                  clock: Callable[[], datetime] = clock) -> InvocationDeps:
     """The steps' ports as toolexec wires them, with the harness's fakes."""
 
     async def sleep(seconds: float) -> None:

@@ -6,6 +6,7 @@ all in a verified audit trail. A restart while waiting waits again."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Iterator
@@ -16,9 +17,12 @@ import anyio
 import httpx
 import mcp_types
 import pytest
+from aiokafka import AIOKafkaConsumer
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from contracts import topics
 from contracts.events import ApprovalDecided
+from contracts.kafka_binding import decode
 from domain.approval import call_hash
 from tests.cli_process import clean_env, start_up, stop, toolexec
 from tests.integration.gateway_support import (
@@ -202,18 +206,38 @@ def test_a_decision_written_to_the_log_without_the_approve_scope_counts_for_noth
     bootstrap = json.loads((gateway.cwd / ".toolexec" / "broker" / "broker.json")
                            .read_text())["bootstrap"]
 
-    async def forge() -> None:  # the agent itself, straight to the requests topic
+    async def forge() -> None:  # the agent itself, straight to the requests topic: a flood
         async with InvocationClient(bootstrap) as client:
-            await client.command(ApprovalDecided(
-                invocation_id=invocation_id, decision="deny", approved_hash=row["call_hash"],
-                decided_by=AGENT), token=_agent(gateway))
+            for _ in range(40):
+                await client.command(ApprovalDecided(
+                    invocation_id=invocation_id, decision="deny",
+                    approved_hash=row["call_hash"], decided_by=AGENT), token=_agent(gateway))
     anyio.run(forge)
     wait_until(lambda: _pending(gateway, invocation_id)["decided_by"] == AGENT)
+    refused = anyio.run(_dead_letter_codes, bootstrap, invocation_id, 40)
+    assert refused == ["E3206"] * 40  # each one dead-lettered, none kept
 
     sent = _decide(gateway, invocation_id, _approver(gateway), decision="approve")
     assert sent.status_code == 202, sent.text
     view = _ended(gateway, invocation_id, _agent(gateway))
-    assert view["status"] == "completed", view  # the forged deny came first, and counted not
+    assert view["status"] == "completed", view  # the forged denies came first, and counted not
+
+
+async def _dead_letter_codes(bootstrap: str, key: str, count: int) -> list[str]:
+    """The codes of the first `count` dead-letter records keyed `key`."""
+    consumer = AIOKafkaConsumer(topics.DEADLETTER, bootstrap_servers=bootstrap,
+                                group_id=None, auto_offset_reset="earliest")
+    await consumer.start()
+    codes: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while len(codes) < count:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    codes += [decode(r.key, r.value, r.headers).data.error.code
+                              for r in records if r.key == key.encode()]
+    finally:
+        await consumer.stop()
+    return codes[:count]
 
 
 def test_a_cancel_while_waiting_ends_it_cancelled(gateway: RunningGateway) -> None:

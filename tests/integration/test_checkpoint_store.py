@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers.adapters.checkpoint_store import FileCheckpointStore, load_state
+from consumers.adapters.checkpoint_store import FileCheckpointStore
+from consumers.steps.checkpoint_restore import load_state
 from domain.checkpoints import CheckpointError, encode_checkpoint
 
 pytestmark = pytest.mark.integration

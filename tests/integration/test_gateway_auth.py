@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
+import anyio
+import mcp_types
 import pytest
 
 from tests.cli_process import toolexec
-from tests.integration.gateway_support import RunningGateway, running_gateway
+from tests.integration.gateway_support import RunningGateway, running_gateway, wait_until
+from toolexec.gateway.mcp import Gateway, build_server
+from toolexec.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -100,3 +105,41 @@ def test_changing_a_lifecycle_needs_a_token_with_the_lifecycle_scope(secured) ->
     assert accepted.status_code == 200, accepted.text
     shown = secured.http.get("/v1/tools/sh_upper").json()["tool"]
     assert [v["lifecycle"] for v in shown["versions"]] == ["deprecated"]
+
+
+def _mcp_status(secured: RunningGateway, invocation_id: str, token: str | None) -> Any:
+    """The MCP `execute` tool's `status` answer: the document, or the error body."""
+    async def call() -> Any:
+        server = build_server(Gateway(Settings(state_dir=secured.cwd / ".toolexec"), []))
+        result = await server.call_tool("execute", {
+            "action": "status", "invocation_id": invocation_id, "token": token})
+        return json.loads(next(b.text for b in result.content
+                               if isinstance(b, mcp_types.TextContent)))
+    return anyio.run(call)
+
+
+def _http_status(secured: RunningGateway, invocation_id: str, token: str | None) -> Any:
+    return secured.http.get(f"/v1/invocations/{invocation_id}",
+                            headers=bearer(token) if token else {}).json()
+
+
+def _refusal(answer: Any) -> str | None:
+    """The code of an error answer; None for an invocation shown (`error` None)."""
+    return (answer.get("error") or {}).get("code") if "status" not in answer else None
+
+
+def test_reading_an_invocation_needs_the_same_rights_over_http_and_mcp(secured) -> None:
+    owner = secured.token("py_echo@^1")
+    done = secured.invoke("py_echo", ECHO, headers=bearer(owner))
+    invocation_id = done.json()["invocation_id"]
+    wait_until(lambda: _http_status(secured, invocation_id, owner).get("status") == "completed")
+    issued = toolexec("token", "issue", "--sub", "did:example:someone-else", "--tool",
+                      "py_echo@^1", "--ttl", "300", "--json", cwd=secured.cwd, env=secured.env)
+    stranger = json.loads(issued.stdout)["token"]
+    for token, code in [(None, "E3203"), ("e30.e30.bm9wZQ", "E3203"), (stranger, "E3206")]:
+        assert _refusal(_http_status(secured, invocation_id, token)) == code
+        assert _refusal(_mcp_status(secured, invocation_id, token)) == code
+    for reader in (owner, secured.token(scopes=("--audit",))):  # its subject, an auditor
+        assert _http_status(secured, invocation_id, reader)["status"] == "completed"
+        shown = _mcp_status(secured, invocation_id, reader)
+        assert shown["status"] == "completed" and shown["invocation_id"] == invocation_id

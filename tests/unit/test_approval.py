@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from consumers.adapters.decision_cache import _dump, _load
 from consumers.adapters.policy_engine import CedarEvaluator
-from consumers.steps.authorize import AuthorizeDeps, approver_may_decide
+from consumers.steps.authorize import AuthorizeDeps, check_approver
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import ApprovalDecided
 from domain.approval import (
@@ -28,6 +28,7 @@ from domain.approval import (
     check_approval,
     manifest_requires_approval,
 )
+from domain.errors import AuthorizationError
 from domain.policy import AccessRequest, DecisionCache, PolicyBundle, ToolResource, decide
 
 INTEGRITY = "sha256:" + "ab" * 32
@@ -205,12 +206,18 @@ def test_a_decision_counts_only_with_an_approver_token_valid_now() -> None:
         return AuthorizeDeps(clock=lambda: now, require_auth=True,
                              public_keys=lambda: [key.public_key()])
 
+    def refusal(decided: Envelope, tool_id: str) -> str | None:
+        try:
+            check_approver(decided, tool_id, deps())
+        except AuthorizationError as error:
+            return error.code
+        return None
+
     fresh = _approver_token(key, issued=now - timedelta(seconds=10))
-    assert approver_may_decide(_decided(fresh, at=now), "guarded_tool", deps())
-    assert not approver_may_decide(_decided(fresh, at=now), "other_tool", deps())
-    assert not approver_may_decide(_decided(fresh, at=now, decided_by="did:example:eve"),
-                                   "guarded_tool", deps())
+    assert refusal(_decided(fresh, at=now), "guarded_tool") is None
+    assert refusal(_decided(fresh, at=now), "other_tool") == "E3206"
+    assert refusal(_decided(fresh, at=now, decided_by="did:example:eve"),
+                   "guarded_tool") == "E3206"
     # expired 25 minutes ago: backdating the decision's own `time` does not revive it
     stale = _approver_token(key, issued=T0)
-    assert not approver_may_decide(_decided(stale, at=T0 + timedelta(seconds=5)),
-                                   "guarded_tool", deps())
+    assert refusal(_decided(stale, at=T0 + timedelta(seconds=5)), "guarded_tool") == "E3201"

@@ -41,7 +41,7 @@ CATALOG = {
     "tool.invoke.requested", "tool.chain.resolved", "tool.permission.decided",
     "tool.execution.started", "tool.execution.progressed", "tool.execution.checkpointed", "tool.execution.finished",
     "tool.invoke.completed", "tool.invoke.failed", "tool.invoke.cancel.requested",
-    "tool.approval.requested", "tool.approval.decided",
+    "tool.approval.requested", "tool.approval.decided", "tool.approval.received",
     "circuit.state.changed", "policy.updated", "callback.delivered", "callback.failed",
 }
 CONTRACTS_DIR = Path(contracts.__file__).parent

@@ -3,7 +3,7 @@
 layers nor each other, consumers never import projections, the front ends (CLI, HTTP
 gateway, MCP server) do not import each other, the use cases import no front end, and
 inside the pipeline the adapters and the primitives import neither the steps nor the
-runtime."""
+runtime, and the steps import no adapter (the ports they use are in consumers.ports)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,8 @@ RULES = {
     "the use cases import no front end": (("toolexec.usecases",), (*CLI, *HTTP, *MCP)),
     "the pipeline's adapters import neither its steps nor its runtime": (
         ("consumers.adapters",), ("consumers.steps", "consumers.runtime")),
+    "the steps import no adapter: they reach them through consumers.ports": (
+        ("consumers.steps",), ("consumers.adapters",)),
     "the primitives import no other part of the pipeline": (
         ("consumers.primitives",), ("consumers.steps", "consumers.runtime",
                                     "consumers.adapters")),
@@ -98,3 +100,4 @@ def test_the_rules_see_the_front_ends() -> None:
         assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), module
     assert _violations(("toolexec.cli",), ("toolexec.usecases",)) != []  # cli uses them
     assert _violations(("consumers.runtime",), ("consumers.steps",)) != []  # chains them
+    assert _violations(("consumers.steps",), ("consumers.ports",)) != []  # their ports

@@ -18,6 +18,7 @@ from contracts.errors import ErrorInfo
 from contracts.events import (
     EVENT_MODELS,
     ApprovalDecided,
+    ApprovalReceived,
     ApprovalRequested,
     CallbackDelivered,
     CallbackFailed,
@@ -143,6 +144,9 @@ SAMPLES: list[EventData] = [
     ApprovalDecided(invocation_id="inv-1", decision="approve",
                     approved_hash="sha256:" + "12" * 32, decided_by="did:example:ops",
                     reason="looks fine"),
+    ApprovalReceived(invocation_id="inv-1", decision_id="ev-7", decision="approve",
+                     approved_hash="sha256:" + "12" * 32, decided_by="did:example:ops",
+                     reason="looks fine"),
     ToolDefinitionPinned(server_tool_id="text_mcp", server_version="1.0.0",
                          server_integrity="sha256:" + "ab" * 32, mcp_tool_name="upper",
                          definition_hash="sha256:" + "cd" * 32,

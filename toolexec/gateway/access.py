@@ -25,6 +25,7 @@ from domain.scopes import Need
 from toolexec import rights
 from toolexec.gateway.errors import ApiError
 from toolexec.settings import Settings
+from toolexec.usecases.readers import check_reader, reader_subject
 
 SESSION_COOKIE = "toolexec_token"
 MAX_FORM_BYTES = 16 * 1024
@@ -56,18 +57,15 @@ def caller(settings: Settings, token: str | None, needs: tuple[Need, ...] = ()) 
 
 def subject_filter(capability: Capability | None) -> str | None:
     """The subject whose invocations a reader is limited to; None = every invocation."""
-    if capability is None or capability.reads_everything:
-        return None
-    return capability.subject
+    return reader_subject(capability)
 
 
 def check_visible(capability: Capability | None, row: Mapping[str, Any]) -> None:
-    """403 E3206 unless the reader may see this invocation."""
-    subject = subject_filter(capability)
-    if subject is not None and row["subject"] != subject:
-        raise ApiError("E3206", "permission denied: the invocation belongs to another "
-                       "subject (reading every caller's invocations needs the audit scope)",
-                       {"invocation_id": row["invocation_id"]})
+    """403 E3206 unless the reader may see this invocation (toolexec.usecases.readers)."""
+    try:
+        check_reader(capability, row)
+    except AuthorizationError as error:
+        raise ApiError(error.code, error.message, error.details) from None
 
 
 def session_routes(app: FastAPI, settings: Settings) -> None:

@@ -10,10 +10,11 @@ Tools:
             tool as an MCP progress notification when the call carries a progress
             token; `start` requests it without waiting and returns the invocation id,
             `status` answers an invocation's status, progress, timeline and (once
-            ended) result by id: the MCP tasks pattern as two actions, since the SDK's
-            server does not serve `tasks/*` (its types only); `sign` computes a tool
-            source's canonical integrity; `lock` freezes a tool's verified chain to a
-            lockfile;
+            ended) result by id, to the readers HTTP would answer (the same use case
+            and rights, toolexec.usecases.readers): the MCP tasks pattern as two
+            actions, since the SDK's server does not serve `tasks/*` (its types
+            only); `sign` computes a tool source's canonical integrity; `lock`
+            freezes a tool's verified chain to a lockfile;
 - `approval` `list` the calls waiting for an approver; `approve` or `deny` one
             (`tool.approval.decided`, the approver's token needs the approve scope);
 - `help`    what the tools do and how to call them.
@@ -85,7 +86,9 @@ HELP = {
         "tool's progress reports as progress notifications when the call has a progress "
         "token. Action 'start' (same arguments) returns the invocation_id at once; action "
         "'status' with invocation_id answers its status, latest progress, checkpoints, "
-        "timeline and, once ended, its result or error (poll it). Action 'sign' with path "
+        "timeline and, once ended, its result or error (poll it; with authorization on, "
+        "token: the invocation's own subject, or the audit scope, as over HTTP: else "
+        "E3203 / E3206). Action 'sign' with path "
         "(a tool source) returns its canonical integrity sha256:<hex>. Action 'lock' "
         "with tool_id and version_range freezes the verified chain to a lockfile "
         "(written to `path` when given)."),
@@ -172,11 +175,14 @@ class Gateway:
                                           token=token, callback_url=callback_url)
         return {"action": "start", "status": "requested", "invocation_id": invocation_id}
 
-    async def status(self, invocation_id: str | None) -> dict[str, Any]:
+    async def status(self, invocation_id: str | None, token: str | None) -> dict[str, Any]:
         if not invocation_id:
             raise GatewayError("action 'status' needs an invocation_id")
-        document = await invocation_timeline(await self.engine(), invocation_id)
+        reader = rights.caller(self.settings, token, read_runtime(self.settings))
+        document = await invocation_timeline(await self.engine(), invocation_id,
+                                             reader=reader)
         return {"action": "status", **document, "result": _parsed(document)}
+
     async def approvals(self, token: str | None) -> dict[str, Any]:
         capability = rights.caller(self.settings, token, read_runtime(self.settings))
         rows = await approval.list_pending(await self.engine(), capability)
@@ -336,7 +342,7 @@ def build_server(gateway: Gateway) -> MCPServer:
             if action == "sign":
                 return gateway.sign(path)
             if action == "status":
-                return await gateway.status(invocation_id)
+                return await gateway.status(invocation_id, token)
             if not tool_id:
                 raise GatewayError(f"action {action!r} needs a tool_id")
             if action == "lock":

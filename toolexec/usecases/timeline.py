@@ -11,9 +11,11 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.events import TERMINAL_STATUSES
+from domain.capability import Capability
 from domain.errors import JobNotFound
 from projections.queries import invocation_status
 from toolexec.usecases.cancel import shown_status
+from toolexec.usecases.readers import check_reader
 
 PHASES: dict[str, str] = {
     "tool.invoke.requested": "requested",
@@ -64,12 +66,16 @@ def timeline_of(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def invocation_timeline(engine: AsyncEngine, invocation_id: str, *,
-                              subject: str | None = None) -> dict[str, Any]:
+                              subject: str | None = None,
+                              reader: Capability | None = None) -> dict[str, Any]:
     """The timeline of `invocation_id`; JobNotFound (E3702) when the read model has no
-    such invocation, or (with `subject`) none of that subject's."""
+    such invocation, or (with `subject`) none of that subject's; AuthorizationError
+    (E3206) when `reader` (a verified token; None with authorization off) may not read
+    it, as over HTTP (toolexec.usecases.readers)."""
     async with engine.connect() as conn:
         row = await invocation_status(conn, invocation_id)
     if row is None or (subject is not None and row["subject"] != subject):
         raise JobNotFound(f"invocation {invocation_id!r} not found",
                           details={"invocation_id": invocation_id})
+    check_reader(reader, row)
     return timeline_of(row)
