@@ -6,6 +6,9 @@ operator's SandboxPolicy into a `Launch`:
   disk quota as the size of its tmpfs, the paths it may see, and — when its network
   policy allows hosts — the egress relay in front of the tool plus an EgressSession
   deciding each connection outside;
+- namespaces (root): the run's uid and the same mount plan as bubblewrap's, as a
+  request for the namespace launcher (`Launch.request`), the run's report files
+  passed to it as fds (`Launch.bind_fds`);
 - Landlock: a ruleset the tool's own process enters before exec, or, when its
   network policy allows hosts, the wrapper with the relay (root only, else E3405);
 - rlimits / none: nothing but the rlimits the caller applies.
@@ -21,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -52,10 +56,13 @@ class Launch:
     max_processes: int | None = None
     uid: int | None = None
     egress: EgressSession | None = None
+    request: dict[str, Any] | None = None
+    bind_fds: list[int] = field(default_factory=list)
     _pool: UidPool | None = None
 
     def spawned(self) -> None:
         """The sandbox holds the fds it was given now: close ours."""
+        self._close_bind_fds()
         if self.egress is not None:
             self.egress.handed_over()
         if self.entry is not None:
@@ -63,6 +70,7 @@ class Launch:
 
     async def close(self) -> None:
         """Release the run's uid, egress session and ruleset (idempotent)."""
+        self._close_bind_fds()
         if self.entry is not None:
             self.entry.close()
         if self.egress is not None:
@@ -71,6 +79,12 @@ class Launch:
         if self.uid is not None and self._pool is not None:
             uid, self.uid = self.uid, None
             self._pool.release(uid)
+
+
+    def _close_bind_fds(self) -> None:
+        fds, self.bind_fds = self.bind_fds, []
+        for fd in fds:
+            os.close(fd)
 
 
 def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, path: str,
@@ -82,11 +96,11 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
     are in the run directory already. Raises ExecutionError E3405 when the sandbox
     cannot be set up as the policy requires."""
     launch = Launch(max_processes=plan.limits.max_processes)
-    if sandbox not in ("bwrap", "landlock"):
+    if sandbox not in ("namespaces", "bwrap", "landlock"):
         return launch
     root = os.geteuid() == 0
     try:
-        if sandbox == "bwrap":
+        if sandbox in ("namespaces", "bwrap"):
             if root:
                 launch._pool = shared_pool(policy.run_uid_base, policy.run_uid_count)
                 launch.uid = launch._pool.lease()
@@ -99,7 +113,10 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
                 "NO_PROXY": "", "no_proxy": ""}
         protected = tuple(Path(os.path.realpath(p)) for p in policy.protected_paths)
         program = plan.argv[0] if plan.argv else ""
-        if sandbox == "bwrap":
+        if sandbox == "namespaces":
+            launch.request = _namespaces(launch, run_dir, program, path, plan, policy,
+                                         protected, tuple(binds))
+        elif sandbox == "bwrap":
             launch.prefix = _bwrap(launch, run_dir, program, path, plan, policy, protected,
                                    root, tuple(binds))
         elif launch.egress is None and not bubblewrap.network_allowed(plan.network):
@@ -143,7 +160,32 @@ def _bwrap(launch: Launch, run_dir: RunDirectory, program: str, path: str,
     return bubblewrap.bwrap_prefix(run_dir.path, run_dir.cwd, program, path, confinement)
 
 
+def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
+                plan: SubprocessPlan, policy: SandboxPolicy, protected: tuple[Path, ...],
+                binds: tuple[tuple[Path, Path], ...]) -> dict[str, Any]:
+    """The launcher's request for this run, without argv, env and rlimits (added
+    when it is sent): bubblewrap's mount plan, the report files bound from fds."""
+    if launch.uid is None:
+        raise OSError("the namespaces sandbox runs as root only")
+    etc = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).etc
+    confinement = bubblewrap.Confinement(
+        uid=launch.uid, disk_bytes=disk_quota(plan.limits, policy), protected=protected,
+        files=run_dir.files, etc_view=etc.path, etc_binds=etc.refresh(), run_binds=binds)
+    steps = bubblewrap.mount_plan(run_dir.path, run_dir.cwd, program, path, confinement)
+    by_host = {str(host): index for index, (host, _inside) in enumerate(binds)}
+    for host, _inside in binds:
+        launch.bind_fds.append(os.open(host, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW))
+    mounts: list[list[str | int]] = []
+    for step in steps:
+        index = by_host.get(str(step[1])) if step[0] in ("bind", "ro_bind") else None
+        mounts.append(list(step) if index is None
+                      else ["bind_fd", index, step[2], int(step[0] == "bind")])
+    return {"mounts": mounts, "cwd": str(run_dir.cwd), "uid": launch.uid,
+            "gid": launch.uid}
+
+
 def _abandon(launch: Launch) -> None:
+    launch._close_bind_fds()
     if launch.entry is not None:
         launch.entry.close()
     if launch.uid is not None and launch._pool is not None:
@@ -180,6 +222,14 @@ def isolation_gaps(sandbox: str, *, root: bool | None = None) -> list[str]:
     """What the operator's policy cannot enforce under `sandbox` on this host."""
     root = os.geteuid() == 0 if root is None else root
     if sandbox == "bwrap":
+        return []
+    if sandbox == "namespaces":
+        if not root:
+            return ["everything: the namespaces sandbox runs as root only (E3405)"]
+        if bubblewrap.bwrap_binary() is None:
+            return ["egress and stdio MCP servers: tools whose network policy allows "
+                    "hosts and long-lived servers go through bubblewrap, which is not "
+                    "installed: they fail with E3405"]
         return []
     if sandbox == "landlock":
         gaps = ["disk: no per-run quota under Landlock, only the largest file is limited"]
