@@ -1,9 +1,10 @@
 """The namespace launcher: a small process that starts sandboxed runs for one executor.
 
 Started once per executor event loop by consumers.primitives.namespace_launcher as
-`python -I -S -c <this source> FD PARENT_PID` (standard library only, nothing of
+`python -I -S launcher_program.py FD PARENT_PID ROOT` (standard library only, nothing of
 toolexec imported), connected to the executor by nothing but the SOCK_SEQPACKET
-socket FD it inherited. It dies with the executor: PR_SET_PDEATHSIG(SIGKILL), and it
+socket FD it inherited; ROOT is an empty private folder
+to mount each run's new root on. It dies with the executor: PR_SET_PDEATHSIG(SIGKILL), and it
 exits on end of file of that socket, killing every run it started first.
 
 A request is one JSON message with its file descriptors (SCM_RIGHTS): stdin,
@@ -110,7 +111,7 @@ def _bind(source, target, read_only, devices=False):
 
 
 def _make_dir(path, mode):
-    try:
+    try:  # noqa: SIM105 - the launcher imports as little as it can
         os.mkdir(path, mode)
     except FileExistsError:
         pass
@@ -385,7 +386,7 @@ class Launcher:
 
     def kill_all(self):
         for _run_id, pidfd in self.runs.values():
-            try:
+            try:  # noqa: SIM105
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except OSError:
                 pass

@@ -1,7 +1,7 @@
 """The executor's side of the namespace launcher (consumers.primitives.launcher_program).
 
 One launcher process per event loop of the executor, started on the first run that
-needs it with `python -I -S -c <launcher source>` and connected by nothing but one
+needs it with `python -I -S launcher_program.py` and connected by nothing but one
 end of a SOCK_SEQPACKET socketpair it inherits (no path anyone else could connect
 to). `start_run` sends one request with the run's pipes and bind fds (SCM_RIGHTS)
 and returns a `RunHandle` once the launcher answered with the run's PID 1 and a
@@ -86,7 +86,7 @@ class NamespaceLauncher:
         self._socket = ours
         try:
             self._process = subprocess.Popen(  # noqa: S603 - our own program, no shell
-                [launcher_interpreter(), "-I", "-S", "-c", launcher_source(),
+                [launcher_interpreter(), "-I", "-S", launcher_program.__file__,
                  str(theirs.fileno()), str(os.getpid()), str(root)],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, start_new_session=True)
@@ -190,10 +190,10 @@ class NamespaceLauncher:
         if not self.alive:
             return
         self.alive = False
-        self._loop.remove_reader(self._socket.fileno())
+        if not self._loop.is_closed():
+            self._loop.remove_reader(self._socket.fileno())
         self._socket.close()
-        with contextlib.suppress(OSError):
-            self._process.wait(timeout=0)
+        self._process.poll()
         if not self._ready.done():
             self._ready.set_exception(ConnectionError("the launcher exited"))
         for handle in self._runs.values():
@@ -209,11 +209,10 @@ class NamespaceLauncher:
                     returncode=self._process.returncode)
 
     def close(self) -> None:
-        """Stop the launcher: end of file makes it kill its runs and exit."""
+        """Stop the launcher: end of file makes it kill its runs and exit (it is
+        reaped later, as any Popen dropped while running)."""
         if self.alive:
             self._died()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._process.wait(timeout=5)
 
 
 _LAUNCHERS: dict[asyncio.AbstractEventLoop, NamespaceLauncher] = {}
@@ -239,11 +238,6 @@ def launcher_interpreter() -> str:
 
 
 @functools.cache
-def launcher_source() -> str:
-    return Path(launcher_program.__file__).read_text(encoding="utf-8")
-
-
-@functools.cache
 def usable() -> bool:
     """Whether this host can run the launcher: root, and the kernel lets it make the
     namespaces (probed once by cloning a child that exits at once)."""
@@ -251,7 +245,7 @@ def usable() -> bool:
         return False
     try:
         done = subprocess.run(  # noqa: S603 - our own program, no shell
-            [launcher_interpreter(), "-I", "-S", "-c", launcher_source(), "--probe"],
+            [launcher_interpreter(), "-I", "-S", launcher_program.__file__, "--probe"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return False

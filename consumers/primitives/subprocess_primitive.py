@@ -34,8 +34,8 @@ from consumers.primitives.exit_status import (
     unwrap_init_status,
 )
 from consumers.primitives.file_store import ContentStore, relative_parts
-from consumers.primitives.report_file import ReportChannel, follow, open_channel, tool_environment
 from consumers.primitives.namespace_process import spawn_namespaced
+from consumers.primitives.report_file import ReportChannel, follow, open_channel, tool_environment
 from consumers.primitives.run_directory import (
     FRESH_ROOT_SANDBOXES,
     RunDirectory,
