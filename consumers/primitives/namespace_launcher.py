@@ -208,6 +208,9 @@ class NamespaceLauncher:
         log.warning("sandbox.launcher_died", pid=self._process.pid,
                     returncode=self._process.returncode)
 
+    def exited(self) -> bool:
+        return self._process.poll() is not None
+
     def close(self) -> None:
         """Stop the launcher: end of file makes it kill its runs and exit (it is
         reaped later, as any Popen dropped while running)."""
@@ -225,6 +228,8 @@ def launcher_for(root: Path) -> NamespaceLauncher:
     for other in [other for other in _LAUNCHERS if other.is_closed()]:
         _LAUNCHERS.pop(other).close()
     launcher = _LAUNCHERS.get(loop)
+    if launcher is not None and launcher.alive and launcher.exited():
+        launcher.close()  # its end of file is still on its way
     if launcher is None or not launcher.alive:
         root.mkdir(mode=0o700, exist_ok=True)
         launcher = _LAUNCHERS[loop] = NamespaceLauncher(loop, root)

@@ -15,7 +15,7 @@ import os
 from typing import IO, Any
 
 from consumers.primitives.bubblewrap import SYSTEM_ETC_ENTRIES
-from consumers.primitives.namespace_launcher import RunHandle, launcher_for
+from consumers.primitives.namespace_launcher import NamespaceLauncher, RunHandle, launcher_for
 from consumers.primitives.run_directory import RunDirectory
 from consumers.primitives.sandbox_cache import shared_cache
 from consumers.primitives.sandbox_launch import Launch
@@ -72,6 +72,8 @@ async def spawn_namespaced(argv: tuple[str, ...], env: dict[str, str], run_dir: 
     if not argv:
         raise ExecutionError("the plan has an empty argv", code="E3401")
     assert launch.request is not None
+    if any("\0" in text for text in (*argv, *env, *env.values())):
+        raise ExecutionError("the argv or environment holds a NUL character", code="E3401")
     require_executable(argv[0], env["PATH"], run_dir.lookup)  # the launcher would say 127
     request = launch.request | {"argv": list(argv), "env": env,
                                 "rlimits": [list(limit) for limit in rlimits]}
@@ -82,7 +84,7 @@ async def spawn_namespaced(argv: tuple[str, ...], env: dict[str, str], run_dir: 
             read_end, write_end = os.pipe2(os.O_CLOEXEC)
             ours.append(read_end if reading else write_end)
             theirs.append(write_end if reading else read_end)
-        launcher = launcher_for(shared_cache(SYSTEM_ETC_ENTRIES).root / _NEW_ROOT)
+        launcher = current_launcher()
         handle = await launcher.start_run(request, [*theirs, *launch.bind_fds])
     except BaseException:
         for fd in ours:
@@ -99,3 +101,8 @@ async def spawn_namespaced(argv: tuple[str, ...], env: dict[str, str], run_dir: 
         handle.close()
         raise
     return NamespacedProcess(handle, pipes, limits, launcher.max_rss)
+
+
+def current_launcher() -> NamespaceLauncher:
+    """The running event loop's launcher (started, or restarted, on demand)."""
+    return launcher_for(shared_cache(SYSTEM_ETC_ENTRIES).root / _NEW_ROOT)
