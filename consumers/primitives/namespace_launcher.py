@@ -170,7 +170,12 @@ class NamespaceLauncher:
             return
         if "started" in message:
             handle.pid = int(message["started"])
-            handle.pidfd = fds[0] if fds else None
+            if handle.exited.done():  # its PID 1's report came first
+                self._runs.pop(handle.run_id, None)
+                for fd in fds:
+                    os.close(fd)
+            else:
+                handle.pidfd = fds[0] if fds else None
             if not handle.started.done():
                 handle.started.set_result(None)
         elif "error" in message:
@@ -179,7 +184,10 @@ class NamespaceLauncher:
                 str(message["error"]), code=str(message.get("code", "E3405")),
                 details={"sandbox": "namespaces"}))
         elif "exit" in message:
-            self._runs.pop(handle.run_id, None)
+            # the first report wins: the PID 1's (the tool's own status), or the
+            # launcher's when the PID 1 was killed
+            if handle.started.done():
+                self._runs.pop(handle.run_id, None)
             usage = resource.struct_rusage(message["rusage"])
             if not handle.exited.done():
                 handle.exited.set_result((int(message["exit"]), usage))

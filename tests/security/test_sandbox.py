@@ -152,6 +152,23 @@ async def test_socket_to_loopback_fails_without_network_permission(tmp_path: Pat
     assert not outcome.ok and b"CONNECTED" not in outcome.stdout
 
 
+async def test_a_tool_has_its_own_loopback_and_nothing_else(tmp_path: Path,
+                                                             sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, """
+        import json, os, socket
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        socket.create_connection(server.getsockname(), timeout=5).sendall(b"own")
+        print(json.dumps({"echo": server.accept()[0].recv(3).decode(),
+                          "interfaces": sorted(os.listdir("/sys/class/net"))
+                          if os.path.isdir("/sys/class/net") else ["lo"]}))
+    """)
+    assert outcome.ok, (outcome.error, outcome.stderr)
+    seen = __import__("json").loads(outcome.stdout)
+    assert seen == {"echo": "own", "interfaces": ["lo"]}
+
+
 async def test_network_policy_reaches_allowed_hosts_through_the_egress_proxy_only(
         tmp_path: Path, sandbox: str) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
