@@ -8,7 +8,7 @@ to mount each run's new root on. It dies with the executor: PR_SET_PDEATHSIG(SIG
 exits on end of file of that socket, killing every run it started first.
 
 A request is one JSON message with its file descriptors (SCM_RIGHTS): stdin,
-stdout, stderr of the tool, then one fd per `bind_fd` mount. For each request the
+stdout, stderr of the tool. For each request the
 launcher `clone`s a child in new mount, PID, network, IPC, UTS and cgroup
 namespaces; that child is PID 1 of its namespace and:
 1. makes every mount private, mounts a tmpfs as the new root and applies the
@@ -140,7 +140,7 @@ def _dev(target):
         os.symlink(link, f"{target}/{name}")
 
 
-def apply_mount(root, op, bind_fds):
+def apply_mount(root, op):
     """One step of the mount plan, inside the new root `root`."""
     kind = op[0]
     if kind == "ro_bind" or kind == "bind":
@@ -148,9 +148,6 @@ def apply_mount(root, op, bind_fds):
     elif kind == "ro_bind_try":
         if os.path.exists(op[1]):
             _bind(op[1], _inside(root, op[2]), read_only=True)
-    elif kind == "bind_fd":
-        fd = bind_fds[int(op[1])]
-        _bind(f"/proc/self/fd/{fd}", _inside(root, op[2]), read_only=not op[3])
     elif kind == "dir":
         _make_dir(_inside(root, op[1]), int(op[2]))
     elif kind == "tmpfs":
@@ -170,12 +167,12 @@ def apply_mount(root, op, bind_fds):
         raise SetupError(f"unknown mount step {kind!r}")
 
 
-def enter_root(root, mounts, bind_fds):
+def enter_root(root, mounts):
     """Steps 1 and 2 of the module docstring."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     for op in mounts:
-        apply_mount(root, op, bind_fds)
+        apply_mount(root, op)
     os.chdir(root)
     _check(_libc.syscall(_SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", _MNT_DETACH), "detach the old root")
@@ -270,7 +267,7 @@ def run_pid1(request, fds, root, channel):
         _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "die with the launcher")
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
-        enter_root(root, request["mounts"], fds[3:])
+        enter_root(root, request["mounts"])
         for fd in fds:
             if fd > 2:
                 os.close(fd)

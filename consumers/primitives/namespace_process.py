@@ -1,7 +1,7 @@
 """A tool process started by the namespace launcher, watched like any tool process.
 
 `spawn_namespaced` sends the run's request (consumers.primitives.namespace_launcher)
-with the child's ends of fresh stdin/stdout/stderr pipes and the report files' fds,
+with the child's ends of fresh stdin/stdout/stderr pipes,
 and returns a `NamespacedProcess`: tool_process.ToolProcess's pipes, captures,
 timeout and cancellation, except that the process is not our child. Its exit (wait
 status and rusage of the run's PID 1, the tool's included) comes from the launcher,
@@ -85,7 +85,7 @@ async def spawn_namespaced(argv: tuple[str, ...], env: dict[str, str], run_dir: 
             ours.append(read_end if reading else write_end)
             theirs.append(write_end if reading else read_end)
         launcher = current_launcher()
-        handle = await launcher.start_run(request, [*theirs, *launch.bind_fds])
+        handle = await launcher.start_run(request, theirs)
     except BaseException:
         for fd in ours:
             os.close(fd)

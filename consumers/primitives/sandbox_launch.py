@@ -7,8 +7,7 @@ operator's SandboxPolicy into a `Launch`:
   policy allows hosts — the egress relay in front of the tool plus an EgressSession
   deciding each connection outside;
 - namespaces (root): the run's uid and the same mount plan as bubblewrap's, as a
-  request for the namespace launcher (`Launch.request`), the run's report files
-  passed to it as fds (`Launch.bind_fds`);
+  request for the namespace launcher (`Launch.request`);
 - Landlock: a ruleset the tool's own process enters before exec, or, when its
   network policy allows hosts, the wrapper with the relay (root only, else E3405);
 - rlimits / none: nothing but the rlimits the caller applies.
@@ -57,12 +56,10 @@ class Launch:
     uid: int | None = None
     egress: EgressSession | None = None
     request: dict[str, Any] | None = None
-    bind_fds: list[int] = field(default_factory=list)
     _pool: UidPool | None = None
 
     def spawned(self) -> None:
         """The sandbox holds the fds it was given now: close ours."""
-        self._close_bind_fds()
         if self.egress is not None:
             self.egress.handed_over()
         if self.entry is not None:
@@ -70,7 +67,6 @@ class Launch:
 
     async def close(self) -> None:
         """Release the run's uid, egress session and ruleset (idempotent)."""
-        self._close_bind_fds()
         if self.entry is not None:
             self.entry.close()
         if self.egress is not None:
@@ -80,11 +76,6 @@ class Launch:
             uid, self.uid = self.uid, None
             self._pool.release(uid)
 
-
-    def _close_bind_fds(self) -> None:
-        fds, self.bind_fds = self.bind_fds, []
-        for fd in fds:
-            os.close(fd)
 
 
 def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, path: str,
@@ -164,7 +155,9 @@ def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
                 plan: SubprocessPlan, policy: SandboxPolicy, protected: tuple[Path, ...],
                 binds: tuple[tuple[Path, Path], ...]) -> dict[str, Any]:
     """The launcher's request for this run, without argv, env and rlimits (added
-    when it is sent): bubblewrap's mount plan, the report files bound from fds."""
+    when it is sent): bubblewrap's mount plan. The report files are bound by path,
+    as bubblewrap does (from a fresh 0700 host folder of ours): a bind from an fd
+    opened in the executor's mount namespace is refused (EINVAL) in the run's."""
     if launch.uid is None:
         raise OSError("the namespaces sandbox runs as root only")
     etc = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).etc
@@ -172,20 +165,11 @@ def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
         uid=launch.uid, disk_bytes=disk_quota(plan.limits, policy), protected=protected,
         files=run_dir.files, etc_view=etc.path, etc_binds=etc.refresh(), run_binds=binds)
     steps = bubblewrap.mount_plan(run_dir.path, run_dir.cwd, program, path, confinement)
-    by_host = {str(host): index for index, (host, _inside) in enumerate(binds)}
-    for host, _inside in binds:
-        launch.bind_fds.append(os.open(host, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW))
-    mounts: list[list[str | int]] = []
-    for step in steps:
-        index = by_host.get(str(step[1])) if step[0] in ("bind", "ro_bind") else None
-        mounts.append(list(step) if index is None
-                      else ["bind_fd", index, step[2], int(step[0] == "bind")])
-    return {"mounts": mounts, "cwd": str(run_dir.cwd), "uid": launch.uid,
+    return {"mounts": [list(step) for step in steps], "cwd": str(run_dir.cwd), "uid": launch.uid,
             "gid": launch.uid}
 
 
 def _abandon(launch: Launch) -> None:
-    launch._close_bind_fds()
     if launch.entry is not None:
         launch.entry.close()
     if launch.uid is not None and launch._pool is not None:

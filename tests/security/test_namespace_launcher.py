@@ -122,7 +122,7 @@ async def test_a_malformed_request_is_refused_and_the_launcher_lives_on(
     ["ro_bind", "/usr", "/../../etc"],
     ["ro_bind", "/nonexistent-source", "/x"],
     ["unknown_step", "/x"],
-    ["bind_fd", 7, "/x", 1],
+    ["proc"],
     ["tmpfs", "/tmp", "not a mode", 1],
 ])
 async def test_a_mount_step_that_cannot_be_made_fails_that_run_only(
