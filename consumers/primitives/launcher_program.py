@@ -14,10 +14,11 @@ namespaces; that child is PID 1 of its namespace and:
 1. makes every mount private, mounts a tmpfs as the new root and applies the
    request's mount plan inside it (binds, tmpfs, folders, links, /proc, /dev);
 2. pivots into it, detaches the old root and remounts the new root read-only;
-3. forks the tool, which starts a new session, enters its working directory, sets
-   its rlimits, empties the capability bounding set, drops to the run's uid/gid
-   with no supplementary groups, empties its inheritable and ambient capabilities,
-   sets no_new_privs and execs the argv (searched on the request's PATH);
+3. enters the working directory, sets the rlimits, empties the capability bounding,
+   inheritable and ambient sets, sets no_new_privs, drops every supplementary group
+   and takes the run's uid/gid as its real ids (see `become_run_user`), then spawns
+   the tool with posix_spawn (no copy of this process: ~0.4 ms less than a fork) in
+   a new session with the run's ids, no capabilities and default signals;
 4. waits for the tool and exits as it did (exit code, or 128+N when killed by
    signal N, as bubblewrap's PID 1 does): the kernel then kills whatever else is
    left in the namespace.
@@ -59,7 +60,7 @@ fresh one (loopback up, nothing else) that the next run inherits, and moves into
 new one after each clone (making one costs ~0.4 ms; this way not while a run waits)."""
 _SYS_CLONE = 56  # x86_64
 _SYS_PIVOT_ROOT = 155
-_SYS_CAPSET = 126
+_SYS_CAPGET, _SYS_CAPSET = 125, 126
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -194,19 +195,33 @@ def fresh_network():
 
 # -- the tool's process -----------------------------------------------------------------
 
-def _drop_privileges(uid, gid):
+def become_run_user(request):
+    """Step 3, in the PID 1 itself: everything the tool inherits. Its real ids become
+    the run's while its effective ids stay 0 (it keeps its capabilities to spawn);
+    the tool is spawned with POSIX_SPAWN_RESETIDS, so its effective ids become the
+    run's too, and exec makes the saved ids the same. With an empty bounding,
+    inheritable and ambient set and no_new_privs, exec gives the tool no capability."""
+    os.chdir(request["cwd"])
+    for kind, soft, hard in request["rlimits"]:
+        resource.setrlimit(int(kind), (int(soft), int(hard)))
     for cap in range(_LAST_CAP + 1):
         _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the bounding set")
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
-    _check(_libc.syscall(_SYS_CAPSET, header, data), "clear the capabilities")
+    _clear_inheritable()
     _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0),
            "clear the ambient capabilities")
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
-    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "die with PID 1")
+    os.setgroups([])
+    uid, gid = int(request["uid"]), int(request["gid"])
+    os.setresgid(gid, 0, 0)
+    os.setresuid(uid, 0, 0)
+
+
+def _clear_inheritable():
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(_libc.syscall(_SYS_CAPGET, header, data), "read the capabilities")
+    data[2] = data[5] = 0  # inheritable, both words
+    _check(_libc.syscall(_SYS_CAPSET, header, data), "clear the inheritable capabilities")
 
 
 def _last_cap():
@@ -218,32 +233,23 @@ def _last_cap():
 
 
 _LAST_CAP = _last_cap()
+_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
 
 
-def become_tool(request):
-    """Step 3: runs in the tool's own process, ends in exec."""
-    os.setsid()
-    os.chdir(request["cwd"])
-    for kind, soft, hard in request["rlimits"]:
-        resource.setrlimit(int(kind), (int(soft), int(hard)))
-    _drop_privileges(int(request["uid"]), int(request["gid"]))
-    argv, env = request["argv"], request["env"]
-    try:
-        _exec(argv, env)
-    except OSError as error:
-        _fail(f"cannot execute {argv[0]}: {error.strerror}", 127)
-
-
-def _exec(argv, env):
-    """execvpe on the request's PATH (os.execvpe would import a module, and the
-    interpreter's library is not visible any more)."""
+def spawn_tool(argv, env):
+    """Start the tool (vfork-like, no copy of this process) in a new session, every
+    signal at its default (this is Python's process: SIGPIPE, SIGXFSZ ignored), its
+    program searched on the request's PATH (os.execvpe would import a module, and
+    the interpreter's library is not visible any more)."""
     program = argv[0]
-    if "/" in program:
-        os.execve(program, argv, env)
+    candidates = [program] if "/" in program else [
+        os.path.join(folder or ".", program)
+        for folder in env.get("PATH", "/usr/bin:/bin").split(":")]
     failure = FileNotFoundError(2, "No such file or directory")
-    for folder in env.get("PATH", "/usr/bin:/bin").split(":"):
+    for candidate in candidates:
         try:
-            os.execve(os.path.join(folder or ".", program), argv, env)
+            return os.posix_spawn(candidate, argv, env, setsid=True, resetids=True,
+                                  setsigdef=_SIGNALS, setsigmask=())
         except (FileNotFoundError, NotADirectoryError):
             pass
         except PermissionError as error:
@@ -265,20 +271,24 @@ def run_pid1(request, fds, root, channel):
     (and is what the executor gets when this one was killed)."""
     try:
         _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "die with the launcher")
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # so the tool cannot interrupt us
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
-        enter_root(root, request["mounts"])
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        tool = os.fork()
+        enter_root(root, request["mounts"])
+        become_run_user(request)
     except BaseException as error:  # noqa: BLE001 - any failure ends this run only
         _fail(str(error) or type(error).__name__)
-    if tool == 0:
-        try:
-            become_tool(request)
-        except BaseException as error:  # noqa: BLE001
-            _fail(str(error) or type(error).__name__)
+    try:
+        tool = spawn_tool(request["argv"], request["env"])
+    except OSError as error:
+        _fail(f"cannot execute {request['argv'][0]}: {error.strerror}", 127)
+    # root again (its effective ids never left 0): the tool can neither signal nor
+    # trace its PID 1, and the PID 1 does not count against the run's process limit
+    os.setresuid(0, 0, 0)
+    os.setresgid(0, 0, 0)
     for fd in (0, 1, 2):
         os.close(fd)
     while True:
@@ -353,6 +363,8 @@ class Launcher:
             data, fds, flags, _ = socket.recv_fds(self.channel, MAX_MESSAGE, MAX_FDS)
         except InterruptedError:
             return True
+        except OSError:  # the executor is gone
+            return False
         if not data:
             for fd in fds:
                 os.close(fd)
@@ -445,6 +457,8 @@ def main(argv):
                    "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     try:
         launcher.serve()
+    except OSError:  # an answer the executor can no longer read: it is gone
+        pass
     finally:
         launcher.kill_all()
 
