@@ -128,6 +128,12 @@ def mount_plan(workdir: Path, cwd: Path, program: str, path: str,
     """What the sandbox's fresh root holds, in order (see MountStep); the same plan
     for bubblewrap and for the namespace launcher (launcher_program). Raises
     UnsafeMount when a path to show is not safe to show."""
+    return [*system_mounts(confinement),
+            *run_mounts(workdir, cwd, program, path, confinement)]
+
+
+def system_mounts(confinement: Confinement) -> list[MountStep]:
+    """The part of the plan every run shows alike: /usr, its links, /etc, /proc, /dev."""
     steps: list[MountStep] = [("ro_bind", "/usr", "/usr")]
     for target, link in _MERGED_USR:
         steps.append(("symlink", target, link) if Path(link).is_symlink()
@@ -139,8 +145,13 @@ def mount_plan(workdir: Path, cwd: Path, program: str, path: str,
         steps.append(("ro_bind", str(confinement.etc_view), "/etc"))
         steps += [("ro_bind_try", f"/etc/{entry}", f"/etc/{entry}")
                   for entry in confinement.etc_binds]
-    steps += [("proc", "/proc"), ("dev", "/dev")]
-    steps += _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
+    return [*steps, ("proc", "/proc"), ("dev", "/dev")]
+
+
+def run_mounts(workdir: Path, cwd: Path, program: str, path: str,
+               confinement: Confinement) -> list[MountStep]:
+    """The run's own part of the plan: its run directory, files and install prefixes."""
+    steps = _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
     steps += _run_binds(workdir, confinement.run_binds)
     shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
              *confinement.extra_read_only]

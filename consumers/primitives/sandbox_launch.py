@@ -155,7 +155,8 @@ def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
                 plan: SubprocessPlan, policy: SandboxPolicy, protected: tuple[Path, ...],
                 binds: tuple[tuple[Path, Path], ...]) -> dict[str, Any]:
     """The launcher's request for this run, without argv, env and rlimits (added
-    when it is sent): bubblewrap's mount plan. The report files are bound by path,
+    when it is sent): bubblewrap's mount plan, what every run shows (`system`, made
+    ahead by the launcher) apart from the run's own part (`mounts`). The report files are bound by path,
     as bubblewrap does (from a fresh 0700 host folder of ours): a bind from an fd
     opened in the executor's mount namespace is refused (EINVAL) in the run's."""
     if launch.uid is None:
@@ -164,8 +165,9 @@ def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
     confinement = bubblewrap.Confinement(
         uid=launch.uid, disk_bytes=disk_quota(plan.limits, policy), protected=protected,
         files=run_dir.files, etc_view=etc.path, etc_binds=etc.refresh(), run_binds=binds)
-    steps = bubblewrap.mount_plan(run_dir.path, run_dir.cwd, program, path, confinement)
-    return {"mounts": [list(step) for step in steps], "cwd": str(run_dir.cwd), "uid": launch.uid,
+    steps = bubblewrap.run_mounts(run_dir.path, run_dir.cwd, program, path, confinement)
+    return {"system": [list(step) for step in bubblewrap.system_mounts(confinement)],
+            "mounts": [list(step) for step in steps], "cwd": str(run_dir.cwd), "uid": launch.uid,
             "gid": launch.uid}
 
 

@@ -96,7 +96,7 @@ async def _start_request(request: dict[str, Any]) -> None:
 
 
 _GOOD = {"argv": ["/usr/bin/true"], "env": {"PATH": "/usr/bin"}, "cwd": "/", "uid": 200999,
-         "gid": 200999, "rlimits": [], "mounts": [["ro_bind", "/usr", "/usr"]]}
+         "gid": 200999, "rlimits": [], "system": [["ro_bind", "/usr", "/usr"]], "mounts": []}
 
 
 @pytest.mark.parametrize("hostile", [
@@ -107,6 +107,7 @@ _GOOD = {"argv": ["/usr/bin/true"], "env": {"PATH": "/usr/bin"}, "cwd": "/", "ui
     {"cwd": "relative"},
     {"rlimits": [["a", 1, 2]]},
     {"mounts": "everything"},
+    {"system": [["ro_bind", {"not": "a path"}, "/x"]]},
     {"mounts": [[{"deep": "object"}]]},
 ])
 async def test_a_malformed_request_is_refused_and_the_launcher_lives_on(
@@ -125,11 +126,14 @@ async def test_a_malformed_request_is_refused_and_the_launcher_lives_on(
     ["proc"],
     ["tmpfs", "/tmp", "not a mode", 1],
 ])
+@pytest.mark.parametrize("part", ["system", "mounts"])
 async def test_a_mount_step_that_cannot_be_made_fails_that_run_only(
-        tmp_path: Path, step: list[Any]) -> None:
+        tmp_path: Path, step: list[Any], part: str) -> None:
     with pytest.raises(ExecutionError) as failed:
-        await _start_request(_GOOD | {"mounts": [step]})
-    assert b"toolexec-launcher: " in failed.value.message.encode()
+        await _start_request(_GOOD | {part: [*_GOOD[part], step]})
+    # refused by the launcher (a host path it cannot copy), or by the run's PID 1
+    assert ("toolexec-launcher: " in failed.value.message
+            or "the run cannot start" in failed.value.message), failed.value.message
     outcome = await _run(tmp_path, "print('still serving')")
     assert outcome.ok, outcome.error
 

@@ -54,6 +54,16 @@ async def test_tool_runs_unprivileged_in_its_own_pid_namespace(tmp_path: Path, s
     assert seen["uid"] in unprivileged and seen["pid"] < 10  # pid 1 is the sandbox's init
 
 
+async def test_a_tool_holds_no_descriptor_but_its_standard_streams(
+        tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, """
+        import os
+        print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
+    """)
+    assert outcome.ok, outcome.error
+    assert outcome.stdout == b"[0, 1, 2, 3]\n"  # 3: the listing's own
+
+
 async def test_reading_etc_shadow_fails(tmp_path: Path, sandbox: str) -> None:
     outcome = await _run(tmp_path, sandbox, "print(open('/etc/shadow').read())")
     assert not outcome.ok and outcome.error["code"] == "E3401"
