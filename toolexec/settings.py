@@ -139,10 +139,11 @@ class Settings(BaseSettings):
     approval_ttl_seconds: float = Field(default=3600.0, gt=0)
     """How long a call that needs approval waits for an approver before it fails with
     E3209 (the expiry is written in its `tool.approval.requested`)."""
-    sandbox: Literal["auto", "bwrap", "landlock", "rlimits", "none"] | None = None
-    """Subprocess sandbox; None = "auto": bubblewrap when installed, else Landlock when
-    the kernel supports it, else (embedded) rlimits or (production) E3405 on every run.
-    `rlimits` is the explicit opt-out; `bwrap` / `landlock` force one sandbox."""
+    sandbox: Literal["auto", "namespaces", "bwrap", "landlock", "rlimits", "none"] | None = None
+    """Subprocess sandbox; None = "auto": the namespace launcher when usable (root),
+    else bubblewrap when installed, else Landlock when the kernel supports it, else
+    (embedded) rlimits or (production) E3405 on every run. `rlimits` is the explicit
+    opt-out; `namespaces` / `bwrap` / `landlock` force one sandbox."""
     strict_chain: bool = True
     """Fail resolution when a parent does not validate its child."""
     log_json: bool = False

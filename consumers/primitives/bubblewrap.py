@@ -91,6 +91,12 @@ class Confinement:
     run_binds: tuple[tuple[Path, Path], ...] = ()
 
 
+MountStep = tuple[str | int, ...]
+"""One step of a sandbox's mount plan, inside its fresh root: ("ro_bind" | "bind" |
+"ro_bind_try", host path, path inside), ("symlink", target, link), ("dir", path,
+mode), ("tmpfs", path, mode, size in bytes), ("proc", path), ("dev", path)."""
+
+
 class UnsafeMount(OSError):
     """A path the sandbox will not show a tool (the run fails with E3405)."""
 
@@ -117,6 +123,63 @@ def network_allowed(policy: NetworkPolicy) -> bool:
     return bool(policy.allowed_domains) and not policy.deny_all_egress
 
 
+def mount_plan(workdir: Path, cwd: Path, program: str, path: str,
+               confinement: Confinement) -> list[MountStep]:
+    """What the sandbox's fresh root holds, in order (see MountStep); the same plan
+    for bubblewrap and for the namespace launcher (launcher_program). Raises
+    UnsafeMount when a path to show is not safe to show."""
+    return [*system_mounts(confinement),
+            *run_mounts(workdir, cwd, program, path, confinement)]
+
+
+def system_mounts(confinement: Confinement) -> list[MountStep]:
+    """The part of the plan every run shows alike: /usr, its links, /etc, /proc, /dev."""
+    steps: list[MountStep] = [("ro_bind", "/usr", "/usr")]
+    for target, link in _MERGED_USR:
+        steps.append(("symlink", target, link) if Path(link).is_symlink()
+                     else ("ro_bind_try", link, link))
+    if confinement.etc_view is None:
+        steps += [("ro_bind_try", f"/etc/{entry}", f"/etc/{entry}")
+                  for entry in SYSTEM_ETC_ENTRIES]
+    else:
+        steps.append(("ro_bind", str(confinement.etc_view), "/etc"))
+        steps += [("ro_bind_try", f"/etc/{entry}", f"/etc/{entry}")
+                  for entry in confinement.etc_binds]
+    return [*steps, ("proc", "/proc"), ("dev", "/dev")]
+
+
+def run_mounts(workdir: Path, cwd: Path, program: str, path: str,
+               confinement: Confinement) -> list[MountStep]:
+    """The run's own part of the plan: its run directory, files and install prefixes."""
+    steps = _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
+    steps += _run_binds(workdir, confinement.run_binds)
+    shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
+             *confinement.extra_read_only]
+    for prefix in dict.fromkeys(shown):
+        steps += [*_traversable_parents(prefix), ("ro_bind", str(prefix), str(prefix))]
+    return steps
+
+
+def bwrap_arguments(steps: list[MountStep]) -> list[str]:
+    """The bwrap options that make the mount plan `steps`."""
+    args: list[str] = []
+    for step in steps:
+        kind = step[0]
+        if kind == "dir":
+            args += ["--perms", f"{step[2]:04o}", "--dir", str(step[1])]
+        elif kind == "tmpfs":
+            args += ["--perms", f"{step[2]:04o}", "--size", str(step[3]), "--tmpfs", str(step[1])]
+        elif kind in ("proc", "dev"):
+            args += [f"--{kind}", str(step[1])]
+        else:
+            args += [_BWRAP_BINDS[kind], str(step[1]), str(step[2])]
+    return args
+
+
+_BWRAP_BINDS = {"ro_bind": "--ro-bind", "ro_bind_try": "--ro-bind-try", "bind": "--bind",
+                "symlink": "--symlink"}
+
+
 def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str,
                  confinement: Confinement | None = None) -> list[str]:
     """The argv that runs `program` (and its arguments, appended by the caller) inside
@@ -126,24 +189,7 @@ def bwrap_prefix(workdir: Path, cwd: Path, program: str, path: str,
     bwrap = bwrap_binary()
     if bwrap is None:
         raise FileNotFoundError("bwrap")
-    args = [bwrap, "--ro-bind", "/usr", "/usr"]
-    for target, link in _MERGED_USR:
-        args += ["--symlink", target, link] if Path(link).is_symlink() \
-            else ["--ro-bind-try", link, link]
-    if confinement.etc_view is None:
-        for entry in SYSTEM_ETC_ENTRIES:
-            args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
-    else:
-        args += ["--ro-bind", str(confinement.etc_view), "/etc"]
-        for entry in confinement.etc_binds:
-            args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    args += _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
-    args += _run_binds(workdir, confinement.run_binds)
-    shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
-             *confinement.extra_read_only]
-    for prefix in dict.fromkeys(shown):
-        args += [*_traversable_parents(prefix), "--ro-bind", str(prefix), str(prefix)]
+    args = [bwrap, *bwrap_arguments(mount_plan(workdir, cwd, program, path, confinement))]
     # the sandbox's own root (a tmpfs holding the mount points) is writable by the tool
     # in a user namespace: read-only, so nothing is written outside the quota
     args += ["--remount-ro", "/"]
@@ -182,50 +228,46 @@ def _inside(confinement: Confinement) -> list[str]:
     return inside
 
 
-def _run_directory(workdir: Path, size: int, files: Path, cwd: Path) -> list[str]:
+def _run_directory(workdir: Path, size: int, files: Path, cwd: Path) -> list[MountStep]:
     """One tmpfs of `size` bytes holds the run directory and /tmp; the tool's files
     (materialised in the host folder `files`) are bound into it read-only, and its
     working directory `cwd` is made in it."""
-    args: list[str] = []
+    steps: list[MountStep] = []
     if workdir.is_relative_to("/tmp"):
-        args += ["--perms", "01777", "--size", str(size), "--tmpfs", "/tmp"]
-        for parent in reversed(workdir.parents):
-            if parent not in (Path("/"), Path("/tmp")):
-                args += ["--perms", "0711", "--dir", str(parent)]
-        args += ["--perms", "0777", "--dir", str(workdir)]
+        steps.append(("tmpfs", "/tmp", 0o1777, size))
+        steps += [("dir", str(parent), 0o711) for parent in reversed(workdir.parents)
+                  if parent not in (Path("/"), Path("/tmp"))]
+        steps.append(("dir", str(workdir), 0o777))
     else:
-        args += _traversable_parents(workdir)
-        args += ["--perms", "0777", "--size", str(size), "--tmpfs", str(workdir),
-                 "--symlink", str(workdir), "/tmp"]
+        steps += _traversable_parents(workdir)
+        steps += [("tmpfs", str(workdir), 0o777, size), ("symlink", str(workdir), "/tmp")]
     folders, names = (_layout(str(files)) if files != workdir
                       else _layout.__wrapped__(str(files)))
     inside, source = str(workdir), str(files)
-    for folder in folders:
-        args += ["--perms", "0777", "--dir", f"{inside}/{folder}"]
-    for name in names:
-        args += ["--ro-bind", f"{source}/{name}", f"{inside}/{name}"]
+    steps += [("dir", f"{inside}/{folder}", 0o777) for folder in folders]
+    steps += [("ro_bind", f"{source}/{name}", f"{inside}/{name}") for name in names]
     made = set(folders)
     for depth in range(1, len(cwd_parts := cwd.relative_to(workdir).parts) + 1):
         folder = "/".join(cwd_parts[:depth])
         if folder not in made:
             made.add(folder)
-            args += ["--perms", "0777", "--dir", f"{inside}/{folder}"]
-    return args
+            steps.append(("dir", f"{inside}/{folder}", 0o777))
+    return steps
 
 
-def _run_binds(workdir: Path, binds: tuple[tuple[Path, Path], ...]) -> list[str]:
+def _run_binds(workdir: Path, binds: tuple[tuple[Path, Path], ...]) -> list[MountStep]:
     """Host files bound into the run directory, the first read-write, the others
     read-only; their folders made searchable and not writable by the tool (bwrap
     would make them 0700, closed to the tool's uid)."""
-    args: list[str] = []
+    steps: list[MountStep] = []
     made: set[Path] = set()
     for index, (host, inside) in enumerate(binds):
         for folder in reversed(inside.parents):
             if folder.is_relative_to(workdir) and folder != workdir and folder not in made:
                 made.add(folder)
-                args += ["--perms", "0755", "--dir", str(folder)]
-        args += ["--bind" if index == 0 else "--ro-bind", str(host), str(inside)]
-    return args
+                steps.append(("dir", str(folder), 0o755))
+        steps.append(("bind" if index == 0 else "ro_bind", str(host), str(inside)))
+    return steps
 
 
 @functools.lru_cache(maxsize=256)
@@ -242,16 +284,12 @@ def _layout(files: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(folders), tuple(names)
 
 
-def _traversable_parents(target: Path) -> list[str]:
+def _traversable_parents(target: Path) -> list[MountStep]:
     """Folders leading to a bind target, made searchable (0711) inside the sandbox:
     bwrap copies the host folders' modes, and a 0700 ancestor (pytest's tmp dirs,
     /root) would lock the sandbox uid out. Nothing on the host changes."""
-    args: list[str] = []
-    for parent in reversed(target.parents):
-        if parent == Path("/") or parent == Path("/tmp"):
-            continue
-        args += ["--perms", "0711", "--dir", str(parent)]
-    return args
+    return [("dir", str(parent), 0o711) for parent in reversed(target.parents)
+            if parent not in (Path("/"), Path("/tmp"))]
 
 
 def install_prefixes(program: str, path: str, cwd: Path, *,

@@ -22,8 +22,8 @@ as OOM; the cost is that a C program that crashes on a failed allocation of
 untouched (virtual, not resident) memory is reported as a crash.
 CPU time (SIGXCPU, or SIGKILL past the hard CPU limit) and file size (SIGXFSZ)
 limits are reported as E3407.
-Under bwrap a tool killed by signal N is seen as exit status 128+N (bwrap's init
-reports it so) and is mapped back to the signal.
+Under bwrap and the namespace launcher a tool killed by signal N is seen as exit
+status 128+N (their PID 1 reports it so) and is mapped back to the signal.
 """
 
 from __future__ import annotations
@@ -59,6 +59,15 @@ def unwrap_bwrap_status(status: int | None, stderr: Capture) -> int | None:
         raise ExecutionError("the bwrap sandbox could not be set up: "
                              + bytes(stderr.data[:500]).decode("utf-8", "replace").strip(),
                              code="E3405", details={"sandbox": "bwrap"})
+    return unwrap_init_status(status)
+
+
+def unwrap_init_status(status: int | None) -> int | None:
+    """A sandbox's PID 1 (bwrap's, the namespace launcher's) reports a tool killed by
+    signal N as exit 128+N: give the signal back."""
+    if status is None or not os.WIFEXITED(status):
+        return status
+    code = os.WEXITSTATUS(status)
     if 128 < code < 128 + 65:
         return code - 128  # a raw wait status for "killed by signal code-128"
     return status

@@ -49,6 +49,7 @@ from mcp.shared.message import SessionMessage
 
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.http_primitive import check_resolved_host, open_endpoint
+from consumers.primitives.sandboxes import through_launcher
 from consumers.primitives.service_process import ServiceProcess, start_service
 from domain.definitions import announced_definition, definition_hash
 from domain.errors import DefinitionChanged, ExecutionError, ToolexecError
@@ -71,7 +72,7 @@ class McpServers:
                  policy: SandboxPolicy | None = None) -> None:
         self._store = store
         self._work_root = work_root
-        self._sandbox = sandbox
+        self._sandbox = through_launcher(sandbox, service=True)  # what servers really enter
         self._policy = policy or SandboxPolicy()
         self._connections: dict[str, _Connection] = {}
         self._locks: dict[str, asyncio.Lock] = {}

@@ -75,7 +75,7 @@ def open_channel(run_dir: RunDirectory, sandbox: str, work_root: Path,
                  resume_state: bytes | None) -> ReportChannel:
     """Make the report files of a run in `run_dir` (see the module docstring)."""
     inside = run_dir.path / FOLDER
-    if sandbox == "bwrap":
+    if sandbox in run_directory.FRESH_ROOT_SANDBOXES:
         host = run_directory.make_workdir(work_root)  # a fresh 0700 folder, ours
         host_folder: Path | None = host
     else:

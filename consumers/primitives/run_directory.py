@@ -26,6 +26,8 @@ from domain.errors import ExecutionError
 from domain.model import SubprocessPlan, ToolFile
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+FRESH_ROOT_SANDBOXES: frozenset[str] = frozenset({"bwrap", "namespaces"})
+"""Sandboxes that give a run a fresh root, its run directory a tmpfs of its own."""
 
 
 @dataclass

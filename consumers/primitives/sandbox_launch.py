@@ -6,6 +6,8 @@ operator's SandboxPolicy into a `Launch`:
   disk quota as the size of its tmpfs, the paths it may see, and — when its network
   policy allows hosts — the egress relay in front of the tool plus an EgressSession
   deciding each connection outside;
+- namespaces (root): the run's uid and the same mount plan as bubblewrap's, as a
+  request for the namespace launcher (`Launch.request`);
 - Landlock: a ruleset the tool's own process enters before exec, or, when its
   network policy allows hosts, the wrapper with the relay (root only, else E3405);
 - rlimits / none: nothing but the rlimits the caller applies.
@@ -21,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -52,6 +55,7 @@ class Launch:
     max_processes: int | None = None
     uid: int | None = None
     egress: EgressSession | None = None
+    request: dict[str, Any] | None = None
     _pool: UidPool | None = None
 
     def spawned(self) -> None:
@@ -73,6 +77,7 @@ class Launch:
             self._pool.release(uid)
 
 
+
 def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, path: str,
                    policy: SandboxPolicy,
                    binds: Sequence[tuple[Path, Path]] = ()) -> Launch:
@@ -82,11 +87,11 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
     are in the run directory already. Raises ExecutionError E3405 when the sandbox
     cannot be set up as the policy requires."""
     launch = Launch(max_processes=plan.limits.max_processes)
-    if sandbox not in ("bwrap", "landlock"):
+    if sandbox not in ("namespaces", "bwrap", "landlock"):
         return launch
     root = os.geteuid() == 0
     try:
-        if sandbox == "bwrap":
+        if sandbox in ("namespaces", "bwrap"):
             if root:
                 launch._pool = shared_pool(policy.run_uid_base, policy.run_uid_count)
                 launch.uid = launch._pool.lease()
@@ -99,7 +104,10 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
                 "NO_PROXY": "", "no_proxy": ""}
         protected = tuple(Path(os.path.realpath(p)) for p in policy.protected_paths)
         program = plan.argv[0] if plan.argv else ""
-        if sandbox == "bwrap":
+        if sandbox == "namespaces":
+            launch.request = _namespaces(launch, run_dir, program, path, plan, policy,
+                                         protected, tuple(binds))
+        elif sandbox == "bwrap":
             launch.prefix = _bwrap(launch, run_dir, program, path, plan, policy, protected,
                                    root, tuple(binds))
         elif launch.egress is None and not bubblewrap.network_allowed(plan.network):
@@ -143,6 +151,26 @@ def _bwrap(launch: Launch, run_dir: RunDirectory, program: str, path: str,
     return bubblewrap.bwrap_prefix(run_dir.path, run_dir.cwd, program, path, confinement)
 
 
+def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
+                plan: SubprocessPlan, policy: SandboxPolicy, protected: tuple[Path, ...],
+                binds: tuple[tuple[Path, Path], ...]) -> dict[str, Any]:
+    """The launcher's request for this run, without argv, env and rlimits (added
+    when it is sent): bubblewrap's mount plan, what every run shows (`system`, made
+    ahead by the launcher) apart from the run's own part (`mounts`). The report files are bound by path,
+    as bubblewrap does (from a fresh 0700 host folder of ours): a bind from an fd
+    opened in the executor's mount namespace is refused (EINVAL) in the run's."""
+    if launch.uid is None:
+        raise OSError("the namespaces sandbox runs as root only")
+    etc = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).etc
+    confinement = bubblewrap.Confinement(
+        uid=launch.uid, disk_bytes=disk_quota(plan.limits, policy), protected=protected,
+        files=run_dir.files, etc_view=etc.path, etc_binds=etc.refresh(), run_binds=binds)
+    steps = bubblewrap.run_mounts(run_dir.path, run_dir.cwd, program, path, confinement)
+    return {"system": [list(step) for step in bubblewrap.system_mounts(confinement)],
+            "mounts": [list(step) for step in steps], "cwd": str(run_dir.cwd), "uid": launch.uid,
+            "gid": launch.uid}
+
+
 def _abandon(launch: Launch) -> None:
     if launch.entry is not None:
         launch.entry.close()
@@ -180,6 +208,14 @@ def isolation_gaps(sandbox: str, *, root: bool | None = None) -> list[str]:
     """What the operator's policy cannot enforce under `sandbox` on this host."""
     root = os.geteuid() == 0 if root is None else root
     if sandbox == "bwrap":
+        return []
+    if sandbox == "namespaces":
+        if not root:
+            return ["everything: the namespaces sandbox runs as root only (E3405)"]
+        if bubblewrap.bwrap_binary() is None:
+            return ["egress and stdio MCP servers: tools whose network policy allows "
+                    "hosts and long-lived servers go through bubblewrap, which is not "
+                    "installed: they fail with E3405"]
         return []
     if sandbox == "landlock":
         gaps = ["disk: no per-run quota under Landlock, only the largest file is limited"]

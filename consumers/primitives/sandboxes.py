@@ -1,9 +1,14 @@
 """Which sandbox a run enters, and the rlimits it runs under.
 
-`resolve_sandbox("auto")` is the fallback order: bubblewrap when installed, else
-Landlock when the kernel supports it, else plain rlimits (embedded profile) or no
-sandbox at all, which fails every run closed with E3405 (production profile).
-"bwrap" runs the tool inside bubblewrap (consumers.primitives.bubblewrap), "landlock"
+`resolve_sandbox("auto")` is the fallback order: toolexec's own namespace launcher
+when it is usable here (root, and the kernel lets it make the namespaces), else
+bubblewrap when installed, else Landlock when the kernel supports it, else plain
+rlimits (embedded profile) or no sandbox at all, which fails every run closed with
+E3405 (production profile). "namespaces" runs the tool through the launcher
+(consumers.primitives.namespace_launcher, launcher_program) with bubblewrap's
+isolation — except runs whose network policy allows hosts and long-lived service
+processes, which go through bubblewrap (`through_launcher`); "bwrap" runs the tool
+inside bubblewrap (consumers.primitives.bubblewrap), "landlock"
 through the Landlock exec wrapper (landlock, landlock_exec), "rlimits" applies
 rlimits only, "none" nothing. What each sandbox gets beyond its rlimits — the run's
 own uid, disk quota, paths, egress relay — is decided by sandbox_launch.
@@ -14,12 +19,12 @@ from __future__ import annotations
 import os
 import resource
 
-from consumers.primitives import bubblewrap, landlock
+from consumers.primitives import bubblewrap, landlock, namespace_launcher
 from consumers.primitives.sandbox_launch import Launch
 from domain.errors import ExecutionError
 from domain.model import ResourceLimits
 
-SANDBOXES: frozenset[str] = frozenset({"bwrap", "landlock", "rlimits", "none"})
+SANDBOXES: frozenset[str] = frozenset({"namespaces", "bwrap", "landlock", "rlimits", "none"})
 NO_SANDBOX = "unavailable"
 """What a strict "auto" resolves to when neither bubblewrap nor Landlock is usable:
 every run then fails closed with E3405."""
@@ -32,17 +37,30 @@ PRLIMIT_OPTIONS: dict[int, str] = {
 
 
 def resolve_sandbox(requested: str, *, strict: bool = False) -> str:
-    """The sandbox to run with. "auto" is "bwrap" when bubblewrap is installed, else
-    "landlock" when the kernel supports Landlock, else "rlimits" — or, when `strict`
-    (the production profile), NO_SANDBOX, so that every run fails closed with E3405.
-    Any other name is taken as it is (checked at run time)."""
+    """The sandbox to run with. "auto" is "namespaces" when the launcher is usable
+    here, else "bwrap" when bubblewrap is installed, else "landlock" when the kernel
+    supports Landlock, else "rlimits" — or, when `strict` (the production profile),
+    NO_SANDBOX, so that every run fails closed with E3405. Any other name is taken
+    as it is (checked at run time)."""
     if requested != "auto":
         return requested
+    if namespace_launcher.usable():
+        return "namespaces"
     if bubblewrap.bwrap_binary() is not None:
         return "bwrap"
     if landlock.available():
         return "landlock"
     return NO_SANDBOX if strict else "rlimits"
+
+
+def through_launcher(sandbox: str, *, network_allowed: bool = False,
+                     service: bool = False) -> str:
+    """The sandbox a run really enters: under "namespaces", a run whose network
+    policy allows hosts (the egress relay) and a long-lived service process go
+    through bubblewrap, and are recorded so."""
+    if sandbox == "namespaces" and (network_allowed or service):
+        return "bwrap"
+    return sandbox
 
 
 def check_sandbox(sandbox: str) -> None:
@@ -51,6 +69,10 @@ def check_sandbox(sandbox: str) -> None:
             "no sandbox is available: bubblewrap is not installed and this kernel does not "
             "support Landlock; install bubblewrap, or set TOOLEXEC_SANDBOX=rlimits to run "
             "tools with resource limits only", code="E3405", details={"sandbox": sandbox})
+    if sandbox == "namespaces" and not namespace_launcher.usable():
+        raise ExecutionError("the namespaces sandbox needs root and a kernel that lets it "
+                             "make mount, PID and network namespaces", code="E3405",
+                             details={"sandbox": sandbox})
     if sandbox not in SANDBOXES:
         raise ExecutionError(f"sandbox {sandbox!r} is not available here", code="E3405",
                              details={"sandbox": sandbox, "available": sorted(SANDBOXES)})

@@ -19,7 +19,7 @@ from consumers.primitives.exit_status import STDERR_TAIL_BYTES
 from consumers.primitives.file_store import ContentStore, relative_parts
 from consumers.primitives.run_directory import RunDirectory, environment, on_host
 from consumers.primitives.sandbox_launch import Launch, prepare_launch
-from consumers.primitives.sandboxes import check_sandbox, rlimits_for
+from consumers.primitives.sandboxes import check_sandbox, rlimits_for, through_launcher
 from consumers.primitives.subprocess_primitive import DEFAULT_POLICY, narrowed
 from consumers.primitives.tool_process import (
     EXIT_POLL_SECONDS,
@@ -127,6 +127,7 @@ def start_service(plan: SubprocessPlan, *, store: ContentStore, work_root: Path,
     if asked_cpu is None:
         plan = dataclasses.replace(plan, limits=dataclasses.replace(plan.limits,
                                                                     cpu_seconds=None))
+    sandbox = through_launcher(sandbox, service=True)
     check_sandbox(sandbox)
     cwd_parts = relative_parts(plan.cwd, allow_root=True)
     launch: Launch | None = None

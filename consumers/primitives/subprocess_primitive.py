@@ -25,16 +25,24 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from consumers.primitives import bubblewrap, egress_relay
+from consumers.primitives import bubblewrap, egress_relay, launcher_program
 from consumers.primitives.exit_status import (
     check_landlock_setup,
     check_setup,
     error_for,
     unwrap_bwrap_status,
+    unwrap_init_status,
 )
 from consumers.primitives.file_store import ContentStore, relative_parts
+from consumers.primitives.namespace_process import spawn_namespaced
 from consumers.primitives.report_file import ReportChannel, follow, open_channel, tool_environment
-from consumers.primitives.run_directory import RunDirectory, environment, in_sandbox, on_host
+from consumers.primitives.run_directory import (
+    FRESH_ROOT_SANDBOXES,
+    RunDirectory,
+    environment,
+    in_sandbox,
+    on_host,
+)
 from consumers.primitives.sandbox_cache import shared_cache
 from consumers.primitives.sandbox_launch import Launch, prepare_launch
 from consumers.primitives.sandboxes import (
@@ -43,6 +51,7 @@ from consumers.primitives.sandboxes import (
     check_sandbox,
     resolve_sandbox,
     rlimits_for,
+    through_launcher,
 )
 from consumers.primitives.tool_process import ToolProcess, spawn
 from domain.errors import ExecutionError, ToolexecError, ValidationFailed
@@ -77,6 +86,7 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
     """
     started = time.perf_counter()
     plan = narrowed(plan, policy)
+    sandbox = through_launcher(sandbox, network_allowed=bubblewrap.network_allowed(plan.network))
     try:
         stdin = _encode_params(params)
         check_sandbox(sandbox)
@@ -96,7 +106,9 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
                                 binds=channel.binds if channel is not None else ())
         env.update(launch.env)
         rlimits = rlimits_for(plan.limits, sandbox, launch)
-        process = ToolProcess(spawn(plan.argv, env, run_dir, rlimits, launch), plan.limits)
+        process = (await spawn_namespaced(plan.argv, env, run_dir, rlimits, launch, plan.limits)
+                   if launch.request is not None
+                   else ToolProcess(spawn(plan.argv, env, run_dir, rlimits, launch), plan.limits))
         return await _supervise(process, stdin, plan, started, sandbox, channel, session)
     except ToolexecError as error:
         return _failed(error, started, sandbox)
@@ -114,9 +126,10 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
 
 def _run_directory(sandbox: str, store: ContentStore, plan: SubprocessPlan, work_root: Path,
                    cwd_parts: tuple[str, ...]) -> RunDirectory:
-    """Under bubblewrap the run directory exists only in the sandbox; elsewhere the
+    """Under bubblewrap and the namespace launcher the run directory exists only in
+    the sandbox; elsewhere the
     tool writes into a fresh host folder (see run_directory)."""
-    if sandbox == "bwrap":
+    if sandbox in FRESH_ROOT_SANDBOXES:
         trees = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).trees
         return in_sandbox(store, plan.files, work_root, cwd_parts, trees)
     return on_host(store, plan.files, work_root, cwd_parts)
@@ -144,6 +157,9 @@ async def _supervise(process: ToolProcess, stdin: bytes, plan: SubprocessPlan,
         status, usage = process.exit_status()
         if sandbox == "bwrap":
             status = unwrap_bwrap_status(status, process.stderr)
+        elif sandbox == "namespaces":
+            status = unwrap_init_status(status)
+            check_setup(status, process.stderr, launcher_program.MESSAGE_PREFIX, sandbox)
         elif sandbox == "landlock":
             check_landlock_setup(status, process.stderr)
         check_setup(status, process.stderr, egress_relay.MESSAGE_PREFIX, sandbox)

@@ -60,7 +60,7 @@ def _command(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
     """The argv to exec and the preexec_fn (None when prlimit applies the limits)."""
     wrapper = launch.prefix
     if wrapper or launch.entry is not None:
-        _require_executable(argv[0], env["PATH"], cwd)  # bwrap would only say "exit 1"
+        require_executable(argv[0], env["PATH"], cwd)  # bwrap would only say "exit 1"
     if launch.entry is not None:  # the child restricts itself: set its limits there too
         return [*argv], functools.partial(_enter, rlimits, launch.entry)
     if not rlimits:
@@ -68,7 +68,7 @@ def _command(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
     prlimit = _prlimit_binary()
     if prlimit is None:
         return [*wrapper, *argv], functools.partial(apply_rlimits, rlimits)
-    _require_executable(argv[0], env["PATH"], cwd)  # prlimit would only say "exit 127"
+    require_executable(argv[0], env["PATH"], cwd)  # prlimit would only say "exit 127"
     options = [f"--{PRLIMIT_OPTIONS[kind]}={soft}:{hard}" for kind, soft, hard in rlimits]
     return [prlimit, *options, "--", *wrapper, *argv], None
 
@@ -79,7 +79,7 @@ def _enter(rlimits: tuple[RLimit, ...], entry: Callable[[], None]) -> None:
     entry()
 
 
-def _require_executable(program: str, path: str, cwd: Path) -> None:
+def require_executable(program: str, path: str, cwd: Path) -> None:
     found = (os.access(cwd / program, os.X_OK) and (cwd / program).is_file()) \
         if "/" in program else shutil.which(program, path=path) is not None
     if not found:

@@ -1,5 +1,6 @@
 """Fixtures of the security tests: the in-memory pipeline with the policy engine wired,
-an RSA key pair, and token forging helpers."""
+an RSA key pair, token forging helpers, and `sandbox`: each sandbox giving a run a
+fresh root that this host offers (the namespace launcher, bubblewrap)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from consumers.adapters.decision_cache import DecisionStore, MemoryDecisions
 from consumers.adapters.policy_engine import CedarEvaluator
+from consumers.primitives import bubblewrap, namespace_launcher
 from consumers.runtime.runs import InvocationRuns
 from consumers.steps import authorize
 from domain.credentials import CredentialGrants
@@ -29,6 +31,17 @@ from tests.handlers.conftest import (
 )
 
 NOW = int(FIXED_NOW.timestamp())
+NO_BWRAP = pytest.mark.skipif(bubblewrap.bwrap_binary() is None,
+                              reason="bubblewrap not installed")
+NO_LAUNCHER = pytest.mark.skipif(not namespace_launcher.usable(),
+                                 reason="the namespace launcher needs root")
+
+
+@pytest.fixture(params=[pytest.param("namespaces", marks=NO_LAUNCHER),
+                        pytest.param("bwrap", marks=NO_BWRAP)])
+def sandbox(request: pytest.FixtureRequest) -> str:
+    """Each sandbox giving a run a fresh root available here, by name."""
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from consumers.primitives import bubblewrap
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
 from consumers.primitives.subprocess_primitive import run_subprocess
@@ -31,10 +30,7 @@ from domain.plan import build_plan
 from domain.sandbox_policy import SandboxPolicy
 from toolexec.sources import load_builtin_sources, load_source
 
-pytestmark = [
-    pytest.mark.security,
-    pytest.mark.skipif(bubblewrap.bwrap_binary() is None, reason="bubblewrap not installed"),
-]
+pytestmark = [pytest.mark.security]
 
 TOOLS = Path(__file__).parent / "tools"
 
@@ -100,19 +96,19 @@ def _probe(**policy: Any) -> SubprocessPlan:
     return plan
 
 
-async def _probe_run(tmp_path: Path, plan: SubprocessPlan, params: dict[str, Any],
+async def _probe_run(sandbox: str, tmp_path: Path, plan: SubprocessPlan, params: dict[str, Any],
                      **options: Any) -> dict[str, str]:
     outcome = await run_subprocess(plan, params, store=ContentStore(tmp_path / "cas"),
-                                   work_root=tmp_path / "work", sandbox="bwrap", **options)
+                                   work_root=tmp_path / "work", sandbox=sandbox, **options)
     assert outcome.ok, (outcome.error, outcome.stderr)
     return json.loads(outcome.stdout)
 
 
 async def test_a_script_tool_cannot_reach_loopback_although_its_policy_names_it(
-        tmp_path: Path, gateway: ThreadingHTTPServer) -> None:
+        tmp_path: Path, gateway: ThreadingHTTPServer, sandbox: str) -> None:
     port = _port(gateway)
     url = f"http://127.0.0.1:{port}/v1/tools/register"
-    seen = await _probe_run(tmp_path, _probe(allowed_ports=[port]),
+    seen = await _probe_run(sandbox, tmp_path, _probe(allowed_ports=[port]),
                             {"urls": [url, f"http://localhost:{port}/"],
                              "direct": [f"127.0.0.1:{port}"]})
     assert seen[url] == "refused: 403"
@@ -123,13 +119,13 @@ async def test_a_script_tool_cannot_reach_loopback_although_its_policy_names_it(
 
 async def test_only_the_listed_hosts_and_ports_are_reached(
         tmp_path: Path, gateway: ThreadingHTTPServer,
-        permitted: ThreadingHTTPServer) -> None:
+        permitted: ThreadingHTTPServer, sandbox: str) -> None:
     allowed, other = _port(permitted), _port(gateway)
     urls = {"permitted": f"http://127.0.0.2:{allowed}/data",
             "unlisted_port": f"http://127.0.0.2:{other}/",
             "loopback": f"http://127.0.0.1:{allowed}/",
             "unlisted_host": f"http://example.invalid:{allowed}/"}
-    seen = await _probe_run(
+    seen = await _probe_run(sandbox,
         tmp_path, _probe(allowed_ports=[allowed]), {"urls": list(urls.values())},
         policy=SandboxPolicy(egress_allowed_networks=("127.0.0.2/32",)))
     assert seen[urls["permitted"]] == "reached: permitted answered"
@@ -141,9 +137,9 @@ async def test_only_the_listed_hosts_and_ports_are_reached(
 
 
 async def test_an_empty_allowed_ports_lets_a_script_tool_reach_no_port(
-        tmp_path: Path, permitted: ThreadingHTTPServer) -> None:
+        tmp_path: Path, permitted: ThreadingHTTPServer, sandbox: str) -> None:
     url = f"http://127.0.0.2:{_port(permitted)}/"
-    seen = await _probe_run(tmp_path, _probe(), {"urls": [url]},
+    seen = await _probe_run(sandbox, tmp_path, _probe(), {"urls": [url]},
                             policy=SandboxPolicy(egress_allowed_networks=("127.0.0.2/32",)))
     assert seen[url] == "refused: 403"
     assert permitted.seen == []  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from consumers.primitives import bubblewrap, landlock, landlock_exec
+from consumers.primitives import bubblewrap, landlock, landlock_exec, namespace_launcher
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import NO_SANDBOX, resolve_sandbox, run_subprocess
 from domain.model import (
@@ -255,6 +255,7 @@ async def test_a_wrapper_that_cannot_restrict_itself_fails_closed_with_E3405(
 
 def test_auto_falls_back_from_bwrap_to_landlock_then_fails_closed(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(namespace_launcher, "usable", lambda: False)
     monkeypatch.setattr(bubblewrap, "bwrap_binary", lambda: None)
     assert resolve_sandbox("auto", strict=True) == "landlock"
     monkeypatch.setattr(landlock_exec, "abi_version", lambda: 0)

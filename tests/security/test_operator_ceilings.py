@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import structlog
 
-from consumers.primitives import bubblewrap
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.integrity import seal
@@ -28,10 +27,7 @@ from domain.plan import build_plan
 from domain.sandbox_policy import GIB, SandboxPolicy
 from toolexec.sources import load_builtin_sources, load_source
 
-pytestmark = [
-    pytest.mark.security,
-    pytest.mark.skipif(bubblewrap.bwrap_binary() is None, reason="bubblewrap not installed"),
-]
+pytestmark = [pytest.mark.security]
 
 TOOLS = Path(__file__).parent / "tools"
 WAIT_SECONDS = 60.0
@@ -50,15 +46,15 @@ def _plan(name: str, **manifest_changes: Any) -> SubprocessPlan:
     return plan
 
 
-async def _run(tmp_path: Path, plan: SubprocessPlan, params: dict[str, Any] | None = None,
+async def _run(sandbox: str, tmp_path: Path, plan: SubprocessPlan, params: dict[str, Any] | None = None,
                **options: Any) -> PrimitiveOutcome:
     return await run_subprocess(plan, params or {}, store=ContentStore(tmp_path / "cas"),
-                                work_root=tmp_path / "work", sandbox="bwrap", **options)
+                                work_root=tmp_path / "work", sandbox=sandbox, **options)
 
 
-async def test_limits_a_manifest_asks_above_the_ceilings_are_cut_down(tmp_path: Path) -> None:
+async def test_limits_a_manifest_asks_above_the_ceilings_are_cut_down(tmp_path: Path, sandbox: str) -> None:
     with structlog.testing.capture_logs() as logs:
-        outcome = await _run(tmp_path, _plan("limits_reporter"))
+        outcome = await _run(sandbox, tmp_path, _plan("limits_reporter"))
     assert outcome.ok, (outcome.error, outcome.stderr)
     got = json.loads(outcome.stdout)
     ceilings = SandboxPolicy()
@@ -73,22 +69,22 @@ async def test_limits_a_manifest_asks_above_the_ceilings_are_cut_down(tmp_path: 
             "granted": ceilings.max_memory_bytes} in narrowed
 
 
-async def test_a_tool_that_asks_for_nothing_still_has_a_cpu_limit(tmp_path: Path) -> None:
-    outcome = await _run(tmp_path, _plan("limits_reporter", resource_limits=None,
+async def test_a_tool_that_asks_for_nothing_still_has_a_cpu_limit(tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(sandbox, tmp_path, _plan("limits_reporter", resource_limits=None,
                                          timeout_default=20))
     assert outcome.ok, (outcome.error, outcome.stderr)
     assert json.loads(outcome.stdout)["cpu"] == 20  # one core for its whole wall time
 
 
-async def test_one_run_holding_its_processes_leaves_other_runs_theirs(tmp_path: Path) -> None:
+async def test_one_run_holding_its_processes_leaves_other_runs_theirs(tmp_path: Path, sandbox: str) -> None:
     marker = f"door5-{os.getpid()}-{id(tmp_path)}"
     hog = _plan("process_hog")
     hog = dataclasses.replace(hog, argv=(*hog.argv, marker))
-    holding = asyncio.create_task(_run(tmp_path, hog))
+    holding = asyncio.create_task(_run(sandbox, tmp_path, hog))
     try:
         await _until(lambda: _processes_with(marker) >= 30 or holding.done())
         assert not holding.done(), holding.result()
-        other = await _run(tmp_path, _plan("spawner"))
+        other = await _run(sandbox, tmp_path, _plan("spawner"))
     finally:
         holding.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -97,27 +93,27 @@ async def test_one_run_holding_its_processes_leaves_other_runs_theirs(tmp_path: 
     assert json.loads(other.stdout) == {"helper": "helper ran"}
 
 
-async def test_the_operators_process_ceiling_holds_a_run_below_it(tmp_path: Path) -> None:
+async def test_the_operators_process_ceiling_holds_a_run_below_it(tmp_path: Path, sandbox: str) -> None:
     """process_hog asks for 40 processes; the operator allows 10. It prints how many it
     holds, then waits until the wall-time ceiling stops it."""
-    outcome = await _run(tmp_path, _plan("process_hog"),
+    outcome = await _run(sandbox, tmp_path, _plan("process_hog"),
                          policy=SandboxPolicy(max_processes=10, max_wall_seconds=5))
     assert outcome.error is not None and outcome.error["code"] == "E3402", outcome
     assert int(outcome.stdout.split()[0]) < 10
 
 
-async def test_a_run_cannot_write_more_than_its_disk_quota(tmp_path: Path) -> None:
-    outcome = await _run(tmp_path, _plan("disk_filler"), {"mib": 64})
+async def test_a_run_cannot_write_more_than_its_disk_quota(tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(sandbox, tmp_path, _plan("disk_filler"), {"mib": 64})
     assert outcome.ok, (outcome.error, outcome.stderr)
     report = json.loads(outcome.stdout)
     assert report["written_mib"] <= 16  # ephemeral_storage: 16Mi, for the whole run
     assert report["refusal"] is not None
 
 
-async def test_the_operators_wall_time_ceiling_stops_a_long_run(tmp_path: Path) -> None:
+async def test_the_operators_wall_time_ceiling_stops_a_long_run(tmp_path: Path, sandbox: str) -> None:
     plan = _plan("process_hog")
     assert plan.timeout_seconds == 120
-    outcome = await _run(tmp_path, plan, policy=SandboxPolicy(max_wall_seconds=2))
+    outcome = await _run(sandbox, tmp_path, plan, policy=SandboxPolicy(max_wall_seconds=2))
     assert not outcome.ok and outcome.error["code"] == "E3402"
     assert outcome.error["details"]["timeout_seconds"] == 2
 

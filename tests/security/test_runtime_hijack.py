@@ -30,10 +30,7 @@ from domain.sandbox_policy import SandboxPolicy
 from tests.security.conftest import build_secure_harness, rs256
 from toolexec.sources import load_builtin_sources, load_source
 
-pytestmark = [
-    pytest.mark.security,
-    pytest.mark.skipif(bubblewrap.bwrap_binary() is None, reason="bubblewrap not installed"),
-]
+pytestmark = [pytest.mark.security]
 
 TOOLS = Path(__file__).parent / "tools"
 MARKER = "EVERY CALLER'S PARAMETERS"
@@ -64,8 +61,9 @@ def _targets(state: Path) -> list[str]:
     return [str(state / "toolexec.db"), str(state / "runtime.json"), "/proc/1/cmdline"]
 
 
-async def test_a_script_cannot_swap_its_runtimes_interpreter(rsa_key, state_dir: Path) -> None:
-    runner = Primitives(ContentStore(state_dir / "cas"), state_dir / "work", sandbox="bwrap")
+async def test_a_script_cannot_swap_its_runtimes_interpreter(rsa_key, state_dir: Path,
+                                                              sandbox: str) -> None:
+    runner = Primitives(ContentStore(state_dir / "cas"), state_dir / "work", sandbox=sandbox)
     harness, _, _ = build_secure_harness([rsa_key.public_key()], runner=runner)
     harness.registry.add(seal(load_source(TOOLS / "runtime_hijack")))
     invocation = await harness.request(
@@ -82,7 +80,7 @@ async def test_a_script_cannot_swap_its_runtimes_interpreter(rsa_key, state_dir:
 
 
 async def test_an_interpreter_named_through_bin_shows_the_tool_nothing_of_the_host(
-        state_dir: Path) -> None:
+        state_dir: Path, sandbox: str) -> None:
     """A runtime (trusted, published by an admin) naming `/bin/python3`: on a merged-usr
     host that is /usr/bin/python3, and the tool still sees only what it always sees."""
     chain = _chain(load_source(TOOLS / "runtime_hijack"), command="/bin/python3")
@@ -90,16 +88,17 @@ async def test_an_interpreter_named_through_bin_shows_the_tool_nothing_of_the_ho
     assert isinstance(plan, SubprocessPlan) and plan.argv[0] == "/bin/python3"
     outcome = await run_subprocess(plan, {"targets": _targets(state_dir)},
                                    store=ContentStore(state_dir / "cas"),
-                                   work_root=state_dir / "work", sandbox="bwrap")
+                                   work_root=state_dir / "work", sandbox=sandbox)
     assert outcome.ok, (outcome.error, outcome.stderr)
     seen = json.loads(outcome.stdout)
     assert seen[str(state_dir / "toolexec.db")].startswith("refused")
     assert seen[str(state_dir / "runtime.json")].startswith("refused")
-    assert "bwrap" in seen["/proc/1/cmdline"]  # its own PID namespace, not the host's init
+    # its own PID namespace, whose PID 1 is the sandbox's, not the host's init
+    assert ("bwrap" if sandbox == "bwrap" else "launcher_program") in seen["/proc/1/cmdline"]
 
 
 async def test_a_program_in_a_folder_holding_the_state_directory_is_refused(
-        state_dir: Path) -> None:
+        state_dir: Path, sandbox: str) -> None:
     """An interpreter whose install prefix would be an ancestor of the state directory
     (here: `<base>/bin/python3` next to `<base>/state`) is never bound: E3405."""
     base = state_dir.parent
@@ -108,7 +107,7 @@ async def test_a_program_in_a_folder_holding_the_state_directory_is_refused(
     chain = _chain(load_source(TOOLS / "runtime_hijack"), command=str(base / "bin" / "python3"))
     outcome = await run_subprocess(build_plan(chain), {"targets": _targets(state_dir)},
                                    store=ContentStore(state_dir / "cas"),
-                                   work_root=state_dir / "work", sandbox="bwrap",
+                                   work_root=state_dir / "work", sandbox=sandbox,
                                    policy=_policy(state_dir))
     assert not outcome.ok and outcome.error["code"] == "E3405", outcome
     assert "state directory" in outcome.error["message"]

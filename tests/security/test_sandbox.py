@@ -1,5 +1,6 @@
-"""Hostile tools under the bubblewrap sandbox: each attempt is contained, reported,
-and leaves the host unchanged (spec 12.6.1)."""
+"""Hostile tools under the bubblewrap sandbox and the namespace launcher (the same
+isolation): each attempt is contained, reported, and leaves the host unchanged (spec
+12.6.1). Every test runs under both where both are available."""
 
 from __future__ import annotations
 
@@ -16,16 +17,14 @@ from typing import Any
 
 import pytest
 
-from consumers.primitives import bubblewrap
+from consumers.primitives import bubblewrap, namespace_launcher
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import resolve_sandbox, run_subprocess
 from domain.model import NetworkPolicy, PrimitiveOutcome, ResourceLimits, SubprocessPlan, ToolFile
 from domain.sandbox_policy import SandboxPolicy
+from tests.security.conftest import NO_BWRAP
 
-pytestmark = [
-    pytest.mark.security,
-    pytest.mark.skipif(bubblewrap.bwrap_binary() is None, reason="bubblewrap not installed"),
-]
+pytestmark = [pytest.mark.security]
 
 
 def _plan(source: str, **changes: Any) -> SubprocessPlan:
@@ -35,35 +34,45 @@ def _plan(source: str, **changes: Any) -> SubprocessPlan:
                           **changes)
 
 
-async def _run(tmp_path: Path, source: str, params: dict[str, Any] | None = None,
-               **changes: Any) -> PrimitiveOutcome:
+async def _run(tmp_path: Path, sandbox: str, source: str,
+               params: dict[str, Any] | None = None, **changes: Any) -> PrimitiveOutcome:
     return await run_subprocess(_plan(source, **changes), params or {},
                                 store=ContentStore(tmp_path / "cas"),
-                                work_root=tmp_path / "work", sandbox="bwrap")
+                                work_root=tmp_path / "work", sandbox=sandbox)
 
 
-async def test_tool_runs_unprivileged_in_its_own_pid_namespace(tmp_path: Path) -> None:
-    outcome = await _run(tmp_path, """
+async def test_tool_runs_unprivileged_in_its_own_pid_namespace(tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, """
         import json, os
         print(json.dumps({"uid": os.getuid(), "pid": os.getpid()}))
     """)
     assert outcome.ok, outcome.error
-    assert outcome.sandbox == "bwrap"
+    assert outcome.sandbox == sandbox
     seen = __import__("json").loads(outcome.stdout)
     # as root each run has a uid of its own (sandbox_uids), else 65534 in a user namespace
     unprivileged = (range(200_000, 200_000 + 1024) if os.geteuid() == 0 else range(65534, 65535))
-    assert seen["uid"] in unprivileged and seen["pid"] < 10  # pid 1 is bwrap's init
+    assert seen["uid"] in unprivileged and seen["pid"] < 10  # pid 1 is the sandbox's init
 
 
-async def test_reading_etc_shadow_fails(tmp_path: Path) -> None:
-    outcome = await _run(tmp_path, "print(open('/etc/shadow').read())")
+async def test_a_tool_holds_no_descriptor_but_its_standard_streams(
+        tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, """
+        import os
+        print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
+    """)
+    assert outcome.ok, outcome.error
+    assert outcome.stdout == b"[0, 1, 2, 3]\n"  # 3: the listing's own
+
+
+async def test_reading_etc_shadow_fails(tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, "print(open('/etc/shadow').read())")
     assert not outcome.ok and outcome.error["code"] == "E3401"
     assert b"No such file" in outcome.stderr or b"Permission denied" in outcome.stderr
 
 
 async def test_the_sandbox_etc_holds_the_hosts_entries_and_nothing_else(
-        tmp_path: Path) -> None:
-    outcome = await _run(tmp_path, """
+        tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, """
         import json, os
         print(json.dumps({"entries": sorted(os.listdir("/etc")),
                           "passwd": open("/etc/passwd").read(),
@@ -78,7 +87,7 @@ async def test_the_sandbox_etc_holds_the_hosts_entries_and_nothing_else(
 
 
 async def test_a_run_makes_nothing_on_the_host_and_gets_its_working_directory(
-        tmp_path: Path) -> None:
+        tmp_path: Path, sandbox: str) -> None:
     plan = _plan("""
         import os
         open("made-here.txt", "w").write("x")
@@ -87,14 +96,14 @@ async def test_a_run_makes_nothing_on_the_host_and_gets_its_working_directory(
     """, cwd="sub/dir")
     plan = dataclasses.replace(plan, argv=("python3", "../../main.py"))
     outcome = await run_subprocess(plan, {}, store=ContentStore(tmp_path / "cas"),
-                                   work_root=tmp_path / "work", sandbox="bwrap")
+                                   work_root=tmp_path / "work", sandbox=sandbox)
     assert outcome.ok, outcome.error
     assert outcome.stdout.decode().strip().endswith("/sub/dir")
     work = tmp_path / "work"
     assert not work.exists() or list(work.iterdir()) == []
 
 
-async def test_a_tool_cannot_change_its_files_for_the_next_run(tmp_path: Path) -> None:
+async def test_a_tool_cannot_change_its_files_for_the_next_run(tmp_path: Path, sandbox: str) -> None:
     source = """
         import os
         print(open("main.py").read().count("EVIL"))
@@ -105,24 +114,24 @@ async def test_a_tool_cannot_change_its_files_for_the_next_run(tmp_path: Path) -
             except OSError:
                 pass
     """
-    first = await _run(tmp_path, source)
-    second = await _run(tmp_path, source)
+    first = await _run(tmp_path, sandbox, source)
+    second = await _run(tmp_path, sandbox, source)
     assert first.ok and second.ok, (first.error, second.error)
     assert first.stdout == second.stdout == b"2\n"  # the two in this source, never a third
 
 
-async def test_reading_a_host_file_outside_its_dir_fails(tmp_path: Path) -> None:
+async def test_reading_a_host_file_outside_its_dir_fails(tmp_path: Path, sandbox: str) -> None:
     secret = tmp_path / "host-secret.txt"
     secret.write_text("host secret")
-    outcome = await _run(tmp_path, f"print(open({str(secret)!r}).read())")
+    outcome = await _run(tmp_path, sandbox, f"print(open({str(secret)!r}).read())")
     assert not outcome.ok
     assert b"host secret" not in outcome.stdout
 
 
 async def test_writing_outside_its_temp_dir_fails_and_the_host_is_unchanged(
-        tmp_path: Path) -> None:
+        tmp_path: Path, sandbox: str) -> None:
     target = tmp_path / "escaped.txt"
-    outcome = await _run(tmp_path, f"""
+    outcome = await _run(tmp_path, sandbox, f"""
         import os
         open("inside.txt", "w").write("fine")
         for path in ({str(target)!r}, "/usr/escaped.txt", "/etc/escaped.txt"):
@@ -137,13 +146,13 @@ async def test_writing_outside_its_temp_dir_fails_and_the_host_is_unchanged(
     assert not target.exists() and not Path("/usr/escaped.txt").exists()
 
 
-async def test_socket_to_loopback_fails_without_network_permission(tmp_path: Path) -> None:
+async def test_socket_to_loopback_fails_without_network_permission(tmp_path: Path, sandbox: str) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
     port = server.getsockname()[1]
     try:
-        outcome = await _run(tmp_path, f"""
+        outcome = await _run(tmp_path, sandbox, f"""
             import socket
             socket.create_connection(("127.0.0.1", {port}), timeout=2)
             print("CONNECTED")
@@ -153,8 +162,25 @@ async def test_socket_to_loopback_fails_without_network_permission(tmp_path: Pat
     assert not outcome.ok and b"CONNECTED" not in outcome.stdout
 
 
+async def test_a_tool_has_its_own_loopback_and_nothing_else(tmp_path: Path,
+                                                             sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, """
+        import json, os, socket
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        socket.create_connection(server.getsockname(), timeout=5).sendall(b"own")
+        print(json.dumps({"echo": server.accept()[0].recv(3).decode(),
+                          "interfaces": sorted(os.listdir("/sys/class/net"))
+                          if os.path.isdir("/sys/class/net") else ["lo"]}))
+    """)
+    assert outcome.ok, (outcome.error, outcome.stderr)
+    seen = __import__("json").loads(outcome.stdout)
+    assert seen == {"echo": "own", "interfaces": ["lo"]}
+
+
 async def test_network_policy_reaches_allowed_hosts_through_the_egress_proxy_only(
-        tmp_path: Path) -> None:
+        tmp_path: Path, sandbox: str) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
@@ -170,7 +196,7 @@ async def test_network_policy_reaches_allowed_hosts_through_the_egress_proxy_onl
                     print("no direct route")
             """, network=NetworkPolicy(allowed_domains=("127.0.0.1",), allowed_ports=(port,))),
             {}, store=ContentStore(tmp_path / "cas"), work_root=tmp_path / "work",
-            sandbox="bwrap", policy=SandboxPolicy(egress_allowed_networks=("127.0.0.1/32",)))
+            sandbox=sandbox, policy=SandboxPolicy(egress_allowed_networks=("127.0.0.1/32",)))
     finally:
         server.shutdown()
         server.server_close()
@@ -189,8 +215,8 @@ class _Hello(BaseHTTPRequestHandler):
         pass
 
 
-async def test_fork_bomb_is_contained_by_the_process_limit(tmp_path: Path) -> None:
-    outcome = await _run(tmp_path, """
+async def test_fork_bomb_is_contained_by_the_process_limit(tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, """
         import os, time
         count = 0
         try:
@@ -207,8 +233,8 @@ async def test_fork_bomb_is_contained_by_the_process_limit(tmp_path: Path) -> No
     assert int(outcome.stdout.split()[2]) < 20
 
 
-async def test_sudo_does_not_escalate(tmp_path: Path) -> None:
-    outcome = await _run(tmp_path, """
+async def test_sudo_does_not_escalate(tmp_path: Path, sandbox: str) -> None:
+    outcome = await _run(tmp_path, sandbox, """
         import os, subprocess, sys
         for argv in (["sudo", "-n", "id", "-u"], ["su", "-c", "id -u"]):
             try:
@@ -226,9 +252,9 @@ async def test_sudo_does_not_escalate(tmp_path: Path) -> None:
     assert b"ROOT" not in outcome.stdout
 
 
-async def test_killing_the_parent_is_not_possible(tmp_path: Path) -> None:
+async def test_killing_the_parent_is_not_possible(tmp_path: Path, sandbox: str) -> None:
     import os
-    outcome = await _run(tmp_path, f"""
+    outcome = await _run(tmp_path, sandbox, f"""
         import os, signal
         for pid in ({os.getpid()}, 1, os.getppid()):
             try:
@@ -237,33 +263,38 @@ async def test_killing_the_parent_is_not_possible(tmp_path: Path) -> None:
             except OSError as error:
                 print("refused", pid, error.errno)
     """)
-    assert outcome.sandbox == "bwrap"  # and this test process is still alive
+    assert outcome.sandbox == sandbox  # and this test process is still alive
 
 
+@NO_BWRAP
 async def test_missing_bwrap_fails_closed_with_E3405(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(bubblewrap, "bwrap_binary", lambda: None)
-    outcome = await _run(tmp_path, "print(1)")
+    outcome = await _run(tmp_path, "bwrap", "print(1)")
     assert not outcome.ok and outcome.error["code"] == "E3405"
-    assert resolve_sandbox("auto") != "bwrap"  # landlock or rlimits: tests/security/test_landlock
+    # the launcher, else landlock or rlimits: tests/security/test_landlock
+    assert resolve_sandbox("auto") != "bwrap"
 
 
-def test_auto_prefers_bwrap_when_installed() -> None:
-    assert resolve_sandbox("auto") == "bwrap"
+def test_auto_prefers_the_launcher_then_bwrap() -> None:
+    if namespace_launcher.usable():
+        assert resolve_sandbox("auto") == "namespaces"
+    elif bubblewrap.bwrap_binary() is not None:
+        assert resolve_sandbox("auto") == "bwrap"
     assert resolve_sandbox("rlimits") == "rlimits"
 
 
-async def test_spawn_overhead_is_reported(tmp_path: Path) -> None:
-    """Not an assertion on speed: records bwrap vs rlimits spawn p50 in the output."""
+async def test_spawn_overhead_is_reported(tmp_path: Path, sandbox: str) -> None:
+    """Not an assertion on speed: records the sandbox's vs rlimits spawn p50 in the output."""
     store = ContentStore(tmp_path / "cas")
     figures = {}
-    for sandbox in ("rlimits", "bwrap"):
+    for name in ("rlimits", sandbox):
         samples = []
         for _ in range(10):
             started = time.perf_counter()
             outcome = await run_subprocess(SubprocessPlan(argv=("/usr/bin/true",)), {},
                                            store=store, work_root=tmp_path / "w",
-                                           sandbox=sandbox)
+                                           sandbox=name)
             samples.append((time.perf_counter() - started) * 1000)
             assert outcome.ok, outcome.error
-        figures[sandbox] = sorted(samples)[5]
+        figures[name] = sorted(samples)[5]
     print(f"spawn p50 ms: {figures}")

@@ -2,8 +2,8 @@
 
 The bench's trivial Python tool is run, interleaved call by call in one loop, by a
 bare spawn (its argv, parameters on stdin, exit on a pidfd: `DirectSpawn`) and by the
-subprocess primitive under every sandbox this host offers (bubblewrap, Landlock,
-rlimits). Each primitive figure is the caller's wall time around `run_subprocess`,
+subprocess primitive under every sandbox this host offers (the namespace launcher,
+bubblewrap, Landlock, rlimits). Each primitive figure is the caller's wall time around `run_subprocess`,
 so everything a run pays is in it: run directory, launch, supervision, clean-up. No
 broker and no pipeline are involved. The target is judged on the sandbox "auto"
 picks (the default).
@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from consumers.primitives import bubblewrap, landlock
+from consumers.primitives import bubblewrap, landlock, namespace_launcher
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import resolve_sandbox, run_subprocess
 from domain.sandbox_policy import SandboxPolicy
@@ -29,7 +29,9 @@ Call = Callable[[], Awaitable[bool]]
 
 def available_sandboxes() -> list[str]:
     """The sandboxes this host can run, in the fallback order of "auto"."""
-    names = ["bwrap"] if bubblewrap.bwrap_binary() is not None else []
+    names = ["namespaces"] if namespace_launcher.usable() else []
+    if bubblewrap.bwrap_binary() is not None:
+        names.append("bwrap")
     if landlock.available():
         names.append("landlock")
     return [*names, "rlimits"]

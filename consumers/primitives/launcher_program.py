@@ -1,0 +1,632 @@
+"""The namespace launcher: a small process that starts sandboxed runs for one executor.
+
+Started once per executor event loop by consumers.primitives.namespace_launcher as
+`python -I -S launcher_program.py FD PARENT_PID ROOT` (standard library only,
+nothing of toolexec imported), connected to the executor by nothing but the
+SOCK_SEQPACKET socket FD it inherited; ROOT is an empty private folder to mount
+each run's new root on. It dies with the executor (PR_SET_PDEATHSIG), and on end of
+file of that socket it kills every run it started and exits.
+
+A request is one JSON message with the tool's stdin, stdout and stderr (SCM_RIGHTS).
+Each run's PID 1 is cloned *ahead* of its request, in new mount, PID, IPC, UTS and
+cgroup namespaces and the network namespace the launcher sits in (a fresh one,
+loopback up, that the launcher leaves for another right after), and:
+1. ahead: makes every mount private, mounts a tmpfs as its new root, applies the
+   `system` mounts every run shows (/usr and its links, /etc, /proc, /dev), pivots
+   into it and detaches the old root (that detach waits for an RCU grace period,
+   up to ~1.5 ms measured), empties its capability bounding, inheritable and
+   ambient sets and sets no_new_privs; then waits for its request on a socketpair
+   of its own (its "inbox");
+2. the launcher hands it the next request whose `system` mounts are the same (else
+   it is dropped and a PID 1 is cloned for that request), with detached copies of
+   the host paths the run binds (open_tree, made read-only with mount_setattr: the
+   PID 1 no longer sees the host), and answers `started`;
+3. the PID 1 attaches those copies (move_mount) and makes the run's own tmpfs,
+   folders and links, remounts its root read-only, enters the working directory,
+   sets the rlimits, drops every supplementary group and takes the run's uid/gid as
+   its real ids, its effective ids staying 0 (see `become_run_user`), and spawns
+   the tool with posix_spawn (no copy of this process) in a new session, every
+   signal at its default, with POSIX_SPAWN_RESETIDS: the tool has the run's ids and
+   no capability. The PID 1 is root again right after and closes its inbox, upon
+   which the launcher prepares the next PID 1 (not while this run is being set up);
+4. the PID 1 waits for the tool, sends `exit` with its wait status and rusage on
+   the executor's socket and exits as it did (exit code, or 128+N when killed by
+   signal N, as bubblewrap's PID 1 does): the kernel then kills whatever is left in
+   the namespace. The launcher sends `exit` again with the PID 1's own status once
+   it reaped it (what the executor gets when the PID 1 was killed; the executor
+   keeps the first).
+A malformed request is answered `error`; a PID 1 that fails before exec writes
+`toolexec-launcher: <why>` on the tool's stderr and exits SETUP_FAILED (exec
+failures exit 127).
+"""
+
+import ctypes
+import fcntl
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+
+SETUP_FAILED = 125
+MESSAGE_PREFIX = b"toolexec-launcher: "
+MAX_MESSAGE = 4 * 1024 * 1024
+MAX_FDS = 64
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+CLONE_FLAGS = (_CLONE_NEWNS | _CLONE_NEWCGROUP | _CLONE_NEWUTS | _CLONE_NEWIPC
+               | _CLONE_NEWPID | signal.SIGCHLD)
+"""The run's network namespace is not made by the clone (~0.4 ms): see `fresh_network`."""
+_SYS_CLONE = 56  # x86_64
+_SYS_PIVOT_ROOT = 155
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
+_OPEN_TREE_CLONE, _AT_EMPTY_PATH, _AT_FDCWD, _MOVE_MOUNT_F_EMPTY_PATH = 1, 0x1000, -100, 4
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 1, 2, 4
+_BINDS = ("ro_bind", "bind", "ro_bind_try")
+_SYS_CAPGET, _SYS_CAPSET = 125, 126
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_MNT_DETACH = 2
+_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 1, 24, 38, 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAPABILITY_VERSION_3 = 0x20080522
+_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+_DEV_LINKS = (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"),
+              ("/proc/self/fd/1", "stdout"), ("/proc/self/fd/2", "stderr"),
+              ("/proc/kcore", "core"), ("pts/ptmx", "ptmx"))
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_clone_libc = ctypes.PyDLL(None, use_errno=True)  # keeps the GIL across clone
+for _name in ("mount", "umount2", "prctl", "syscall", "unshare"):
+    getattr(_libc, _name).restype = ctypes.c_int
+_libc.syscall.restype = ctypes.c_long
+_clone_libc.syscall.restype = ctypes.c_long
+
+
+class SetupError(Exception):
+    """A step of entering the sandbox failed."""
+
+
+def _check(result, what):
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(errno)}")
+    return result
+
+
+def _mount(source, target, fstype, flags, data=None):
+    _check(_libc.mount(None if source is None else source.encode(), target.encode(),
+                       None if fstype is None else fstype.encode(), ctypes.c_ulong(flags),
+                       None if data is None else data.encode()), f"mount {target}")
+
+
+# -- the mount plan -------------------------------------------------------------------
+
+def _inside(root, path):
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path \
+            or "/../" in path + "/" or "/./" in path + "/":
+        raise SetupError(f"not an absolute, normalised path: {path!r}")
+    return root + path
+
+
+def _bind(source, target, read_only, devices=False):
+    if os.path.isdir(source):
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        if not os.path.lexists(target):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444))
+    _mount(source, target, None, _MS_BIND)
+    flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | (0 if devices else _MS_NODEV)
+    _mount(None, target, None, flags | (_MS_RDONLY if read_only else 0))
+
+
+def _make_dir(path, mode):
+    try:  # noqa: SIM105 - the launcher imports as little as it can
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    os.chmod(path, mode)
+
+
+def _dev(target):
+    _make_dir(target, 0o755)
+    _mount("tmpfs", target, "tmpfs", _MS_NOSUID, "mode=0755")
+    for name in _DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            _bind(f"/dev/{name}", f"{target}/{name}", read_only=False, devices=True)
+    os.mkdir(f"{target}/shm", 0o755)
+    os.mkdir(f"{target}/pts", 0o755)
+    _mount("devpts", f"{target}/pts", "devpts", _MS_NOSUID | _MS_NOEXEC,
+           "newinstance,ptmxmode=0666,mode=620")
+    for link, name in _DEV_LINKS:
+        os.symlink(link, f"{target}/{name}")
+
+
+def apply_mount(root, op):
+    """One step of the mount plan, inside the new root `root`."""
+    kind = op[0]
+    if kind == "ro_bind" or kind == "bind":
+        _bind(op[1], _inside(root, op[2]), read_only=kind == "ro_bind")
+    elif kind == "ro_bind_try":
+        if os.path.exists(op[1]):
+            _bind(op[1], _inside(root, op[2]), read_only=True)
+    elif kind == "dir":
+        _make_dir(_inside(root, op[1]), int(op[2]))
+    elif kind == "tmpfs":
+        target = _inside(root, op[1])
+        _make_dir(target, 0o755)
+        _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV,
+               f"mode={int(op[2]):o},size={int(op[3])}")
+    elif kind == "symlink":
+        os.symlink(op[1], _inside(root, op[2]))
+    elif kind == "proc":
+        target = _inside(root, op[1])
+        _make_dir(target, 0o555)
+        _mount("proc", target, "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    elif kind == "dev":
+        _dev(_inside(root, op[1]))
+    else:
+        raise SetupError(f"unknown mount step {kind!r}")
+
+
+def prepare_root(root, system):
+    """Steps 1 and 2 for what every run shows (/usr, /etc, /proc, /dev...), done
+    ahead: the new root is entered and the old one detached (that detach waits for
+    the kernel's RCU grace period, up to ~1.5 ms measured) before any run waits."""
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+    for op in system:
+        apply_mount(root, op)
+    os.chdir(root)
+    _check(_libc.syscall(_SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", _MNT_DETACH), "detach the old root")
+    os.chdir("/")
+
+
+def enter_root(mounts, trees):
+    """The run's own mounts, inside the new root: its binds are `trees`, detached
+    copies of the host paths the launcher made (open_tree) and attaches here
+    (move_mount); then the root is made read-only."""
+    for op in mounts:
+        if op[0] == "tree":
+            _attach(trees[int(op[1])], _inside("", op[2]), bool(op[3]))
+        else:
+            apply_mount("", op)
+    _mount(None, "/", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+
+
+def _attach(tree, target, folder):
+    if folder:
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        if not os.path.lexists(target):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444))
+    _check(_libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, target.encode(),
+                         _MOVE_MOUNT_F_EMPTY_PATH), f"attach {target}")
+
+
+def detached_trees(mounts):
+    """For the run's binds, detached copies of the host paths (read-only but for
+    "bind"), made in the launcher: the run's own mounts as the PID 1 applies them,
+    and the trees' fds."""
+    steps, trees = [], []
+    try:
+        for op in mounts:
+            if op[0] not in _BINDS:
+                steps.append(op)
+                continue
+            if op[0] == "ro_bind_try" and not os.path.exists(op[1]):
+                continue
+            tree = _check(_libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, str(op[1]).encode(),
+                                        _OPEN_TREE_CLONE | os.O_CLOEXEC), f"copy {op[1]}")
+            trees.append(tree)
+            attributes = (ctypes.c_uint64 * 4)(
+                _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+                | (0 if op[0] == "bind" else _MOUNT_ATTR_RDONLY), 0, 0, 0)
+            _check(_libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, attributes,
+                                 ctypes.sizeof(attributes)), f"make {op[1]} read-only")
+            steps.append(["tree", len(trees) - 1, op[2], int(os.path.isdir(op[1]))])
+    except BaseException:
+        for tree in trees:
+            os.close(tree)
+        raise
+    return steps, trees
+
+
+def fresh_network():
+    """Move this process into a new network namespace with its loopback up."""
+    _check(_libc.unshare(_CLONE_NEWNET), "unshare the network namespace")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = bytearray(40)
+        request[:3] = b"lo\0"
+        fcntl.ioctl(probe.fileno(), _SIOCGIFFLAGS, request, True)
+        flags = int.from_bytes(request[16:18], "little") | _IFF_UP
+        request[16:18] = flags.to_bytes(2, "little")
+        fcntl.ioctl(probe.fileno(), _SIOCSIFFLAGS, bytes(request))
+
+
+# -- the tool's process -----------------------------------------------------------------
+
+def drop_capabilities():
+    """What the tool inherits of the PID 1's capabilities, settled ahead: an empty
+    bounding, inheritable and ambient set, and no_new_privs. The PID 1 keeps its
+    effective capabilities (to mount and change ids)."""
+    for cap in range(_LAST_CAP + 1):
+        _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the bounding set")
+    _clear_inheritable()
+    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0),
+           "clear the ambient capabilities")
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+
+
+def become_run_user(request):
+    """Step 3, in the PID 1 itself: the rest the tool inherits. Its real ids become
+    the run's while its effective ids stay 0 (it keeps its capabilities to spawn);
+    the tool is spawned with POSIX_SPAWN_RESETIDS, so its effective ids become the
+    run's too, and exec makes the saved ids the same. With the capability sets
+    `drop_capabilities` emptied and no_new_privs, exec gives the tool no capability."""
+    os.chdir(request["cwd"])
+    for kind, soft, hard in request["rlimits"]:
+        resource.setrlimit(int(kind), (int(soft), int(hard)))
+    os.setgroups([])
+    uid, gid = int(request["uid"]), int(request["gid"])
+    os.setresgid(gid, 0, 0)
+    os.setresuid(uid, 0, 0)
+
+
+def _clear_inheritable():
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(_libc.syscall(_SYS_CAPGET, header, data), "read the capabilities")
+    data[2] = data[5] = 0  # inheritable, both words
+    _check(_libc.syscall(_SYS_CAPSET, header, data), "clear the inheritable capabilities")
+
+
+def _last_cap():
+    try:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as source:
+            return int(source.read())
+    except OSError:
+        return 40
+
+
+_LAST_CAP = _last_cap()
+_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
+
+
+def spawn_tool(argv, env):
+    """Start the tool (vfork-like, no copy of this process) in a new session, every
+    signal at its default (this is Python's process: SIGPIPE, SIGXFSZ ignored), its
+    program searched on the request's PATH (os.execvpe would import a module, and
+    the interpreter's library is not visible any more)."""
+    program = argv[0]
+    candidates = [program] if "/" in program else [
+        os.path.join(folder or ".", program)
+        for folder in env.get("PATH", "/usr/bin:/bin").split(":")]
+    failure = FileNotFoundError(2, "No such file or directory")
+    for candidate in candidates:
+        try:
+            return os.posix_spawn(candidate, argv, env, setsid=True, resetids=True,
+                                  setsigdef=_SIGNALS, setsigmask=())
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except PermissionError as error:
+            failure = error
+    raise failure
+
+
+def _fail(message, code=SETUP_FAILED):
+    try:
+        os.write(2, MESSAGE_PREFIX + message.encode("utf-8", "replace") + b"\n")
+    finally:
+        os._exit(code)
+
+
+def run_pid1(system, root, inbox, channel):
+    """Runs in the clone child, PID 1 of the new namespaces (see the module docstring):
+    prepares the mounts every run shows, then waits on `inbox` for its run's request
+    (end of file: it was not needed). It tells the executor how the tool ended on
+    `channel` itself, before the namespace is torn down; the launcher's own report of
+    this process's end follows (and is what the executor gets when this one was
+    killed)."""
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "die with the launcher")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # so the tool cannot interrupt us
+    try:
+        prepare_root(root, system)
+        drop_capabilities()
+        failure = None
+    except Exception as error:  # noqa: BLE001 - reported to the run that comes
+        failure = str(error) or type(error).__name__
+    data, fds, _flags, _ = socket.recv_fds(inbox, MAX_MESSAGE, MAX_FDS)
+    if not data or len(fds) < 3:
+        os._exit(0)
+    request = json.loads(data)
+    try:
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds[:3]:
+            if fd > 2:
+                os.close(fd)
+        if failure is not None:
+            raise SetupError(failure)
+        enter_root(request["mounts"], fds[3:])
+        for fd in fds[3:]:
+            os.close(fd)
+        become_run_user(request)
+    except BaseException as error:  # noqa: BLE001 - any failure ends this run only
+        _fail(str(error) or type(error).__name__)
+    try:
+        tool = spawn_tool(request["argv"], request["env"])
+    except OSError as error:
+        _fail(f"cannot execute {request['argv'][0]}: {error.strerror}", 127)
+    # root again (its effective ids never left 0): the tool can neither signal nor
+    # trace its PID 1, and the PID 1 does not count against the run's process limit
+    os.setresuid(0, 0, 0)
+    os.setresgid(0, 0, 0)
+    inbox.close()  # the launcher may prepare the next run now
+    for fd in (0, 1, 2):
+        os.close(fd)
+    while True:
+        pid, status, usage = os.wait4(-1, 0)
+        if pid == tool:
+            try:
+                channel.send(json.dumps({"id": request["id"], "exit": status,
+                                         "rusage": list(usage)}).encode())
+            finally:
+                os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status)
+                         else 128 + os.WTERMSIG(status))
+
+
+# -- the launcher's loop ------------------------------------------------------------------
+
+_REQUIRED = {"id": int, "argv": list, "env": dict, "cwd": str, "uid": int, "gid": int,
+             "rlimits": list, "system": list, "mounts": list}
+
+
+def check_request(request):
+    """The request's shape; raises ValueError with what is wrong."""
+    if not isinstance(request, dict):
+        raise ValueError("a request is a JSON object")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(request.get(key), kind) or isinstance(request.get(key), bool):
+            raise ValueError(f"{key!r} must be a {kind.__name__}")
+    if not request["argv"] or not all(isinstance(a, str) and "\0" not in a
+                                      for a in request["argv"]):
+        raise ValueError("argv must be a non-empty list of strings without NUL")
+    for name, value in request["env"].items():
+        if not isinstance(value, str) or "\0" in name + value or "=" in name or not name:
+            raise ValueError(f"environment variable {name!r} is not valid")
+    if "\0" in request["cwd"] or not request["cwd"].startswith("/"):
+        raise ValueError("cwd must be an absolute path")
+    if request["uid"] <= 0 or request["gid"] <= 0:
+        raise ValueError("a run never keeps uid or gid 0")
+    for limit in request["rlimits"]:
+        if not (isinstance(limit, list) and len(limit) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in limit)):
+            raise ValueError("rlimits are [resource, soft, hard] integer triples")
+    for op in request["system"] + request["mounts"]:
+        if not (isinstance(op, list) and op and all(isinstance(v, (str, int)) for v in op)):
+            raise ValueError("a mount step is a non-empty list of strings and integers")
+
+
+class Prepared:
+    """A run's PID 1 cloned ahead, its system mounts made, waiting for its request."""
+
+    def __init__(self, pid, pidfd, inbox, system):
+        self.pid = pid
+        self.pidfd = pidfd
+        self.inbox = inbox
+        self.system = system
+
+
+class Launcher:
+    def __init__(self, channel, root):
+        self.channel = channel
+        self.root = root
+        self.runs = {}  # pid -> (request id or None while prepared, pidfd)
+        self.prepared = None
+        self.next_system = None
+        self.network_used = True
+        self.inboxes = {}  # fd -> the inbox of a run being set up
+        self.poll = select.poll()
+        self.poll.register(channel.fileno(), select.POLLIN)
+
+    def send(self, message, fds=()):
+        data = json.dumps(message).encode()
+        if fds:
+            socket.send_fds(self.channel, [data], list(fds))
+        else:
+            self.channel.send(data)
+
+    def serve(self):
+        while True:
+            for fd, _events in self.poll.poll():
+                if fd == self.channel.fileno():
+                    if not self.receive():
+                        return
+                elif fd in self.inboxes:
+                    self.poll.unregister(fd)
+                    self.inboxes.pop(fd).close()
+                    self.replenish()
+                else:
+                    self.reap(fd)
+
+    def receive(self):
+        try:
+            data, fds, flags, _ = socket.recv_fds(self.channel, MAX_MESSAGE, MAX_FDS)
+        except InterruptedError:
+            return True
+        except OSError:  # the executor is gone
+            return False
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return False
+        try:
+            self.handle(data, fds, flags)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def handle(self, data, fds, flags):
+        run_id = None
+        try:
+            request = json.loads(data)
+            run_id = request.get("id") if isinstance(request, dict) else None
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise ValueError("the request was truncated")
+            check_request(request)
+            if len(fds) < 3:
+                raise ValueError("a request carries stdin, stdout and stderr")
+        except ValueError as error:
+            self.send({"id": run_id, "error": f"malformed request: {error}", "code": "E3405"})
+            return
+        self.start(request, fds)
+
+    def start(self, request, fds):
+        """Hand the request to the PID 1 prepared for its system mounts (cloned now
+        when there is none), answer `started`, and prepare the next one."""
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None and prepared.system != request["system"]:
+            prepared.inbox.close()  # end of file: it exits
+            prepared = None
+        if prepared is None:
+            prepared = self.clone(request["system"])
+        if prepared is None:
+            self.send({"id": request["id"], "error": "clone failed: "
+                       + os.strerror(ctypes.get_errno()), "code": "E3405"})
+            return
+        trees = []
+        try:
+            mounts, trees = detached_trees(request["mounts"])
+            data = json.dumps(request | {"mounts": mounts}).encode()
+            socket.send_fds(prepared.inbox, [data], [*fds[:3], *trees])
+        except (OSError, SetupError) as error:  # a host path gone, or the PID 1 died
+            prepared.inbox.close()
+            self.send({"id": request["id"], "error": f"the run cannot start: {error}",
+                       "code": "E3405"})
+            return
+        finally:
+            for tree in trees:
+                os.close(tree)
+        # its end of file says the tool was spawned (or the PID 1 failed): then the
+        # next one is prepared, not while this one is being set up
+        self.inboxes[prepared.inbox.fileno()] = prepared.inbox
+        self.poll.register(prepared.inbox.fileno(), select.POLLIN)
+        self.runs[prepared.pid] = (request["id"], prepared.pidfd)
+        self.send({"id": request["id"], "started": prepared.pid}, [prepared.pidfd])
+        self.next_system = request["system"]
+
+    def replenish(self):
+        """Clone the next run's PID 1 and make the next network namespace: done once
+        the last run's tool was spawned, not while it is being set up (its mounts and
+        namespaces would compete for the same kernel locks and cores)."""
+        if self.prepared is None and self.next_system is not None:
+            self.prepared = self.clone(self.next_system)
+        if self.network_used:
+            fresh_network()
+            self.network_used = False
+
+    def clone(self, system):
+        """A new PID 1 in new namespaces, the network namespace this process sits in
+        included, or None."""
+        if self.network_used:
+            fresh_network()
+        inbox, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = _clone_libc.syscall(_SYS_CLONE, ctypes.c_ulong(CLONE_FLAGS), None, None, None,
+                                  None)
+        if pid == 0:
+            try:
+                _close_all_but(0, 1, 2, self.channel.fileno(), theirs.fileno())
+                run_pid1(system, self.root, theirs, self.channel)
+            finally:
+                os._exit(SETUP_FAILED)
+        theirs.close()
+        if pid < 0:
+            inbox.close()
+            return None
+        self.network_used = True
+        pidfd = os.pidfd_open(pid)
+        self.runs[pid] = (None, pidfd)
+        self.poll.register(pidfd, select.POLLIN)
+        return Prepared(pid, pidfd, inbox, system)
+
+    def reap(self, pidfd):
+        for pid, (run_id, fd) in list(self.runs.items()):
+            if fd != pidfd:
+                continue
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done == 0:
+                return
+            self.poll.unregister(fd)
+            os.close(fd)
+            del self.runs[pid]
+            if self.prepared is not None and self.prepared.pid == pid:
+                self.prepared.inbox.close()
+                self.prepared = None
+            if run_id is not None:
+                self.send({"id": run_id, "exit": status, "rusage": list(usage)})
+            return
+
+    def kill_all(self):
+        for _run_id, pidfd in self.runs.values():
+            try:  # noqa: SIM105
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _close_all_but(*keep):
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            try:  # noqa: SIM105 - the listing's own fd is gone already
+                os.close(int(name))
+            except OSError:
+                pass
+
+
+def probe():
+    """Exit 0 when this kernel lets us clone into the namespaces a run gets."""
+    pid = _clone_libc.syscall(_SYS_CLONE, ctypes.c_ulong(CLONE_FLAGS), None, None, None, None)
+    if pid == 0:
+        os._exit(0)
+    if pid < 0:
+        os._exit(1)
+    os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+
+def main(argv):
+    if argv[1:] == ["--probe"]:
+        probe()
+    channel_fd, parent = int(argv[1]), int(argv[2])
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "die with the executor")
+    if os.getppid() != parent:
+        os._exit(0)
+    os.set_inheritable(channel_fd, False)  # never into a tool's exec
+    channel = socket.socket(fileno=channel_fd)
+    root = argv[3]
+    launcher = Launcher(channel, root)
+    launcher.replenish()
+    launcher.send({"ready": os.getpid(),
+                   "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+    try:
+        launcher.serve()
+    except OSError:  # an answer the executor can no longer read: it is gone
+        pass
+    finally:
+        launcher.kill_all()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,265 @@
+"""The executor's side of the namespace launcher (consumers.primitives.launcher_program).
+
+One launcher process per event loop of the executor, started on the first run that
+needs it with `python -I -S launcher_program.py` and connected by nothing but one
+end of a SOCK_SEQPACKET socketpair it inherits (no path anyone else could connect
+to). `start_run` sends one request with the run's pipes and bind fds (SCM_RIGHTS)
+and returns a `RunHandle` once the launcher answered with the run's PID 1 and a
+pidfd of it; the handle's `exited` future gets the wait status and rusage later.
+
+A launcher that died (killed, crashed) is noticed by end of file on the socket: every
+run it held is killed through its pidfd (their PID 1 also dies with the launcher,
+PR_SET_PDEATHSIG) and ends without a status, and the next run starts a new launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from consumers.primitives import launcher_program
+from domain.errors import ExecutionError
+
+log = structlog.get_logger(__name__)
+
+_BUFFER_BYTES = launcher_program.MAX_MESSAGE
+_READY_SECONDS = 30.0
+_RECEIVE_BYTES = 65536
+_SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; not in the socket module
+
+
+@dataclass
+class RunHandle:
+    """One run the launcher started: its PID 1, a pidfd of it, and its end."""
+
+    run_id: int
+    pid: int = 0
+    pidfd: int | None = None
+    started: asyncio.Future[None] = field(default_factory=lambda: _future())
+    exited: asyncio.Future[tuple[int | None, Any]] = field(default_factory=lambda: _future())
+
+    def kill(self) -> None:
+        """SIGKILL the run's PID 1: the kernel then kills its whole namespace."""
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            pidfd, self.pidfd = self.pidfd, None
+            os.close(pidfd)
+
+
+def _future() -> asyncio.Future[Any]:
+    return asyncio.get_running_loop().create_future()
+
+
+class NamespaceLauncher:
+    """A running launcher process and the runs it holds (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, root: Path) -> None:
+        self._loop = loop
+        self._runs: dict[int, RunHandle] = {}
+        self._ids = itertools.count(1)
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self.alive = True
+        self.max_rss: int | None = None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for end in (ours, theirs):
+            with contextlib.suppress(OSError):
+                end.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, _BUFFER_BYTES)
+                end.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, _BUFFER_BYTES)
+        self._socket = ours
+        try:
+            self._process = subprocess.Popen(  # noqa: S603 - our own program, no shell
+                [launcher_interpreter(), "-I", "-S", launcher_program.__file__,
+                 str(theirs.fileno()), str(os.getpid()), str(root)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        loop.add_reader(ours.fileno(), self._receive)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    async def ready(self) -> None:
+        """Wait for the launcher's first message; E3405 when it never comes."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), _READY_SECONDS)
+        except (TimeoutError, ConnectionError) as error:
+            self.close()
+            raise ExecutionError(f"the namespace launcher did not start: {error!r}",
+                                 code="E3405", details={"sandbox": "namespaces"}) from error
+
+    async def start_run(self, request: dict[str, Any], fds: list[int]) -> RunHandle:
+        """Send one run request (its `id` is set here) with its fds; wait for the
+        launcher's answer. Raises ExecutionError (the launcher's code, or E3405)."""
+        await self.ready()
+        handle = RunHandle(next(self._ids))
+        self._runs[handle.run_id] = handle
+        message = json.dumps(request | {"id": handle.run_id}).encode()
+        try:
+            await self._send(message, fds)
+            await handle.started
+        except BaseException:
+            self._runs.pop(handle.run_id, None)
+            handle.kill()
+            handle.close()
+            raise
+        return handle
+
+    async def _send(self, message: bytes, fds: list[int]) -> None:
+        while True:
+            if not self.alive:
+                raise ExecutionError("the namespace launcher has died", code="E3405",
+                                     details={"sandbox": "namespaces"})
+            try:
+                socket.send_fds(self._socket, [message], fds)
+                return
+            except BlockingIOError:
+                writable = self._loop.create_future()
+                self._loop.add_writer(self._socket.fileno(), writable.set_result, None)
+                try:
+                    await writable
+                finally:
+                    self._loop.remove_writer(self._socket.fileno())
+            except OSError as error:
+                raise ExecutionError(f"the run request could not be sent: {error.strerror}",
+                                     code="E3405", details={"sandbox": "namespaces"}) from error
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data, fds, _flags, _address = socket.recv_fds(self._socket, _RECEIVE_BYTES, 1)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self._died()
+                return
+            self._dispatch(json.loads(data), fds)
+
+    def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
+        if "ready" in message:
+            self.max_rss = message.get("max_rss")
+            if not self._ready.done():
+                self._ready.set_result(None)
+            return
+        handle = self._runs.get(message.get("id"))  # type: ignore[arg-type]
+        if handle is None:
+            for fd in fds:
+                os.close(fd)
+            return
+        if "started" in message:
+            handle.pid = int(message["started"])
+            if handle.exited.done():  # its PID 1's report came first
+                self._runs.pop(handle.run_id, None)
+                for fd in fds:
+                    os.close(fd)
+            else:
+                handle.pidfd = fds[0] if fds else None
+            if not handle.started.done():
+                handle.started.set_result(None)
+        elif "error" in message:
+            self._runs.pop(handle.run_id, None)
+            handle.started.set_exception(ExecutionError(
+                str(message["error"]), code=str(message.get("code", "E3405")),
+                details={"sandbox": "namespaces"}))
+        elif "exit" in message:
+            # the first report wins: the PID 1's (the tool's own status), or the
+            # launcher's when the PID 1 was killed
+            if handle.started.done():
+                self._runs.pop(handle.run_id, None)
+            usage = resource.struct_rusage(message["rusage"])
+            if not handle.exited.done():
+                handle.exited.set_result((int(message["exit"]), usage))
+
+    def _died(self) -> None:
+        """End of file: the launcher is gone. Its runs are killed and end without a
+        status; the next run starts a new launcher."""
+        if not self.alive:
+            return
+        self.alive = False
+        if not self._loop.is_closed():
+            self._loop.remove_reader(self._socket.fileno())
+        self._socket.close()
+        self._process.poll()
+        if not self._ready.done():
+            self._ready.set_exception(ConnectionError("the launcher exited"))
+        for handle in self._runs.values():
+            handle.kill()
+            if not handle.started.done():
+                handle.started.set_exception(ExecutionError(
+                    "the namespace launcher died before the run started", code="E3405",
+                    details={"sandbox": "namespaces"}))
+            if not handle.exited.done():
+                handle.exited.set_result((None, None))
+        self._runs.clear()
+        log.warning("sandbox.launcher_died", pid=self._process.pid,
+                    returncode=self._process.returncode)
+
+    def exited(self) -> bool:
+        return self._process.poll() is not None
+
+    def close(self) -> None:
+        """Stop the launcher: end of file makes it kill its runs and exit (it is
+        reaped later, as any Popen dropped while running)."""
+        if self.alive:
+            self._died()
+
+
+_LAUNCHERS: dict[asyncio.AbstractEventLoop, NamespaceLauncher] = {}
+
+
+def launcher_for(root: Path) -> NamespaceLauncher:
+    """The running loop's launcher, started (or restarted after it died) on demand.
+    Launchers of closed loops are stopped."""
+    loop = asyncio.get_running_loop()
+    for other in [other for other in _LAUNCHERS if other.is_closed()]:
+        _LAUNCHERS.pop(other).close()
+    launcher = _LAUNCHERS.get(loop)
+    if launcher is not None and launcher.alive and launcher.exited():
+        launcher.close()  # its end of file is still on its way
+    if launcher is None or not launcher.alive:
+        root.mkdir(mode=0o700, exist_ok=True)
+        launcher = _LAUNCHERS[loop] = NamespaceLauncher(loop, root)
+    return launcher
+
+
+@functools.cache
+def launcher_interpreter() -> str:
+    """The real interpreter running toolexec: the launcher needs its standard library only."""
+    return os.path.realpath(sys.executable)
+
+
+@functools.cache
+def usable() -> bool:
+    """Whether this host can run the launcher: root, and the kernel lets it make the
+    namespaces (probed once by cloning a child that exits at once)."""
+    if os.geteuid() != 0 or not sys.platform.startswith("linux") or os.uname().machine != "x86_64":
+        return False
+    try:
+        done = subprocess.run(  # noqa: S603 - our own program, no shell
+            [launcher_interpreter(), "-I", "-S", launcher_program.__file__, "--probe"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
