@@ -31,6 +31,7 @@ loudly either way: `failure` / `rebuilding` say why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
@@ -182,6 +183,7 @@ class ProjectionRunner:
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
         self._passed: dict[TopicPartition, int] = {}
         self._moved = asyncio.Condition()
+        self._reader_waits = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
         self.rebuilding: str | None = None
@@ -345,12 +347,21 @@ class ProjectionRunner:
                     log.warning("projection.retry", projection=self.name,
                                 error=str(error)[:300] or type(error).__name__)
                 failures += 1
-                await asyncio.sleep(delay)
+                await self._back_off(delay)
                 await self._seek_to_stored()
             except Exception as error:
                 self.failure = error
                 log.exception("projection.failed", projection=self.name)
                 raise
+
+    async def _back_off(self, delay: float) -> None:
+        """Wait `delay` before trying again, or less once a reader waits to catch up: the
+        broker may be back by then, and a reader must not wait out a backoff meant to
+        spare a broker that is away (read-your-writes right after a broker restart)."""
+        self._reader_waits.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._reader_waits.wait()
 
     # -- one batch --------------------------------------------------------------------
     async def step(self) -> int:
@@ -622,11 +633,13 @@ class ProjectionRunner:
         """Wait (bounded) until the rows include every record in the log right now."""
         if self._pacer is not None:
             self._pacer.busy()
+        self._reader_waits.set()
         return await self.wait_caught_up_to(await self.end_offsets(), timeout)
 
     async def wait_caught_up_to(self, ends: Mapping[TopicPartition, int],
                                 timeout: float = 10.0) -> bool:
         """Wait (bounded) until the rows include every record before `ends`."""
+        self._reader_waits.set()  # a runner backing off tries again now
         try:
             async with asyncio.timeout(timeout), self._moved:
                 await self._moved.wait_for(lambda: self.reached(ends) or self.failure is not None)
