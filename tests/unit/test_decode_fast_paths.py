@@ -40,7 +40,7 @@ def _outcome(key: bytes | None, value: bytes, headers: Any) -> Any:
         return bad.error
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_headers_read_at_once_or_one_by_one_give_the_same_verdict(data: st.DataObject) -> None:
     record = data.draw(st.sampled_from(VALID))
@@ -80,7 +80,7 @@ extensions = (st.dictionaries(st.sampled_from(["traceparent", "captoken", "Bad",
 DATA = InvokeRequested(invocation_id="inv-1", tool_id="t", parameters={})
 
 
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 @given(id=texts, type=st.sampled_from(["tool.invoke.requested", "tool.invoke.completed", ""]),
        source=texts, subject=texts, time=moments, data=st.sampled_from([DATA, None, "data"]),
        correlationid=texts, causationid=texts, partitionkey=texts, extensions=extensions)
