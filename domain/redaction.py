@@ -276,21 +276,12 @@ def _walk(value: Any, secrets: tuple[str, ...],
     # Most strings are short and recur (ids, versions, hashes): their audit redaction
     # is cached, looked up without the two calls of `redact_text`.
     short = _redact_short_text if text is redact_text else text
-    state = _WalkState()
+    state = [0, SAME]  # values redacted, encoding
     redacted = _walk_node(value, state, text, short)
-    return (redacted, state.count,
-            REFERENCE if state.encoding & REFERENCE else state.encoding)
+    return redacted, state[0], REFERENCE if state[1] & REFERENCE else state[1]
 
 
-class _WalkState:
-    __slots__ = ("count", "encoding")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.encoding = SAME
-
-
-def _walk_node(node: Any, state: _WalkState, text: Callable[[str], tuple[str, int]],
+def _walk_node(node: Any, state: list[int], text: Callable[[str], tuple[str, int]],
                short: Callable[[str], tuple[str, int]]) -> Any:
     """`node` redacted (`text` for strings, `short` for those of at most `_CACHED_TEXT`
     characters under a key); counts and encoding noted in `state`."""
@@ -298,26 +289,26 @@ def _walk_node(node: Any, state: _WalkState, text: Callable[[str], tuple[str, in
         out: dict[str, Any] = {}
         for key, item in node.items():
             if type(key) is not str or not key.isascii():
-                state.encoding |= key_encoding(key)
+                state[1] |= key_encoding(key)
             kind = type(item)
             if kind is str:  # first: most values are text
                 if item and isinstance(key, str) and is_sensitive_field(key):
                     out[key] = REDACTED
-                    state.count += 1
+                    state[0] += 1
                     continue
                 cleaned, n = short(item) if len(item) <= _CACHED_TEXT else text(item)
                 out[key] = cleaned
                 if n:
-                    state.count += n
+                    state[0] += n
             elif isinstance(key, str) and is_sensitive_field(key) and item not in (None, ""):
                 out[key] = REDACTED
-                state.count += 1
+                state[0] += 1
             elif item is None:
                 out[key] = None
             elif kind in _PLAIN:
                 out[key] = item
                 if kind is not bool:
-                    state.encoding |= leaf_encoding(item)
+                    state[1] |= leaf_encoding(item)
             else:
                 out[key] = _walk_node(item, state, text, short)
         return out
@@ -325,10 +316,10 @@ def _walk_node(node: Any, state: _WalkState, text: Callable[[str], tuple[str, in
         return [_walk_node(item, state, text, short) for item in node]
     if isinstance(node, str):
         cleaned, n = text(node)
-        state.count += n
-        state.encoding |= leaf_encoding(cleaned)
+        state[0] += n
+        state[1] |= leaf_encoding(cleaned)
         return cleaned
-    state.encoding |= leaf_encoding(node)
+    state[1] |= leaf_encoding(node)
     return node
 
 

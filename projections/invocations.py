@@ -162,8 +162,9 @@ TIMELINE_FIELDS = ("attempt", "decision", "outcome", "stage", "sequence", "fract
 def _timeline_entry(envelope: Envelope, at: str) -> dict[str, Any]:
     data: Any = envelope.data
     entry: dict[str, Any] = {"type": envelope.type, "time": at, "id": envelope.id}
+    fields = data.__dict__  # `field_of` of each name, looked up in one dict
     for name in TIMELINE_FIELDS:
-        value = field_of(data, name)
+        value = fields.get(name)
         if value is not None:
             entry[name] = value
     if isinstance(data, ExecutionProgressed):
