@@ -369,7 +369,8 @@ def _envelope(attrs: dict[str, Any], data: Any) -> Envelope:
     if schema is not None and schema not in _READABLE_DATASCHEMAS[event_type]:
         raise UndecodableRecord("unsupported dataschema", attribute="dataschema",
                                 expected=expected)
-    extensions = {n: v for n, v in attrs.items() if n not in _ENVELOPE_ATTRIBUTES}
+    extensions = ({} if attrs.keys() <= _ENVELOPE_ATTRIBUTES  # most records have none
+                  else {n: v for n, v in attrs.items() if n not in _ENVELOPE_ATTRIBUTES})
     try:
         return Envelope(
             id=_required(attrs, "id"), type=event_type, source=_required(attrs, "source"),
