@@ -87,7 +87,8 @@ def audit_document(envelope: Envelope) -> tuple[dict[str, Any], int]:
 def _document(envelope: Envelope) -> tuple[dict[str, Any], int, int]:
     """(document, values redacted, how `canonical_json` can encode the document): the
     attributes around the data are text, so the data's encoding is the document's."""
-    data = envelope.data.model_dump(mode="json")
+    model = envelope.data  # its serializer called directly: `model_dump(mode="json")`
+    data = model.__pydantic_serializer__.to_python(model, mode="json")
     if envelope.type == "tool.published":
         data["files"] = [{k: v for k, v in f.items() if k != "content_b64gz"}
                          for f in data.get("files", [])]
