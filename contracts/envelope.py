@@ -11,6 +11,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from datetime import datetime
 from typing import Final
 
@@ -48,9 +49,34 @@ class Envelope:
     extensions: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if _plainly_valid(self):  # every envelope is checked: the usual case, quickly
+            return
         problems = envelope_problems(self)
         if problems:
             raise ValueError("invalid envelope: " + "; ".join(problems))
+
+
+def _plainly_valid(env: Envelope) -> bool:
+    """True only when `envelope_problems(env)` is empty (False may still be valid:
+    then the full check decides)."""
+    subject, causation, extensions = env.subject, env.causationid, env.extensions
+    return bool(
+        type(env.id) is str and env.id and type(env.type) is str and env.type
+        and type(env.source) is str and env.source
+        and type(env.correlationid) is str and env.correlationid
+        and type(env.partitionkey) is str and env.partitionkey
+        and (subject is None or (type(subject) is str and subject))
+        and (causation is None or (type(causation) is str and causation))
+        and isinstance(env.time, datetime) and env.time.utcoffset() is not None
+        and isinstance(env.data, EventData) and env.type == env.data.EVENT_TYPE
+        and type(extensions) is dict
+        and (not extensions or all(type(name) is str and type(value) is str and _allowed_extension(name)
+                for name, value in extensions.items())))
+
+
+@lru_cache(maxsize=256)
+def _allowed_extension(name: str) -> bool:
+    return _EXTENSION_NAME.match(name) is not None and name not in CORE_ATTRIBUTES
 
 
 def envelope_problems(env: Envelope) -> list[str]:

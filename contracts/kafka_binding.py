@@ -241,9 +241,42 @@ def _media_type(content_type: str) -> str:
 
 
 def _decode_fast(key: bytes | None, value: bytes, headers: Any) -> Envelope:
-    # One inlined pass over the headers: this runs for every consumed record. Header
-    # names as toolexec writes them are looked up directly; others (bytes, upper case,
-    # unknown extensions) take the general path.
+    attrs = _written_attributes(headers)
+    if attrs is not None:
+        binary = len(attrs) > ("datacontenttype" in attrs)
+    else:
+        attrs, binary = _header_attributes(headers)
+    if binary:
+        data: Any = value
+    else:
+        _check_structured(attrs.get("datacontenttype"))
+        attrs = _structured_attributes(value)
+        data = attrs.pop("data", None)
+        encoded = attrs.pop("data_base64", None)
+        if data is None and isinstance(encoded, str):
+            data = _b64(encoded)
+    if key is not None:
+        attrs["partitionkey"] = _text(key, "key")
+    return _envelope(attrs, data)
+
+
+def _written_attributes(headers: Any) -> dict[str, str] | None:
+    """The attributes of headers exactly as toolexec writes them (known lower-case
+    names, UTF-8 values, none repeated), in one comprehension; None for any other
+    headers, which `_header_attributes` reads (and refuses, when they are wrong)."""
+    if type(headers) is not list and type(headers) is not tuple:
+        return None
+    try:
+        attrs = {_KNOWN_HEADERS[name]: raw.decode("utf-8") for name, raw in headers}
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+    return attrs if len(attrs) == len(headers) else None
+
+
+def _header_attributes(headers: Any) -> tuple[dict[str, Any], bool]:
+    """(attributes, binary mode?) of any headers, checked one by one."""
+    # Header names as toolexec writes them are looked up directly; others (bytes,
+    # upper case, unknown extensions) take the general path.
     attrs: dict[str, Any] = {}
     binary = False
     for name, raw in headers or ():
@@ -265,22 +298,8 @@ def _decode_fast(key: bytes | None, value: bytes, headers: Any) -> Envelope:
             if not isinstance(raw, _BYTES):
                 raise UndecodableRecord("header value is not bytes", header=name)
             raw = bytes(raw)
-        try:  # inlined `_text`: this runs for every header of every consumed record
-            attrs[attribute] = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UndecodableRecord("not UTF-8 text", header=name) from exc
-    if binary:
-        data: Any = value
-    else:
-        _check_structured(attrs.get("datacontenttype"))
-        attrs = _structured_attributes(value)
-        data = attrs.pop("data", None)
-        encoded = attrs.pop("data_base64", None)
-        if data is None and isinstance(encoded, str):
-            data = _b64(encoded)
-    if key is not None:
-        attrs["partitionkey"] = _text(key, "key")
-    return _envelope(attrs, data)
+        attrs[attribute] = _text(raw, name)
+    return attrs, binary
 
 
 def _decode_sdk(key: bytes | None, value: bytes, headers: Any) -> Envelope:
@@ -350,7 +369,8 @@ def _envelope(attrs: dict[str, Any], data: Any) -> Envelope:
     if schema is not None and schema not in _READABLE_DATASCHEMAS[event_type]:
         raise UndecodableRecord("unsupported dataschema", attribute="dataschema",
                                 expected=expected)
-    extensions = {n: v for n, v in attrs.items() if n not in _ENVELOPE_ATTRIBUTES}
+    extensions = ({} if attrs.keys() <= _ENVELOPE_ATTRIBUTES  # most records have none
+                  else {n: v for n, v in attrs.items() if n not in _ENVELOPE_ATTRIBUTES})
     try:
         return Envelope(
             id=_required(attrs, "id"), type=event_type, source=_required(attrs, "source"),

@@ -28,14 +28,22 @@ import rfc8785
 _INT_MAX: Final = 2**53 - 1
 _SORTED: Final = orjson.OPT_SORT_KEYS
 
-_SAME, _INTEGRAL_FLOATS, _REFERENCE = 0, 1, 2
+SAME, INTEGRAL_FLOATS, REFERENCE = 0, 1, 2
+"""How a value can be encoded (`encoding_of`): by orjson as it is, by orjson once its
+integral floats are integers, or only by the reference."""
+_SAME, _INTEGRAL_FLOATS, _REFERENCE = SAME, INTEGRAL_FLOATS, REFERENCE
 _INF: Final = float("inf")
 
 
 def canonical_json(value: Any) -> bytes:
     """RFC 8785 canonical JSON bytes of `value` (raises `rfc8785.CanonicalizationError`
     exactly when `rfc8785.dumps` does)."""
-    verdict = _check(value)
+    return canonical_json_encoded(value, _check(value))
+
+
+def canonical_json_encoded(value: Any, verdict: int) -> bytes:
+    """`canonical_json(value)` when `verdict` is already known: `encoding_of(value)`,
+    or what a walk that built `value` found (`domain.redaction.redact_document`)."""
     if verdict == _INTEGRAL_FLOATS:
         value = _integral_floats_as_ints(value)
     elif verdict == _REFERENCE:
@@ -44,6 +52,30 @@ def canonical_json(value: Any) -> bytes:
         return orjson.dumps(value, option=_SORTED)
     except (orjson.JSONEncodeError, ValueError, TypeError):
         return rfc8785.dumps(value)  # lone surrogates and the like: the reference decides
+
+
+def encoding_of(value: Any) -> int:
+    """How `value` can be encoded: `SAME`, `INTEGRAL_FLOATS` or `REFERENCE`."""
+    return _check(value)
+
+
+def key_encoding(key: Any) -> int:
+    """How an object key can be encoded (`SAME` or `REFERENCE`)."""
+    if type(key) is not str or (not key.isascii() and max(key, default="") > "\uffff"):
+        return _REFERENCE
+    return _SAME
+
+
+def leaf_encoding(value: Any) -> int:
+    """How a value that is neither an object nor an array can be encoded."""
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return _SAME
+    if kind is int:
+        return _SAME if -_INT_MAX <= value <= _INT_MAX else _REFERENCE
+    if kind is float:
+        return _float_verdict(value)
+    return _REFERENCE
 
 
 def _check(value: Any) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
 
+from domain.canonical_json import REFERENCE, SAME, key_encoding, leaf_encoding
 from domain.secret_scrub import MIN_SECRET, REDACTED, Scrubber, json_forms
 
 MIN_SECRET_CHARS: Final = MIN_SECRET
@@ -234,54 +235,92 @@ def redact(value: Any, *, secrets: tuple[str, ...] = ()) -> Redacted:
     """Audit-level redaction of a JSON value: sensitive fields, literal `secrets`
     (e.g. credentials injected into the tool's environment), and PII, tokens and
     secret pairs in strings."""
-    return _walk(value, secrets, redact_text)
+    redacted, count, _ = _walk(value, secrets, redact_text)
+    return Redacted(redacted, count)
+
+
+def redact_document(value: Any) -> tuple[Any, int, int]:
+    """`redact(value)` as (value, count), and how `canonical_json` can encode the
+    redacted value (`canonical_json.encoding_of` of it), found in the same walk: the
+    audit trail hashes the canonical JSON of every document it redacts."""
+    return _walk(value, (), redact_text)
 
 
 def redact_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Redacted:
     """Caller-level redaction: sensitive fields and literal `secrets` only; PII and
     every other value reach the caller unchanged."""
-    return _walk(value, secrets, None)
+    redacted, count, _ = _walk(value, secrets, None)
+    return Redacted(redacted, count)
+
+
+def _unchanged(text: str) -> tuple[str, int]:
+    return text, 0
 
 
 def _walk(value: Any, secrets: tuple[str, ...],
-          text_rules: Callable[[str], tuple[str, int]] | None) -> Redacted:
-    scrub = Scrubber(secrets) if secrets else None  # the one rule for credential values
-    count = 0
+          text_rules: Callable[[str], tuple[str, int]] | None) -> tuple[Any, int, int]:
+    """(redacted value, values redacted, `canonical_json` encoding of the result)."""
+    rules = text_rules or _unchanged
+    if secrets:
+        scrub = Scrubber(secrets)  # the one rule for credential values
 
-    def text(node: str) -> str:
-        nonlocal count
-        if scrub:
-            scrubbed = scrub.text(node)
-            if scrubbed != node:
-                count += max(scrubbed.count(REDACTED) - node.count(REDACTED), 1)
-                node = scrubbed
-        if text_rules is not None:
-            node, n = text_rules(node)
-            count += n
-        return node
+        def text(node: str) -> tuple[str, int]:
+            found = 0
+            cleaned = scrub.text(node)
+            if cleaned != node:
+                found = max(cleaned.count(REDACTED) - node.count(REDACTED), 1)
+            cleaned, n = rules(cleaned)
+            return cleaned, found + n
+    else:
+        text = rules
+    # Most strings are short and recur (ids, versions, hashes): their audit redaction
+    # is cached, looked up without the two calls of `redact_text`.
+    short = _redact_short_text if text is redact_text else text
+    state = [0, SAME]  # values redacted, encoding
+    redacted = _walk_node(value, state, text, short)
+    return redacted, state[0], REFERENCE if state[1] & REFERENCE else state[1]
 
-    def walk(node: Any) -> Any:
-        nonlocal count
-        if isinstance(node, dict):
-            out: dict[str, Any] = {}
-            for key, item in node.items():
-                if isinstance(key, str) and is_sensitive_field(key) and item not in (None, ""):
+
+def _walk_node(node: Any, state: list[int], text: Callable[[str], tuple[str, int]],
+               short: Callable[[str], tuple[str, int]]) -> Any:
+    """`node` redacted (`text` for strings, `short` for those of at most `_CACHED_TEXT`
+    characters under a key); counts and encoding noted in `state`."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, item in node.items():
+            if type(key) is not str or not key.isascii():
+                state[1] |= key_encoding(key)
+            kind = type(item)
+            if kind is str:  # first: most values are text
+                if item and isinstance(key, str) and is_sensitive_field(key):
                     out[key] = REDACTED
-                    count += 1
-                elif item is None or type(item) in _PLAIN:  # inline: most values are leaves
-                    out[key] = item
-                elif type(item) is str:
-                    out[key] = text(item)
-                else:
-                    out[key] = walk(item)
-            return out
-        if isinstance(node, list):
-            return [walk(item) for item in node]
-        if isinstance(node, str):
-            return text(node)
-        return node
-
-    return Redacted(walk(value), count)
+                    state[0] += 1
+                    continue
+                cleaned, n = short(item) if len(item) <= _CACHED_TEXT else text(item)
+                out[key] = cleaned
+                if n:
+                    state[0] += n
+            elif isinstance(key, str) and is_sensitive_field(key) and item not in (None, ""):
+                out[key] = REDACTED
+                state[0] += 1
+            elif item is None:
+                out[key] = None
+            elif kind in _PLAIN:
+                out[key] = item
+                if kind is not bool:
+                    state[1] |= leaf_encoding(item)
+            else:
+                out[key] = _walk_node(item, state, text, short)
+        return out
+    if isinstance(node, list):
+        return [_walk_node(item, state, text, short) for item in node]
+    if isinstance(node, str):
+        cleaned, n = text(node)
+        state[0] += n
+        state[1] |= leaf_encoding(cleaned)
+        return cleaned
+    state[1] |= leaf_encoding(node)
+    return node
 
 
 # ------------------------------------------------------------ secret parameters

@@ -26,8 +26,8 @@ from rfc8785 import CanonicalizationError
 
 from contracts.envelope import Envelope
 from contracts.events import dataschema_uri
-from domain.canonical_json import canonical_json
-from domain.redaction import redact
+from domain.canonical_json import canonical_json, canonical_json_encoded
+from domain.redaction import redact, redact_document, redact_text
 from projections.store import field_of
 from projections.tables import iso
 
@@ -80,17 +80,19 @@ def captoken_identity(envelope: Envelope) -> tuple[str | None, str | None]:
 
 def audit_document(envelope: Envelope) -> tuple[dict[str, Any], int]:
     """The redacted CloudEvent document of `envelope` and how many values were redacted."""
-    document, count = _document(envelope)
+    document, count, _ = _document(envelope)
     return _json_safe(document), count
 
 
-def _document(envelope: Envelope) -> tuple[dict[str, Any], int]:
-    data = envelope.data.model_dump(mode="json")
+def _document(envelope: Envelope) -> tuple[dict[str, Any], int, int]:
+    """(document, values redacted, how `canonical_json` can encode the document): the
+    attributes around the data are text, so the data's encoding is the document's."""
+    model = envelope.data  # its serializer called directly: `model_dump(mode="json")`
+    data = model.__pydantic_serializer__.to_python(model, mode="json")
     if envelope.type == "tool.published":
         data["files"] = [{k: v for k, v in f.items() if k != "content_b64gz"}
                          for f in data.get("files", [])]
-    redacted_data = redact(data)
-    count = redacted_data.count
+    redacted_data, count, encoding = redact_document(data)
     document: dict[str, Any] = {
         "specversion": "1.0", "id": envelope.id, "source": envelope.source,
         "type": envelope.type, "time": iso(envelope.time),
@@ -101,8 +103,8 @@ def _document(envelope: Envelope) -> tuple[dict[str, Any], int]:
     if envelope.causationid is not None:
         document["causationid"] = envelope.causationid
     if envelope.subject is not None:
-        subject = redact(envelope.subject)
-        document["subject"], count = subject.value, count + subject.count
+        document["subject"], found = redact_text(envelope.subject)  # = redact(a string)
+        count += found
     for name, value in envelope.extensions.items():
         if name == "captoken":
             continue
@@ -116,8 +118,8 @@ def _document(envelope: Envelope) -> tuple[dict[str, Any], int]:
         document["capsubject"] = sub
     if jti is not None:
         document["capjti"] = jti
-    document["data"] = redacted_data.value
-    return document, count
+    document["data"] = redacted_data
+    return document, count, encoding
 
 
 def canonical(value: Any) -> bytes:
@@ -163,9 +165,9 @@ def audit_values(envelope: Envelope, *, topic: str, partition: int, offset: int,
                  prev_hash: str) -> tuple[Any, ...]:
     """The audit record of one log record, chained after `prev_hash`, as a tuple in
     `AuditEntry`'s field order (pure; no object per record on the rebuild's path)."""
-    document, count = _document(envelope)
+    document, count, encoding = _document(envelope)
     try:
-        text = canonical(document)
+        text = canonical_json_encoded(document, encoding)
     except CanonicalizationError:  # huge integers, NaN: made JSON-safe (rare, slower)
         document = _json_safe(document)
         text = canonical(document)

@@ -134,6 +134,18 @@ def _checkpointed(row: Row, data: ExecutionCheckpointed) -> None:
 def _with_entry(timeline: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
     """`timeline` with `entry`: facts keep their log order, commands (requests,
     cancels) sorted by (time, id) are merged in by time, before facts of a later time."""
+    if entry["type"] not in topics.COMMAND_TYPES and (
+            not timeline or timeline[-1]["time"] <= entry["time"]
+            or timeline[-1]["type"] not in topics.COMMAND_TYPES):
+        # The usual case: a fact after every command already in, which `merged_timeline`
+        # would put last.
+        return [*timeline, entry]
+    return merged_timeline(timeline, entry)
+
+
+def merged_timeline(timeline: list[dict[str, Any]],
+                    entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """`_with_entry` the long way: facts and commands split, commands sorted, merged."""
     facts = [e for e in timeline if e["type"] not in topics.COMMAND_TYPES]
     commands = [e for e in timeline if e["type"] in topics.COMMAND_TYPES]
     if entry["type"] in topics.COMMAND_TYPES:
@@ -162,8 +174,9 @@ TIMELINE_FIELDS = ("attempt", "decision", "outcome", "stage", "sequence", "fract
 def _timeline_entry(envelope: Envelope, at: str) -> dict[str, Any]:
     data: Any = envelope.data
     entry: dict[str, Any] = {"type": envelope.type, "time": at, "id": envelope.id}
+    fields = data.__dict__  # `field_of` of each name, looked up in one dict
     for name in TIMELINE_FIELDS:
-        value = field_of(data, name)
+        value = fields.get(name)
         if value is not None:
             entry[name] = value
     if isinstance(data, ExecutionProgressed):
@@ -185,11 +198,12 @@ def _invocation_of(envelope: Envelope) -> str | None:
     return field_of(envelope.data, "invocation_id")
 
 
-def folded_event_ids(rows: Rows) -> frozenset[str]:
+def folded_event_ids(rows: Rows) -> list[str]:
     """Ids of the events already in an invocation's row (its timeline): a repeated
     event (same id at another log position) is skipped, with no applied-ids table."""
     found = rows[invocations.name]
-    return frozenset(entry["id"] for entry in found[0]["timeline"]) if found else frozenset()
+    # A list: `in` over a timeline's few ids is cheaper than hashing them into a set.
+    return [entry["id"] for entry in found[0]["timeline"]] if found else []
 
 
 def invocations_model() -> AggregateModel:
