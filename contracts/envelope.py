@@ -11,8 +11,8 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from datetime import datetime
+from functools import lru_cache
 from typing import Final
 
 from contracts.events import EventData
