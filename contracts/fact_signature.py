@@ -172,7 +172,6 @@ def _remember(kid: str, digests: str, signature: str, valid: bool) -> None:
             _CHECKED.popitem(last=False)
 
 
-
 def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw)
 
