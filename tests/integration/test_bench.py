@@ -53,6 +53,10 @@ def test_quick_bench_pairs_each_figure_with_a_same_run_baseline(quick_report: di
     figures = {s["name"]: s["figures"] for s in quick_report["scenarios"]}
     assert {"pipeline p50 ms", "direct spawn p50 ms", "overhead p50 ms"} <= set(
         figures["overhead"])
+    assert figures["overhead"]["hop breakdown invocations"] == figures["overhead"][
+        "calls (each)"]
+    assert abs(figures["overhead"]["hop p50 ms: primitive run"]
+               - figures["overhead"]["primitive run p50 ms"]) < 0.01
     assert {"pipeline invocations/s", "httpx direct calls/s", "ratio"} <= set(
         figures["throughput"])
     assert {"pipeline calls/s", "direct spawn calls/s", "ratio"} <= set(

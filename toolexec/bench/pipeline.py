@@ -33,6 +33,7 @@ from toolexec.bench.env import (
     CpuMeter,
 )
 from toolexec.bench.env import script_plan as build_script_plan
+from toolexec.bench.hops import Sent, hop_figures, invocation_facts
 from toolexec.bench.report import Figure, ScenarioResult, latency_figures, percentile
 
 Call = Callable[[], Awaitable[bool]]
@@ -142,17 +143,22 @@ async def _exited(pid: int) -> None:
 
 
 def pipeline_call(env: BenchEnvironment, tool_id: str, params: dict[str, Any],
-                  durations: list[float] | None = None) -> Call:
+                  durations: list[float] | None = None,
+                  timeline: dict[str, Sent] | None = None) -> Call:
     """One invocation through the whole pipeline; True when it completed.
-    `durations` collects each completed invocation's primitive run time (seconds)."""
+    `durations` collects each completed invocation's primitive run time (seconds),
+    `timeline` when each was produced and answered (wall clock, for the hops)."""
     client = env.client
     assert client is not None
 
     async def call() -> bool:
+        produced = time.time()
         terminal = await client.invoke(tool_id, params, timeout=60.0)
         ok = terminal.type == "tool.invoke.completed"
         if ok and durations is not None:
             durations.append(terminal.data.duration_ms / 1000)
+        if ok and timeline is not None:
+            timeline[terminal.correlationid] = Sent(produced, time.time())
         return ok
 
     return call
@@ -165,10 +171,12 @@ async def invoke_overhead(env: BenchEnvironment, *, calls: int, warmup: int) -> 
     """Scenario 1: sequential invocations of the trivial script tool vs direct spawns."""
     direct = DirectSpawn(build_script_plan(env.tools_dir), env.root)
     durations: list[float] = []
-    pipeline = pipeline_call(env, SCRIPT_TOOL, SCRIPT_PARAMS, durations)
+    timeline: dict[str, Sent] = {}
+    pipeline = pipeline_call(env, SCRIPT_TOOL, SCRIPT_PARAMS, durations, timeline)
     await sequential(direct, warmup)
     await sequential(pipeline, warmup)
     durations.clear()
+    timeline.clear()
     base = await sequential(direct, calls)
     meter = CpuMeter(env)
     meter.start()
@@ -187,12 +195,15 @@ async def invoke_overhead(env: BenchEnvironment, *, calls: int, warmup: int) -> 
         "pipeline minus primitive p50 ms": round(
             (percentile(measured.latencies, 50) - percentile(durations, 50)) * 1000, 3),
         **cpu, "calls (each)": calls, "errors": measured.errors + base.errors,
+        **hop_figures(timeline, await invocation_facts(env.bootstrap, set(timeline))),
     }
     return ScenarioResult(
         "overhead", "1. invoke overhead (script tool, sequential)", figures,
         f"p50 overhead <= {OVERHEAD_TARGET_MS:g} ms", overhead_ms <= OVERHEAD_TARGET_MS,
         ["latency seen by the producer: request produced -> terminal event consumed",
-         "primitive run = the executor's own spawn-to-exit time (incl. file materialising)"])
+         "primitive run = the executor's own spawn-to-exit time (incl. file materialising)",
+         "hops = the pipeline's stamped event times between the producer's own clock "
+         "readings (one host's clock; toolexec/bench/hops.py)"])
 
 
 async def api_throughput(env: BenchEnvironment, *, concurrency: int,
