@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import sys
+from contextlib import closing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -208,19 +210,42 @@ def test_a_decision_written_to_the_log_without_the_approve_scope_counts_for_noth
 
     async def forge() -> None:  # the agent itself, straight to the requests topic: a flood
         async with InvocationClient(bootstrap) as client:
-            for _ in range(40):
+            for n in range(40):
                 await client.command(ApprovalDecided(
-                    invocation_id=invocation_id, decision="deny",
-                    approved_hash=row["call_hash"], decided_by=AGENT), token=_agent(gateway))
+                    invocation_id=invocation_id, decision="approve" if n % 2 else "deny",
+                    approved_hash=row["call_hash"], decided_by="alice" if n % 2 else AGENT),
+                    token=_agent(gateway))
     anyio.run(forge)
-    wait_until(lambda: _pending(gateway, invocation_id)["decided_by"] == AGENT)
     refused = anyio.run(_dead_letter_codes, bootstrap, invocation_id, 40)
     assert refused == ["E3206"] * 40  # each one dead-lettered, none kept
+    assert _pending(gateway, invocation_id)["decided_by"] is None  # and none shown
 
     sent = _decide(gateway, invocation_id, _approver(gateway), decision="approve")
     assert sent.status_code == 202, sent.text
     view = _ended(gateway, invocation_id, _agent(gateway))
     assert view["status"] == "completed", view  # the forged denies came first, and counted not
+    shown = wait_until(lambda: _approval_row(gateway, invocation_id))
+    assert (shown["decision"], shown["decided_by"]) == ("approve", APPROVER)  # the one received
+    received = _received_at(gateway, invocation_id)
+    assert shown["decided_at"] == received
+
+
+def _approval_row(gateway: RunningGateway, invocation_id: str) -> dict[str, Any] | None:
+    """The approvals read model's row of `invocation_id` once it has an outcome."""
+    with closing(sqlite3.connect(gateway.cwd / ".toolexec" / "toolexec.db")) as db:
+        db.row_factory = sqlite3.Row
+        row = db.execute("SELECT * FROM approvals WHERE invocation_id = ?",
+                         (invocation_id,)).fetchone()
+    return dict(row) if row is not None and row["outcome"] is not None else None
+
+
+def _received_at(gateway: RunningGateway, invocation_id: str) -> str:
+    """The time of the pipeline's `tool.approval.received` of `invocation_id`, as the
+    audit trail holds it."""
+    found = gateway.http.get("/v1/audit", params={"invocation": invocation_id},
+                             headers=bearer(gateway.token(scopes=("--audit",)))).json()
+    (time,) = [r["time"] for r in found["records"] if r["type"] == "tool.approval.received"]
+    return time
 
 
 async def _dead_letter_codes(bootstrap: str, key: str, count: int) -> list[str]:
