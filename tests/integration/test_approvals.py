@@ -19,7 +19,7 @@ import anyio
 import httpx
 import mcp_types
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from contracts import topics
@@ -246,6 +246,55 @@ def _received_at(gateway: RunningGateway, invocation_id: str) -> str:
                              headers=bearer(gateway.token(scopes=("--audit",)))).json()
     (time,) = [r["time"] for r in found["records"] if r["type"] == "tool.approval.received"]
     return time
+
+
+def test_an_approver_token_read_off_the_requests_topic_decides_no_other_call(
+        gateway: RunningGateway) -> None:
+    decided_id = _invoke(gateway, "guarded_echo", {"text": "approve me"})
+    other_id = _invoke(gateway, "guarded_echo", {"text": "not me"})
+    _pending(gateway, decided_id)
+    other = _pending(gateway, other_id)
+    token = _approver(gateway)
+    assert _decide(gateway, decided_id, token, decision="approve").status_code == 202
+    assert _ended(gateway, decided_id, _agent(gateway))["status"] == "completed"
+    bootstrap = json.loads((gateway.cwd / ".toolexec" / "broker" / "broker.json")
+                           .read_text())["bootstrap"]
+    (decision,) = anyio.run(_requests_records, bootstrap, decided_id, "tool.approval.decided")
+    on_the_topic = dict(decision.headers)["ce_captoken"].decode()
+    assert token not in on_the_topic and token.encode() not in decision.value  # sealed
+
+    async def replay() -> None:  # a reader of the topic copies it onto another call's decision
+        async with InvocationClient(bootstrap) as client:
+            await client.command(ApprovalDecided(
+                invocation_id=other_id, decision="approve", approved_hash=other["call_hash"],
+                decided_by=APPROVER), token=on_the_topic)
+    anyio.run(replay)
+    assert anyio.run(_dead_letter_codes, bootstrap, other_id, 1) == ["E3203"]
+    assert _pending(gateway, other_id)["decided_by"] is None  # still waiting, undecided
+    cancelled = gateway.http.post(f"/v1/invocations/{other_id}/cancel",
+                                  headers=bearer(_agent(gateway)))
+    assert cancelled.status_code == 202, cancelled.text
+
+
+async def _requests_records(bootstrap: str, key: str, kind: str) -> list[Any]:
+    """The records of type `kind` keyed `key` on the requests topic, up to its end now."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topics.REQUESTS, p)
+                      for p in consumer.partitions_for_topic(topics.REQUESTS) or ()]
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        found: list[Any] = []
+        async with asyncio.timeout(60):
+            while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    found += [r for r in records if r.key == key.encode()
+                              and dict(r.headers).get("ce_type") == kind.encode()]
+    finally:
+        await consumer.stop()
+    return found
 
 
 async def _dead_letter_codes(bootstrap: str, key: str, count: int) -> list[str]:
