@@ -1,12 +1,14 @@
 """The approvals read model: one row per invocation that waited for an approver.
 
-Folded from `tool.approval.requested` and the terminal event (facts, in log order) and
-`tool.approval.decided` (a command, on the other topic). No order holds across the two
-topics, so each part of the row is set by its own events only: the request's columns
-by the request, the decision's by the first decision (commands keep their order in
-their topic, so "first" is the same on every replay), the outcome by the terminal
-event, which the request always precedes. A rebuild gives the same rows, and a repeated
-event folded again changes nothing. Pending = requested, no outcome yet.
+Folded from the pipeline's signed facts only, in log order: `tool.approval.requested`,
+`tool.approval.received` and the terminal event. The decision shown is the one the
+pipeline received, the first whose approver's token may decide, dated when the pipeline
+read it; never a `tool.approval.decided` command, which anyone who can write the requests
+topic can forge (the pipeline dead-letters those that cannot count). Each part of the
+row is set by its own events only: the request's columns by the request, the decision's
+by the first `tool.approval.received`, the outcome by the terminal event, which the
+request always precedes. A rebuild gives the same rows, and a repeated event folded
+again changes nothing. Pending = requested, no outcome yet.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from contracts import topics
 from contracts.envelope import Envelope
-from contracts.events import ApprovalDecided, ApprovalRequested, InvokeCompleted, InvokeFailed
+from contracts.events import ApprovalReceived, ApprovalRequested, InvokeCompleted, InvokeFailed
 from domain.redaction import redact
 from projections.store import AggregateModel, Row, Rows, single_row
 from projections.tables import approvals, iso
@@ -40,7 +42,7 @@ def evolve_approval(row: Row | None, envelope: Envelope) -> Row | None:
                    parameters=redact(data.parameters).value, reasons=list(data.reasons),
                    requested_at=at, expires_at=iso(data.expires_at))
         return new
-    if isinstance(data, ApprovalDecided):
+    if isinstance(data, ApprovalReceived):
         new = dict(row) if row is not None else _empty(data.invocation_id)
         if new["decision"] is None:
             new.update(decision=data.decision, approved_hash=data.approved_hash,
@@ -58,7 +60,7 @@ def evolve_approval(row: Row | None, envelope: Envelope) -> Row | None:
     return row
 
 
-_FOLDED = (ApprovalRequested, ApprovalDecided, InvokeCompleted, InvokeFailed)
+_FOLDED = (ApprovalRequested, ApprovalReceived, InvokeCompleted, InvokeFailed)
 
 
 def _invocation_of(envelope: Envelope) -> str | None:
@@ -69,13 +71,13 @@ def _invocation_of(envelope: Envelope) -> str | None:
 def no_event_ids(_rows: Rows) -> frozenset[str]:
     """A repeated event needs no skipping here: folding it again changes nothing (a
     request writes the same values, the first decision and the first terminal event
-    stay), so the runner keeps no applied-id row per event of the two busiest topics."""
+    stay), so the runner keeps no applied-id row per event of the busiest topic."""
     return frozenset()
 
 
 def approvals_model() -> AggregateModel:
     """The approvals read model, ready for a runner."""
-    return AggregateModel(name=NAME, topics=(topics.REQUESTS, topics.INVOCATIONS),
+    return AggregateModel(name=NAME, topics=(topics.INVOCATIONS,),
                           tables=(approvals,), key_column="invocation_id",
                           aggregate_of=_invocation_of,
                           fold=single_row(approvals, evolve_approval),

@@ -11,6 +11,7 @@ from contracts.envelope import Envelope, derived_event_id, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import (
     ApprovalDecided,
+    ApprovalReceived,
     ApprovalRequested,
     ChainLink,
     ChainResolved,
@@ -81,10 +82,11 @@ def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "
                start: float = 0.0, token: str | None = None,
                parameters: dict[str, Any] | None = None,
                subject: str = "bob", reports: int = 0,
-               approval: str | None = None) -> list[Envelope]:
+               approval: str | None = None, received: bool = True) -> list[Envelope]:
     """The events of one invocation, from request to its terminal event; a running
     attempt makes `reports` progress reports, each followed by a checkpoint; with
-    `approval` ("approve" or "deny") its call waits for an approver who answers so."""
+    `approval` ("approve" or "deny") its call waits for an approver who answers so,
+    and the pipeline notes the decision it received unless `received` is false."""
     link = ChainLink(tool_id=tool_id, version="1.0.0", integrity=INTEGRITY, tool_type="script",
                      executor=None)
     params = parameters or {"text": "hi"}
@@ -121,6 +123,10 @@ def invocation(invocation_id: str, tool_id: str = "py_echo", *, outcome: str = "
                                                decided_by="did:example:ops"),
                                invocation_id, when=at(start + 0.027),
                                id=f"decided-{invocation_id}"))
+        if received:
+            follow(ApprovalReceived(invocation_id=invocation_id, decision_id=events[-1].id,
+                                    decision=approval, approved_hash="sha256:" + "77" * 32,
+                                    decided_by="did:example:ops"), 0.028)
     if approval == "deny":
         follow(InvokeFailed(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
                             error=ErrorInfo(code="E3208", message="Approval denied"),

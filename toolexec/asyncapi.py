@@ -84,7 +84,10 @@ FACT_HEADERS: Final[dict[str, dict[str, Any]]] = {
                            pattern=r"^\d+ \d+$"),
 }
 REQUEST_HEADERS: Final[dict[str, dict[str, Any]]] = {
-    CE_PREFIX + "captoken": _string("Capability token (JWT) of the producer; only on "
+    CE_PREFIX + "captoken": _string("Capability token (JWT) of the producer, or "
+                                    "`sealed1.<identity>.<sealed>`: sealed to the "
+                                    "pipeline's X25519 key and bound to this command "
+                                    "(contracts/token_seal.py); only on "
                                     "tool.invoke.requested and (the approver's) on "
                                     "tool.approval.decided."),
 }

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from consumers.runtime.delivery import transient_broker_error
 from consumers.runtime.fetch_pacing import FetchPacer
@@ -34,6 +35,7 @@ from contracts.envelope import Envelope, new_envelope
 from contracts.events import TERMINAL_TYPES, InvokeCancelRequested, InvokeRequested
 from contracts.fact_signature import FactVerifier, Verdict
 from contracts.kafka_binding import UndecodableRecord, decode, header_type, send_event
+from contracts.token_seal import TokenSealer, is_sealed
 from domain.errors import ToolexecError
 
 if TYPE_CHECKING:
@@ -78,8 +80,12 @@ class InvocationClient:
     def __init__(self, bootstrap: str, *, pipeline: Pipeline | None = None,
                  verifier: FactVerifier | None = None,
                  fetch_waits: tuple[int, int] = (1, 500),
-                 client_options: Mapping[str, Any] | None = None) -> None:
+                 client_options: Mapping[str, Any] | None = None,
+                 seal_to: X25519PublicKey | None = None) -> None:
         self._bootstrap = bootstrap
+        self._sealer = None if seal_to is None else TokenSealer(seal_to)
+        """Seals tokens sent to the pipeline's key `seal_to`, each bound to its command
+        (contracts.token_seal); None sends them as they are."""
         self._options = dict(client_options or {})
         """Connection options (`settings.kafka_client_options`) of both clients."""
         self._pipeline = pipeline
@@ -209,6 +215,7 @@ class InvocationClient:
                             invocation_id=invocation_id or self.new_invocation_id(),
                             execution_mode=execution_mode, registry_offset=self._registry_end,
                             callback_url=callback_url)
+        self._seal(envelope)
         partition = self._local_partition(envelope.correlationid)
         metadata = await self._deliver(envelope, asyncio.get_running_loop().time() + timeout,
                                        partition=partition)
@@ -231,6 +238,7 @@ class InvocationClient:
                             lockfile=lockfile, token=token, requested_by=requested_by,
                             invocation_id=invocation_id, execution_mode="sync",
                             registry_offset=self._registry_end, callback_url=callback_url)
+        self._seal(envelope)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         partition = self._local_partition(invocation_id)
@@ -278,8 +286,15 @@ class InvocationClient:
                                 correlationid=invocation_id, id=str(uuid.uuid4()),
                                 time=datetime.now(UTC),
                                 extensions={"captoken": token} if token else {})
+        self._seal(envelope)
         await self._deliver(envelope, asyncio.get_running_loop().time() + timeout)
         return envelope
+
+    def _seal(self, envelope: Envelope) -> None:
+        """Seal `envelope`'s token to the pipeline's key, bound to `envelope`."""
+        token = envelope.extensions.get("captoken")
+        if token and self._sealer is not None and not is_sealed(token):
+            envelope.extensions["captoken"] = self._sealer.seal(token, envelope)
 
     async def _deliver(self, envelope: Envelope, deadline: float, *,
                        partition: int | None = None) -> Any:

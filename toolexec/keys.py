@@ -23,7 +23,9 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
+from contracts import token_seal
 from domain.capability import ALGORITHM, TokenLifetime
 from domain.errors import InvalidRequest
 from domain.publisher_signature import (
@@ -185,6 +187,42 @@ def fact_verify_keys(settings: Settings) -> list[ed25519.Ed25519PublicKey]:
             if isinstance(key, ed25519.Ed25519PrivateKey):
                 keys.append(key.public_key())
     return keys
+
+
+# --- the pipeline's token-sealing key ------------------------------------------------
+
+
+def token_seal_key_path(state_dir: Path) -> Path:
+    """Where the embedded profile keeps the pipeline's X25519 token-sealing key."""
+    return state_dir / "keys" / "token-seal.pem"
+
+
+def token_opener(settings: Settings) -> token_seal.TokenOpener | None:
+    """What opens the tokens sealed to this pipeline: `TOOLEXEC_TOKEN_SEAL_KEY`, else
+    (embedded) a key made under the state directory on first use (0600); None in
+    production without the setting (tokens then travel unsealed)."""
+    path = settings.token_seal_key
+    if path is None:
+        if not settings.embedded:
+            return None
+        path = token_seal_key_path(Path(settings.state_dir))
+        if not path.exists():
+            with contextlib.suppress(FileExistsError):  # another process made it first
+                _write_private(path, token_seal.new_private_key(), Path(settings.state_dir))
+    return token_seal.TokenOpener(token_seal.load_private(path.read_bytes()))
+
+
+def token_seal_public_key(settings: Settings) -> X25519PublicKey | None:
+    """The key producers seal tokens to: `TOOLEXEC_TOKEN_SEAL_PUBLIC_KEY`, else that of
+    `TOOLEXEC_TOKEN_SEAL_KEY` or of the embedded state directory's key; None if none."""
+    if settings.token_seal_public_key is not None:
+        return token_seal.load_public(settings.token_seal_public_key.read_bytes())
+    path = settings.token_seal_key
+    if path is None and settings.embedded:
+        path = token_seal_key_path(Path(settings.state_dir))
+    if path is None or not path.exists():
+        return None
+    return token_seal.load_private(path.read_bytes()).public_key()
 
 
 # --- publisher keys ------------------------------------------------------------------

@@ -109,6 +109,14 @@ class Settings(BaseSettings):
     fact_public_keys: list[Path] = Field(default_factory=list)
     """PEM files of Ed25519 public keys whose fact signatures are trusted (every
     pipeline's, old and new while rotating); the embedded key is always trusted."""
+    token_seal_key: Path | None = None
+    """PEM file of the pipeline's X25519 key that opens the capability tokens producers
+    seal to it (contracts/token_seal.py); None = (embedded) `keys/token-seal.pem` under
+    `state_dir`, made on first start; in production without it tokens are not sealed."""
+    token_seal_public_key: Path | None = None
+    """PEM file of the pipeline's X25519 public key, for producers that do not hold the
+    private key: they seal the tokens they send to it. None = the embedded state
+    directory's key, when there is one."""
     trusted_publishers: dict[str, list[str]] = Field(default_factory=dict)
     """The publisher trust store: tool id prefix ("" = every tool) -> the publisher keys
     trusted for it, each a key id (`ed25519:...`) or a PEM public key file, e.g.
@@ -347,6 +355,7 @@ class Settings(BaseSettings):
 
     @field_validator("kafka_bootstrap", "database_url", "redis_url", "user_tools_dir",
                      "require_auth", "sandbox", "abac_url", "token", "fact_signing_key",
+                     "token_seal_key", "token_seal_public_key",
                      "kafka_sasl_username", "kafka_sasl_password_file", "kafka_ssl_cafile",
                      "embeddings_url", "embeddings_key_file", "callback_secret_file",
                      mode="before")

@@ -55,6 +55,7 @@ from domain.egress import check_addresses, check_destination
 from domain.errors import NetworkPolicyViolation, ToolexecError, ValidationFailed
 from domain.model import HttpPlan, NetworkPolicy, PrimitiveOutcome
 from domain.secret_scrub import Scrubber
+from domain.system_strings import check_http_request
 
 MAX_BODY_BYTES = 1024 * 1024
 QUERY_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
@@ -216,6 +217,7 @@ def _build(plan: HttpPlan, params: Mapping[str, Any], secrets: SecretLookup,
                for name, value in plan.headers.items()}
     if query:
         url += ("&" if "?" in url else "?") + urlencode(query, quote_via=quote_plus)
+    check_http_request(method, url, headers)
     try:
         parsed = URL(url, encoded=True)  # sent exactly as built here
         if not parsed.scheme or not parsed.host:
@@ -239,6 +241,7 @@ def open_endpoint(plan: HttpPlan, secrets: SecretLookup) -> tuple[str, dict[str,
     url, _ = _fill_url(plan.url_template, {})
     headers = {name: _resolve_secrets(value, secrets, revealed)
                for name, value in plan.headers.items()}
+    check_http_request("POST", url, headers)
     try:
         parsed = URL(url, encoded=True)
         if not parsed.scheme or not parsed.host:
@@ -263,7 +266,7 @@ def _fill_url(template: str, params: Mapping[str, Any]) -> tuple[str, set[str]]:
                 raise ValidationFailed(f"parameter {name!r} is required by the URL template",
                                        code="E3301", details={"parameter": name})
             used.add(name)
-            return encode(_as_text(params[name]))
+            return encode(_param_text(name, params[name]))
         return _PLACEHOLDER.sub(substitute, part)
 
     return (fill(head, lambda v: quote(v, safe=""))
@@ -278,8 +281,21 @@ def _fill_plain(template: str, params: Mapping[str, Any], used: set[str]) -> str
             raise ValidationFailed(f"parameter {name!r} is required by the query",
                                    code="E3301", details={"parameter": name})
         used.add(name)
-        return _as_text(params[name])
+        return _param_text(name, params[name])
     return _PLACEHOLDER.sub(substitute, template)
+
+
+def _param_text(name: str, value: Any) -> str:
+    """The text of parameter `name` in the URL; E3301 when it holds text that cannot be
+    encoded (a lone surrogate). Percent-encoding carries every other character."""
+    text = _as_text(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationFailed(f"parameter {name!r} holds text that cannot be encoded "
+                               "(a lone surrogate)", code="E3301",
+                               details={"parameter": name}) from None
+    return text
 
 
 def _as_text(value: Any) -> str:
@@ -296,7 +312,7 @@ def _query_pairs(params: Mapping[str, Any]) -> list[tuple[str, str]]:
     pairs: list[tuple[str, str]] = []
     for key, value in params.items():
         values = value if isinstance(value, list) else [value]
-        pairs.extend((key, _as_text(item)) for item in values if item is not None)
+        pairs.extend((key, _param_text(key, item)) for item in values if item is not None)
     return pairs
 
 

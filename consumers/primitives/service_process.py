@@ -31,6 +31,7 @@ from consumers.primitives.tool_process import (
 from domain.errors import ExecutionError
 from domain.model import ResourceLimits, SubprocessPlan
 from domain.sandbox_policy import SandboxPolicy
+from domain.system_strings import check_process
 
 
 class ServiceProcess:
@@ -119,7 +120,8 @@ def start_service(plan: SubprocessPlan, *, store: ContentStore, work_root: Path,
     """Start `plan` as a long-lived process whose stdin/stdout the caller speaks over.
 
     Raises ToolexecError for what a one-shot run reports as an outcome: E3105 tampered
-    or missing file, E3401 executable not found, E3405 sandbox. The operator's
+    or missing file, E3401 executable not found or an argument or variable the OS
+    refuses, E3405 sandbox. The operator's
     ceilings apply as to any run, except that no default CPU time limit is set (the
     process serves many calls); a CPU limit the manifest asks for is kept (capped)."""
     asked_cpu = plan.limits.cpu_seconds
@@ -127,6 +129,7 @@ def start_service(plan: SubprocessPlan, *, store: ContentStore, work_root: Path,
     if asked_cpu is None:
         plan = dataclasses.replace(plan, limits=dataclasses.replace(plan.limits,
                                                                     cpu_seconds=None))
+    check_process(plan.argv, plan.env)  # under every sandbox, before any is set up
     sandbox = through_launcher(sandbox, service=True)
     check_sandbox(sandbox)
     cwd_parts = relative_parts(plan.cwd, allow_root=True)

@@ -57,6 +57,7 @@ from consumers.primitives.tool_process import ToolProcess, spawn
 from domain.errors import ExecutionError, ToolexecError, ValidationFailed
 from domain.model import PrimitiveOutcome, SubprocessPlan
 from domain.sandbox_policy import SandboxPolicy, narrow_subprocess
+from domain.system_strings import check_process
 
 if TYPE_CHECKING:
     from consumers.ports import ToolSession
@@ -80,7 +81,8 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
 
     Never raises for tool or plan problems: they come back as an outcome with
     `error = {code, message, details}` (E3301 parameters not JSON, E3105 tampered or
-    missing file, E3401 failure / unsafe path / executable not found, E3402 timeout,
+    missing file, E3401 failure / unsafe path / executable not found / an argument or
+    variable the OS refuses (NUL, `=` in a name, unencodable text), E3402 timeout,
     E3403 out of memory, E3404 killed by a signal, E3405 sandbox, E3407 resource
     limit). `duration_ms` covers the whole run, its run directory included.
     """
@@ -88,6 +90,7 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
     plan = narrowed(plan, policy)
     sandbox = through_launcher(sandbox, network_allowed=bubblewrap.network_allowed(plan.network))
     try:
+        check_process(plan.argv, plan.env)  # under every sandbox, before any is set up
         stdin = _encode_params(params)
         check_sandbox(sandbox)
         cwd_parts = relative_parts(plan.cwd, allow_root=True)

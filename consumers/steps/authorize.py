@@ -2,9 +2,10 @@
 (+ tool.invoke.failed on deny, + tool.approval.requested when an allowed call needs an
 approver: a matching permit annotated `@approval("required")`, or the leaf's manifest).
 
-The capability token rides only on tool.invoke.requested (extension `captoken`) and
-is checked right where it arrives, in the same step that resolved the chain: it is
-never copied into a derived event nor kept anywhere else.
+The capability token rides only on tool.invoke.requested (extension `captoken`, sealed
+to this pipeline and bound to the request when the producer knows the pipeline's key:
+contracts.token_seal) and is checked right where it arrives, in the same step that
+resolved the chain: it is never copied into a derived event nor kept anywhere else.
 
 With a valid token, ABAC policies (domain.policy) decide next: the leaf's manifest
 attributes come from the resolved chain, the policy bundle from the policy view
@@ -23,6 +24,7 @@ from consumers.ports import Clock, DecisionStore
 from consumers.steps.derived_events import derive, error_info, failed
 from contracts.envelope import Envelope
 from contracts.events import ApprovalRequested, ChainResolved, PermissionDecided
+from contracts.token_seal import SealBroken, TokenOpener, is_sealed
 from domain.approval import approval_reasons, call_hash, expiry
 from domain.capability import (
     DEFAULT_LIFETIME,
@@ -84,6 +86,8 @@ class AuthorizeDeps:
     """Tokens already verified (repeated tokens skip the RSA verification)."""
     approval_ttl_seconds: float = 3600.0
     """How long a call that needs approval waits for one (then E3209)."""
+    opener: TokenOpener | None = None
+    """Opens the tokens producers sealed to this pipeline (contracts.token_seal)."""
 
 
 async def authorize_request(request: Envelope, resolved: Envelope, chain: ResolvedChain,
@@ -103,7 +107,7 @@ async def authorize_request(request: Envelope, resolved: Envelope, chain: Resolv
         allowed = derive(resolved, decision, step="authorize", now=now)
         return _with_approval(allowed, chain, (), deps)
     try:
-        capability = authorise(request.extensions.get("captoken"), deps.public_keys(),
+        capability = authorise(presented_token(request, deps), deps.public_keys(),
                                tool_id=data.tool_id, version=data.version,
                                now=int(now.timestamp()), verified=deps.verified)
         if deps.external is not None:
@@ -170,12 +174,30 @@ def check_approver(decided: Envelope, tool_id: str, deps: AuthorizeDeps) -> None
         return
     lifetime = deps.verified.lifetime if deps.verified is not None else DEFAULT_LIFETIME
     capability = authorise_action(
-        decided.extensions.get("captoken"), deps.public_keys(), approve_need(tool_id),
+        presented_token(decided, deps), deps.public_keys(), approve_need(tool_id),
         now=int(deps.clock().timestamp()), verified=deps.verified, lifetime=lifetime)
     if capability.subject != decided.data.decided_by:
         raise AuthorizationError(
             "the decision names another approver than its token's subject", code="E3206",
             details={"decided_by": decided.data.decided_by, "subject": capability.subject})
+
+
+def presented_token(command: Envelope, deps: AuthorizeDeps) -> str | None:
+    """The capability token on `command`: its `captoken`, opened when it is sealed to
+    this pipeline. A sealed token that does not open for this very command (sealed for
+    another one, as a token read off the topic and copied would be, or to another key)
+    is E3203, as is one this pipeline holds no key for."""
+    value = command.extensions.get("captoken")
+    if value is None or not is_sealed(value):
+        return value
+    if deps.opener is None:
+        raise AuthorizationError("the capability token is sealed, but this pipeline holds "
+                                 "no token-sealing key (TOOLEXEC_TOKEN_SEAL_KEY)", code="E3203")
+    try:
+        return deps.opener.open(value, command)
+    except SealBroken as broken:
+        raise AuthorizationError(f"the sealed capability token does not open: {broken}",
+                                 code="E3203") from None
 
 
 def denial_failure(decision: Envelope, denied: PermissionDecided, *, now: Any) -> Envelope:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import sys
+from contextlib import closing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import anyio
 import httpx
 import mcp_types
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from contracts import topics
@@ -208,19 +210,91 @@ def test_a_decision_written_to_the_log_without_the_approve_scope_counts_for_noth
 
     async def forge() -> None:  # the agent itself, straight to the requests topic: a flood
         async with InvocationClient(bootstrap) as client:
-            for _ in range(40):
+            for n in range(40):
                 await client.command(ApprovalDecided(
-                    invocation_id=invocation_id, decision="deny",
-                    approved_hash=row["call_hash"], decided_by=AGENT), token=_agent(gateway))
+                    invocation_id=invocation_id, decision="approve" if n % 2 else "deny",
+                    approved_hash=row["call_hash"], decided_by="alice" if n % 2 else AGENT),
+                    token=_agent(gateway))
     anyio.run(forge)
-    wait_until(lambda: _pending(gateway, invocation_id)["decided_by"] == AGENT)
     refused = anyio.run(_dead_letter_codes, bootstrap, invocation_id, 40)
     assert refused == ["E3206"] * 40  # each one dead-lettered, none kept
+    assert _pending(gateway, invocation_id)["decided_by"] is None  # and none shown
 
     sent = _decide(gateway, invocation_id, _approver(gateway), decision="approve")
     assert sent.status_code == 202, sent.text
     view = _ended(gateway, invocation_id, _agent(gateway))
     assert view["status"] == "completed", view  # the forged denies came first, and counted not
+    shown = wait_until(lambda: _approval_row(gateway, invocation_id))
+    assert (shown["decision"], shown["decided_by"]) == ("approve", APPROVER)  # the one received
+    received = _received_at(gateway, invocation_id)
+    assert shown["decided_at"] == received
+
+
+def _approval_row(gateway: RunningGateway, invocation_id: str) -> dict[str, Any] | None:
+    """The approvals read model's row of `invocation_id` once it has an outcome."""
+    with closing(sqlite3.connect(gateway.cwd / ".toolexec" / "toolexec.db")) as db:
+        db.row_factory = sqlite3.Row
+        row = db.execute("SELECT * FROM approvals WHERE invocation_id = ?",
+                         (invocation_id,)).fetchone()
+    return dict(row) if row is not None and row["outcome"] is not None else None
+
+
+def _received_at(gateway: RunningGateway, invocation_id: str) -> str:
+    """The time of the pipeline's `tool.approval.received` of `invocation_id`, as the
+    audit trail holds it."""
+    found = gateway.http.get("/v1/audit", params={"invocation": invocation_id},
+                             headers=bearer(gateway.token(scopes=("--audit",)))).json()
+    (time,) = [r["time"] for r in found["records"] if r["type"] == "tool.approval.received"]
+    return time
+
+
+def test_an_approver_token_read_off_the_requests_topic_decides_no_other_call(
+        gateway: RunningGateway) -> None:
+    decided_id = _invoke(gateway, "guarded_echo", {"text": "approve me"})
+    other_id = _invoke(gateway, "guarded_echo", {"text": "not me"})
+    _pending(gateway, decided_id)
+    other = _pending(gateway, other_id)
+    token = _approver(gateway)
+    assert _decide(gateway, decided_id, token, decision="approve").status_code == 202
+    assert _ended(gateway, decided_id, _agent(gateway))["status"] == "completed"
+    bootstrap = json.loads((gateway.cwd / ".toolexec" / "broker" / "broker.json")
+                           .read_text())["bootstrap"]
+    (decision,) = anyio.run(_requests_records, bootstrap, decided_id, "tool.approval.decided")
+    on_the_topic = dict(decision.headers)["ce_captoken"].decode()
+    assert token not in on_the_topic and token.encode() not in decision.value  # sealed
+
+    async def replay() -> None:  # a reader of the topic copies it onto another call's decision
+        async with InvocationClient(bootstrap) as client:
+            await client.command(ApprovalDecided(
+                invocation_id=other_id, decision="approve", approved_hash=other["call_hash"],
+                decided_by=APPROVER), token=on_the_topic)
+    anyio.run(replay)
+    assert anyio.run(_dead_letter_codes, bootstrap, other_id, 1) == ["E3203"]
+    assert _pending(gateway, other_id)["decided_by"] is None  # still waiting, undecided
+    cancelled = gateway.http.post(f"/v1/invocations/{other_id}/cancel",
+                                  headers=bearer(_agent(gateway)))
+    assert cancelled.status_code == 202, cancelled.text
+
+
+async def _requests_records(bootstrap: str, key: str, kind: str) -> list[Any]:
+    """The records of type `kind` keyed `key` on the requests topic, up to its end now."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topics.REQUESTS, p)
+                      for p in consumer.partitions_for_topic(topics.REQUESTS) or ()]
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        found: list[Any] = []
+        async with asyncio.timeout(60):
+            while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    found += [r for r in records if r.key == key.encode()
+                              and dict(r.headers).get("ce_type") == kind.encode()]
+    finally:
+        await consumer.stop()
+    return found
 
 
 async def _dead_letter_codes(bootstrap: str, key: str, count: int) -> list[str]:

@@ -1,8 +1,9 @@
 """Why a rebuild in any number of workers equals the incremental read model (pure).
 
-The invocations and approvals models' rows depend only on each invocation's facts in
-log order and its commands in their topic's order, never on how the two topics interleave, on batch boundaries
-or on repeated events; the audit row of a record depends only on the records before it
+The invocations model's rows depend only on each invocation's facts in log order and
+its commands in their topic's order, never on how the two topics interleave, on batch
+boundaries or on repeated events; the approvals model's only on the facts (a forged
+decision command changes nothing); the audit row of a record depends only on the records before it
 in its partition. So any split of the log into batches and workers gives one result.
 """
 
@@ -16,14 +17,14 @@ from hypothesis import strategies as st
 
 from contracts import topics
 from contracts.envelope import Envelope
-from contracts.events import ApprovalDecided, InvokeCancelRequested
+from contracts.events import ApprovalDecided, ApprovalReceived, InvokeCancelRequested
 from projections.approvals import approvals_model
 from projections.audit import ROW_COLUMNS
 from projections.audit_document import GENESIS, audit_entry
 from projections.bulk_rows import columns_of, row_tuples
 from projections.invocations import invocations_model
 from projections.store import AggregateModel, Rows
-from projections.tables import approvals, audit_log, invocations
+from projections.tables import approvals, audit_log, invocations, iso
 from tests.projection_events import at, captoken, envelope, invocation
 
 OUTCOMES = ("completed", "failed", "denied")
@@ -39,13 +40,12 @@ def _log(seed: int, count: int) -> list[Envelope]:
         events = invocation(f"inv-{n}", outcome=chooser.choice(OUTCOMES), start=n * 0.5,
                             token=captoken("ann", f"j{n}") if n % 3 == 0 else None,
                             reports=chooser.choice((0, 0, 1, 3)), approval=approval)
-        decided = [i for i, e in enumerate(events) if e.type == "tool.approval.decided"]
-        if decided and chooser.random() < 0.5:  # a later decision changes nothing
-            late = envelope(ApprovalDecided(invocation_id=f"inv-{n}", decision="deny",
-                                            approved_hash="sha256:" + "00" * 32,
-                                            decided_by="did:example:late"),
-                            f"inv-{n}", when=at(n * 0.5 + 9.5), id=f"late-{n}")
-            events.insert(chooser.randrange(decided[0] + 1, len(events) + 1), late)
+        if approval is not None and chooser.random() < 0.5:  # a forged decision, anywhere
+            forged = envelope(ApprovalDecided(invocation_id=f"inv-{n}", decision="deny",
+                                              approved_hash="sha256:" + "00" * 32,
+                                              decided_by="did:example:forger"),
+                              f"inv-{n}", when=at(n * 0.5 + 9.5), id=f"forged-{n}")
+            events.insert(chooser.randrange(1, len(events) + 1), forged)
         if chooser.random() < 0.4:
             cancel = envelope(InvokeCancelRequested(invocation_id=f"inv-{n}", reason="stop"),
                               f"inv-{n}", when=at(n * 0.5 + chooser.choice((0.015, 9.0))),
@@ -115,13 +115,15 @@ def test_approval_rows_do_not_depend_on_batches_or_topic_interleaving(
     assert again == reference
     twice, _ = _fold(model, [log, log])  # every event repeated: folded again, no change
     assert twice == reference
-    first_decisions: dict[str, str] = {}
+    received: dict[str, tuple[str, str]] = {}  # what the pipeline received, never a command
     for event in log:
-        if isinstance(event.data, ApprovalDecided):
-            first_decisions.setdefault(event.data.invocation_id, event.data.decided_by)
+        if isinstance(event.data, ApprovalReceived):
+            received.setdefault(event.data.invocation_id,
+                                (event.data.decided_by, iso(event.time)))
     rows = {key: states[approvals.name][0] for key, states in reference.items()
             if states[approvals.name]}
-    assert {key: row["decided_by"] for key, row in rows.items()} == first_decisions
+    assert {key: (row["decided_by"], row["decided_at"])
+            for key, row in rows.items()} == received
     assert all(row["outcome"] is not None for row in rows.values())
 
 

@@ -41,7 +41,8 @@ def _log() -> list[Envelope]:
         events += invocation(f"inv-{n}", outcome=OUTCOMES[n % 4], start=n * 0.5,
                              token=captoken(f"user-{n}@example.com", f"j{n}") if n % 3 == 0
                              else None, parameters=PARAMETERS[n % len(PARAMETERS)],
-                             reports=n % 3, approval=(None, "approve", None, "deny")[n % 4])
+                             reports=n % 3, approval=(None, "approve", None, "deny")[n % 4],
+                             received=False)  # the log as pinned
         if n % 6 == 0:
             events.append(published(f"tool_{n}", f"1.{n}.0", tags=["a", "ops@example.com"],
                                     description=f"Calls 10.0.0.{n} with password=s3cret{n}"))

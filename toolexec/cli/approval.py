@@ -104,13 +104,15 @@ async def _through_broker(bootstrap: str, invocation_id: str, verdict: Any, reas
     given). With authorization on the pipeline counts it only if `token` grants the
     approve scope for the tool."""
     from domain.errors import ToolexecError
-    from toolexec import rights
+    from toolexec import keys, rights
     from toolexec.client import InvocationClient
     from toolexec.usecases.approval import decide_approval
 
     try:
-        async with InvocationClient(bootstrap, client_options=client_options) as client:
-            capability = rights.caller(Settings(), token)
+        settings = Settings()
+        async with InvocationClient(bootstrap, client_options=client_options,
+                                    seal_to=keys.token_seal_public_key(settings)) as client:
+            capability = rights.caller(settings, token)
             outcome = await decide_approval(client, invocation_id, None, verdict=verdict,
                                             capability=capability, token=token,
                                             front_end=FRONT_END, reason=reason,

@@ -1,6 +1,10 @@
 """`toolexec status INVOCATION`: an invocation's timeline with its progress, from the
 invocations read model (the database `toolexec up` uses).
 
+No token is checked: whoever holds the database URL (or can read the embedded
+database file) is the operator and could read every row with any SQL client; callers
+limited to their own invocations use the gateway (docs/rights.md).
+
 On a terminal it draws the latest progress as a bar; `--follow` redraws it until the
 invocation ends; `--json` prints the timeline document of `usecases.timeline`.
 """

@@ -45,7 +45,7 @@ from contracts.envelope import Envelope
 from domain.approval import Verdict
 from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
-from toolexec import rights
+from toolexec import keys, rights
 from toolexec.client import InvocationClient
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
@@ -198,7 +198,8 @@ class Gateway:
                                 "set TOOLEXEC_KAFKA_BOOTSTRAP", code="E3001")
         row = await approval.waiting_call(await self.engine(), invocation_id)
         async with InvocationClient(
-                bootstrap, client_options=kafka_client_options(self.settings)) as client:
+                bootstrap, client_options=kafka_client_options(self.settings),
+                seal_to=keys.token_seal_public_key(self.settings)) as client:
             outcome = await approval.decide_approval(
                 client, invocation_id, row, verdict=verdict, capability=capability,
                 token=token, front_end=FRONT_END, reason=reason, approved_hash=approved_hash)

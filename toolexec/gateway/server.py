@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts import topics
 from projections.runner import stored_offsets
+from toolexec import keys
 from toolexec.asyncapi import asyncapi_document
 from toolexec.client import InvocationClient
 from toolexec.gateway.http import GatewayContext, create_app, current_manifest
@@ -165,7 +166,8 @@ async def serve_gateway(stack: Stack, read_models: ReadModels,
     stack.observers.append(observed.observe)
     client_options = kafka_client_options(settings)
     client = InvocationClient(stack.bootstrap, pipeline=stack.pipeline, verifier=stack.verifier,
-                              fetch_waits=fetch_waits(settings), client_options=client_options)
+                              fetch_waits=fetch_waits(settings), client_options=client_options,
+                              seal_to=keys.token_seal_public_key(settings))
     groups = {g: (topics.INVOCATIONS,) for s in (stack.broker.subscribers if stack.broker else ())
               if (g := getattr(s, "group_id", None))}
     if stack.pipeline is not None:

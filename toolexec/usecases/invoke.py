@@ -133,7 +133,8 @@ async def invoke_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
     if runtime is not None:
         async with InvocationClient(runtime["kafka_bootstrap"], fetch_waits=fetch_waits(settings),
                                     verifier=FactVerifier(keys.fact_verify_keys(settings)),
-                                    client_options=kafka_client_options(settings)) as client:
+                                    client_options=kafka_client_options(settings),
+                                    seal_to=keys.token_seal_public_key(settings)) as client:
             if tools:
                 published = await publish_to_running(client, runtime,
                                                      find_sources(tools, settings),
@@ -151,7 +152,8 @@ async def invoke_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
             on_published(published)
         async with InvocationClient(stack.bootstrap, pipeline=stack.pipeline,
                                     verifier=stack.verifier, fetch_waits=fetch_waits(settings),
-                                    client_options=kafka_client_options(settings)) as client:
+                                    client_options=kafka_client_options(settings),
+                                    seal_to=keys.token_seal_public_key(settings)) as client:
             return await client.invoke(tool.tool_id, parameters,
                                        version_range=tool.version_range, lockfile=lockfile,
                                        token=token, timeout=timeout, progress=progress,
@@ -177,7 +179,8 @@ async def submit_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
                                      "`toolexec up`", details={"tool_id": tool.tool_id})
     async with InvocationClient(runtime["kafka_bootstrap"], fetch_waits=fetch_waits(settings),
                                 verifier=FactVerifier(keys.fact_verify_keys(settings)),
-                                client_options=kafka_client_options(settings)) as client:
+                                client_options=kafka_client_options(settings),
+                                seal_to=keys.token_seal_public_key(settings)) as client:
         request = await client.submit(tool.tool_id, parameters,
                                       version_range=tool.version_range, lockfile=lockfile,
                                       token=token, callback_url=callback_url)
