@@ -10,8 +10,8 @@ import asyncio
 import json
 import sqlite3
 import sys
-from contextlib import closing
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
