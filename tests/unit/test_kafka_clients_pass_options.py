@@ -19,6 +19,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     # (`toolexec bench`): PLAINTEXT on loopback by construction.
     ("toolexec/bench/replay.py", "AIOKafkaProducer"): "bench on its own embedded broker",
     ("toolexec/bench/replay.py", "AIOKafkaConsumer"): "bench on its own embedded broker",
+    ("toolexec/bench/hops.py", "AIOKafkaConsumer"): "bench on its own embedded broker",
 }
 
 
