@@ -121,6 +121,8 @@ class NamespaceLauncher:
 
     async def ready(self) -> None:
         """Wait for the launcher's first message; E3405 when it never comes."""
+        if self._ready.done() and self._ready.exception() is None:
+            return  # no round through the event loop on a run's path
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), _READY_SECONDS)
         except (TimeoutError, ConnectionError) as error:
@@ -148,22 +150,23 @@ class NamespaceLauncher:
             raise _refused(f"the run cannot start: {error}") from error
         try:
             message = json.dumps(request | {"mounts": mounts}).encode()
-            prepared = await self._prepared_for(request["system"])
-            handle.pid, handle.pidfd = prepared.pid, prepared.pidfd
-            self._runs[handle.run_id] = self._pids[handle.pid] = handle
-            try:
-                socket.send_fds(prepared.inbox, [message], [*fds[:3], *trees])
-            except OSError as error:  # its PID 1 died meanwhile
-                self._forget(handle)
-                handle.kill()
-                handle.close()
-                raise _refused(f"the run cannot start: {error.strerror}") from error
-            finally:
+            for attempt in (1, 2):
+                prepared = await self._prepared_for(request["system"])
+                try:
+                    socket.send_fds(prepared.inbox, [message], [*fds[:3], *trees])
+                except OSError as error:  # that PID 1 died while it waited: another
+                    prepared.drop()
+                    if attempt == 2:
+                        raise _refused(f"the run cannot start: {error.strerror}") from error
+                    continue
                 prepared.inbox.close()
+                handle.pid, handle.pidfd = prepared.pid, prepared.pidfd
+                self._runs[handle.run_id] = self._pids[handle.pid] = handle
+                return handle
         finally:
             for tree in trees:
                 os.close(tree)
-        return handle
+        raise AssertionError("unreachable")
 
     async def _prepared_for(self, system: list[Any]) -> _Prepared:
         """The spare PID 1 when it was prepared for `system`, else one cloned now."""
@@ -238,8 +241,11 @@ class NamespaceLauncher:
         asked = self._preparing.get(message.get("id"))  # type: ignore[arg-type]
         if asked is not None and not asked.done():
             asked.set_result(prepared)
-        elif message.get("id") is None and self._spare is None \
-                and prepared.system == self._wanted:
+        elif message.get("id") is None and prepared.system == self._wanted:
+            # the launcher hands out a spare only once the one before was used or
+            # died: one still held here is dead
+            if self._spare is not None:
+                self._spare.drop()
             self._spare = prepared
         else:
             prepared.drop()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from consumers.primitives.bubblewrap import Confinement, MountStep, system_mounts
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.sandbox_cache import EtcView, ToolTrees, remove_orphans
 from domain.errors import IntegrityMismatch
@@ -60,6 +61,39 @@ def test_the_view_follows_changes_of_its_source(etc: Path, tmp_path: Path) -> No
     (etc / "new").unlink()
     view.refresh()
     assert not (view.path / "new").exists()
+
+
+def test_the_view_copies_nothing_while_its_source_is_unchanged_and_sees_every_change(
+        etc: Path, tmp_path: Path) -> None:
+    view = EtcView(tmp_path / "view", ["hosts", "localtime"], source=etc)
+    view.refresh()
+    copied = os.stat(view.path / "hosts").st_ino
+    assert view.refresh() == () and os.stat(view.path / "hosts").st_ino == copied
+    before = (etc / "hosts").stat().st_mtime_ns
+    (etc / "hosts").write_text("127.0.0.2 localhost\n")  # in place, the same size
+    os.utime(etc / "hosts", ns=(before + 10**9, before + 10**9))  # past coarse clocks
+    view.refresh()
+    assert (view.path / "hosts").read_text() == "127.0.0.2 localhost\n"
+    (etc / "other-zone").write_text("Europe/Paris\n")
+    (etc / "localtime").unlink()
+    (etc / "localtime").symlink_to(etc / "other-zone")  # a link pointed elsewhere
+    view.refresh()
+    assert (view.path / "localtime").read_text() == "Europe/Paris\n"
+
+
+def test_the_system_mounts_follow_the_view_they_are_made_from(tmp_path: Path) -> None:
+    def plan(binds: tuple[str, ...]) -> list[MountStep]:
+        return system_mounts(Confinement(etc_view=tmp_path, etc_binds=binds))
+
+    assert ("ro_bind_try", "/etc/ssl", "/etc/ssl") not in plan(())
+    assert ("ro_bind_try", "/etc/ssl", "/etc/ssl") in plan(("ssl",))
+    assert ("ro_bind_try", "/etc/ssl", "/etc/ssl") not in plan(())
+    assert ("ro_bind", str(tmp_path), "/etc") in plan(())
+    assert ("ro_bind", str(tmp_path / "x"), "/etc") in system_mounts(
+        Confinement(etc_view=tmp_path / "x"))
+    changed = plan(())
+    changed.append(("proc", "/elsewhere"))  # a caller's copy: the next plan is whole
+    assert ("proc", "/elsewhere") not in plan(())
 
 
 def test_a_tree_is_reused_while_intact(tmp_path: Path) -> None:
