@@ -317,6 +317,13 @@ def spawn_tool(argv, env):
         for folder in env.get("PATH", "/usr/bin:/bin").split(":")]
     failure = FileNotFoundError(2, "No such file or directory")
     for candidate in candidates:
+        try:  # a stat, not a spawn that fails (a clone, a failed exec and a reap)
+            os.stat(candidate)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except PermissionError as error:
+            failure = error
+            continue
         try:
             return os.posix_spawn(candidate, argv, env, setsid=True, resetids=True,
                                   setsigdef=_SIGNALS, setsigmask=())

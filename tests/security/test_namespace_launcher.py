@@ -266,7 +266,14 @@ def _children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):
             found += [int(child) for child in (task / "children").read_text().split()]
-    return [child for child in found if not process_gone(child)]
+    return [child for child in found if not _gone(child)]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return process_gone(pid)
+    except ProcessLookupError:  # it went between the open and the read of its stat
+        return True
 
 
 async def test_a_run_goes_straight_to_its_prepared_pid1_even_with_the_launcher_stopped(
@@ -292,7 +299,7 @@ async def test_a_prepared_pid1_killed_while_it_waits_is_replaced(tmp_path: Path)
     for pid in waiting:
         with contextlib.suppress(ProcessLookupError):  # the last run's, ending
             os.kill(pid, signal.SIGKILL)
-    await asyncio.to_thread(until, lambda: all(process_gone(pid) for pid in waiting),
+    await asyncio.to_thread(until, lambda: all(_gone(pid) for pid in waiting),
                             "the PID 1s killed")
     for text in ("two", "three"):
         outcome = await _run(tmp_path, f"print({text!r})")
