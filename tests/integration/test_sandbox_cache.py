@@ -130,6 +130,40 @@ def test_a_changed_tree_file_gets_a_new_tree_and_the_old_goes_with_its_last_run(
     assert not first.exists()
 
 
+def test_a_tree_is_kept_when_only_a_link_to_its_files_came_or_went(tmp_path: Path) -> None:
+    store = ContentStore(tmp_path / "cas")
+    trees = ToolTrees(tmp_path / "trees")
+    trees.root.mkdir()
+    files = (tool_file(b"print('hi')\n"),)
+    first = trees.lease(store, files)
+    trees.release(first)
+    host_run = tmp_path / "host-run"  # a run in a host folder links the same objects
+    host_run.mkdir()
+    store.materialise(files, host_run)
+    assert (host_run / "main.py").stat().st_ino == (first / "main.py").stat().st_ino
+    (host_run / "main.py").unlink()
+    assert trees.lease(store, files) == first
+
+
+def test_bytes_changed_behind_a_restored_size_and_mtime_get_a_new_tree(
+        tmp_path: Path) -> None:
+    store = ContentStore(tmp_path / "cas")
+    trees = ToolTrees(tmp_path / "trees")
+    trees.root.mkdir()
+    files = (tool_file(b"print('hi')\n"),)
+    first = trees.lease(store, files)
+    trees.release(first)
+    target = first / "main.py"
+    before = target.stat()
+    os.chmod(target, 0o644)  # what a tool running as root could do to a shared inode
+    target.write_bytes(b"print('ho')\n")
+    os.chmod(target, stat.S_IMODE(before.st_mode))
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    second = trees.lease(store, files)
+    assert second != first
+    assert (second / "main.py").read_bytes() == b"print('hi')\n"
+
+
 def test_tampered_content_is_refused_even_when_a_tree_exists(tmp_path: Path) -> None:
     store = ContentStore(tmp_path / "cas")
     trees = ToolTrees(tmp_path / "trees")
