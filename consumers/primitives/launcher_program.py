@@ -7,8 +7,13 @@ SOCK_SEQPACKET socket FD it inherited; ROOT is an empty private folder to mount
 each run's new root on. It dies with the executor (PR_SET_PDEATHSIG), and on end of
 file of that socket it kills every run it started and exits.
 
-A request is one JSON message with the tool's stdin, stdout and stderr (SCM_RIGHTS).
-Each run's PID 1 is cloned *ahead* of its request, in new mount, PID, IPC, UTS and
+A request is one JSON message with the tool's stdin, stdout and stderr and detached
+copies of the host paths the run binds (SCM_RIGHTS), sent by the executor straight
+to the run's PID 1. The launcher only clones PID 1s and hands them to the executor
+(`prepared`: its pid, with a pidfd of it and the launcher's end of its "inbox"):
+one spare for the `system` part last asked for, handed out unasked and replaced once
+used, and one cloned at once for each `prepare` message. It reaps every PID 1 and
+reports its end. Each run's PID 1 is cloned *ahead* of its request, in new mount, PID, IPC, UTS and
 cgroup namespaces and the network namespace the launcher sits in (a fresh one,
 loopback up, that the launcher leaves for another right after), and:
 1. ahead: makes every mount private, mounts a tmpfs as its new root, applies the
@@ -17,10 +22,10 @@ loopback up, that the launcher leaves for another right after), and:
    up to ~1.5 ms measured), empties its capability bounding, inheritable and
    ambient sets and sets no_new_privs; then waits for its request on a socketpair
    of its own (its "inbox");
-2. the launcher hands it the next request whose `system` mounts are the same (else
-   it is dropped and a PID 1 is cloned for that request), with detached copies of
+2. the executor sends it a request whose `system` mounts are the same (a spare
+   that no longer fits gets an empty message and exits), with detached copies of
    the host paths the run binds (open_tree, made read-only with mount_setattr: the
-   PID 1 no longer sees the host), and answers `started`;
+   PID 1 no longer sees the host); the PID 1 checks the request again;
 3. the PID 1 attaches those copies (move_mount) and makes the run's own tmpfs,
    folders and links, remounts its root read-only, enters the working directory,
    sets the rlimits, drops every supplementary group and takes the run's uid/gid as
@@ -28,14 +33,14 @@ loopback up, that the launcher leaves for another right after), and:
    the tool with posix_spawn (no copy of this process) in a new session, every
    signal at its default, with POSIX_SPAWN_RESETIDS: the tool has the run's ids and
    no capability. The PID 1 is root again right after and closes its inbox, upon
-   which the launcher prepares the next PID 1 (not while this run is being set up);
+   which the launcher clones the next spare (not while this run is being set up);
 4. the PID 1 waits for the tool, sends `exit` with its wait status and rusage on
    the executor's socket and exits as it did (exit code, or 128+N when killed by
    signal N, as bubblewrap's PID 1 does): the kernel then kills whatever is left in
    the namespace. The launcher sends `exit` again with the PID 1's own status once
    it reaped it (what the executor gets when the PID 1 was killed; the executor
    keeps the first).
-A malformed request is answered `error`; a PID 1 that fails before exec writes
+A malformed `prepare` is answered `error`; a PID 1 that fails before exec writes
 `toolexec-launcher: <why>` on the tool's stderr and exits SETUP_FAILED (exec
 failures exit 127).
 """

@@ -3,9 +3,13 @@
 One launcher process per event loop of the executor, started on the first run that
 needs it with `python -I -S launcher_program.py` and connected by nothing but one
 end of a SOCK_SEQPACKET socketpair it inherits (no path anyone else could connect
-to). `start_run` sends one request with the run's pipes and bind fds (SCM_RIGHTS)
-and returns a `RunHandle` once the launcher answered with the run's PID 1 and a
-pidfd of it; the handle's `exited` future gets the wait status and rusage later.
+to). The launcher hands over each PID 1 it cloned ahead (its pid, a pidfd of it and
+the launcher's end of the PID 1's socketpair, SCM_RIGHTS): one spare at a time, or
+one cloned when asked (`prepare`). `start_run` checks the request, makes detached
+copies of the host paths the run binds and sends request, pipes and copies straight
+to such a PID 1, so the launcher is not on a run's path; it returns a `RunHandle`
+whose `exited` future gets the wait status and rusage later (from the PID 1 itself,
+or from the launcher when the PID 1 was killed).
 
 A launcher that died (killed, crashed) is noticed by end of file on the socket: every
 run it held is killed through its pidfd (their PID 1 also dies with the launcher,

@@ -50,13 +50,6 @@ def _signature(info: os.stat_result) -> FileSignature:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
 
 
-def _stat_or_none(path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
-
-
 class EtcView:
     """A folder standing for the sandbox's `/etc` (see the module docstring)."""
 
@@ -66,19 +59,18 @@ class EtcView:
         self._entries = tuple(entries)
         self._sources = tuple((name, os.path.join(source, name)) for name in self._entries)
         self._seen: dict[str, tuple[FileSignature, bool] | None] = {}
-        self._last: tuple[FileSignature | None, ...] | None = None
-        self._binds: tuple[str, ...] = ()
+        self._bound: dict[str, None] = {}
         path.mkdir(mode=0o755)
         os.chmod(path, 0o755)
 
     def refresh(self) -> tuple[str, ...]:
         """Bring the view in step with `/etc`; the entries to bind on their mount
         points (folders, and files this process cannot read)."""
-        infos = [_stat_or_none(source) for _name, source in self._sources]
-        signatures = tuple(None if info is None else _signature(info) for info in infos)
-        if signatures == self._last:
-            return self._binds
-        for (name, _source), info in zip(self._sources, infos, strict=True):
+        for name, source in self._sources:
+            try:
+                info: os.stat_result | None = os.stat(source)
+            except OSError:
+                info = None
             known = self._seen.get(name, ...)
             if info is None:
                 if known is not None:
@@ -87,10 +79,8 @@ class EtcView:
                 continue
             if known is ... or known is None or known[0] != _signature(info):
                 self._seen[name] = (_signature(info), self._update(name, info))
-        self._binds = tuple(name for name in self._entries
-                            if (seen := self._seen.get(name)) is not None and seen[1])
-        self._last = signatures
-        return self._binds
+        return tuple(name for name in self._entries
+                     if (seen := self._seen.get(name)) is not None and seen[1])
 
     def _update(self, name: str, info: os.stat_result) -> bool:
         """Copy or make the mount point of one entry; True when it must be bound."""
