@@ -239,6 +239,8 @@ class NamespaceLauncher:
     def _take(self, message: dict[str, Any], fds: list[int]) -> None:
         """A PID 1 handed out: the one asked for, or the spare (kept when it serves
         what was last asked for, and no other spare is held)."""
+        for fd in fds:  # received without close-on-exec: never into another program
+            os.set_inheritable(fd, False)
         prepared = _Prepared(int(message["prepared"]), fds[0], socket.socket(fileno=fds[1]),
                              str(message["system"]))
         prepared.inbox.setblocking(False)

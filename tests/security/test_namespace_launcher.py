@@ -307,3 +307,20 @@ async def test_a_prepared_pid1_killed_while_it_waits_is_replaced(tmp_path: Path)
     assert current_launcher().pid == launcher
     await asyncio.to_thread(until, lambda: len(_children(launcher)) == 1,
                             "one PID 1 cloned ahead again, not more")
+
+
+async def test_what_the_executor_holds_of_a_pid1_never_reaches_another_program(
+        tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, "print('one')")
+    assert outcome.ok, outcome.error
+
+    def pidfds() -> list[int]:
+        found = []
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[pidfd]":
+                    found.append(int(name))
+        return found
+
+    held = await asyncio.to_thread(until, pidfds, "a spare PID 1's pidfd held")
+    assert not any(os.get_inheritable(fd) for fd in held)
