@@ -58,6 +58,8 @@ SYSTEM_ETC_ENTRIES: tuple[str, ...] = (
 )
 _MERGED_USR = (("usr/bin", "/bin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"),
                ("usr/sbin", "/sbin"))
+_NOT_MADE: tuple[Path, ...] = (Path("/"), Path("/tmp"))
+"""Folders a sandbox's fresh root has already (its root, and /tmp, its tmpfs)."""
 PSEUDO_FILESYSTEMS: tuple[Path, ...] = (Path("/proc"), Path("/sys"), Path("/dev"),
                                         Path("/run"))
 
@@ -134,18 +136,25 @@ def mount_plan(workdir: Path, cwd: Path, program: str, path: str,
 
 def system_mounts(confinement: Confinement) -> list[MountStep]:
     """The part of the plan every run shows alike: /usr, its links, /etc, /proc, /dev."""
+    links = tuple(os.path.islink(link) for _target, link in _MERGED_USR)
+    return list(_system_mounts(links, confinement.etc_view, confinement.etc_binds))
+
+
+@functools.lru_cache(maxsize=16)
+def _system_mounts(links: tuple[bool, ...], etc_view: Path | None,
+                   etc_binds: tuple[str, ...]) -> tuple[MountStep, ...]:
+    """`system_mounts` from all it depends on: which merged-usr links are symlinks on
+    the host, the /etc view and what is bound on its mount points."""
     steps: list[MountStep] = [("ro_bind", "/usr", "/usr")]
-    for target, link in _MERGED_USR:
-        steps.append(("symlink", target, link) if Path(link).is_symlink()
-                     else ("ro_bind_try", link, link))
-    if confinement.etc_view is None:
+    for (target, link), is_link in zip(_MERGED_USR, links, strict=True):
+        steps.append(("symlink", target, link) if is_link else ("ro_bind_try", link, link))
+    if etc_view is None:
         steps += [("ro_bind_try", f"/etc/{entry}", f"/etc/{entry}")
                   for entry in SYSTEM_ETC_ENTRIES]
     else:
-        steps.append(("ro_bind", str(confinement.etc_view), "/etc"))
-        steps += [("ro_bind_try", f"/etc/{entry}", f"/etc/{entry}")
-                  for entry in confinement.etc_binds]
-    return [*steps, ("proc", "/proc"), ("dev", "/dev")]
+        steps.append(("ro_bind", str(etc_view), "/etc"))
+        steps += [("ro_bind_try", f"/etc/{entry}", f"/etc/{entry}") for entry in etc_binds]
+    return (*steps, ("proc", "/proc"), ("dev", "/dev"))
 
 
 def run_mounts(workdir: Path, cwd: Path, program: str, path: str,
@@ -236,7 +245,7 @@ def _run_directory(workdir: Path, size: int, files: Path, cwd: Path) -> list[Mou
     if workdir.is_relative_to("/tmp"):
         steps.append(("tmpfs", "/tmp", 0o1777, size))
         steps += [("dir", str(parent), 0o711) for parent in reversed(workdir.parents)
-                  if parent not in (Path("/"), Path("/tmp"))]
+                  if parent not in _NOT_MADE]
         steps.append(("dir", str(workdir), 0o777))
     else:
         steps += _traversable_parents(workdir)
@@ -289,7 +298,7 @@ def _traversable_parents(target: Path) -> list[MountStep]:
     bwrap copies the host folders' modes, and a 0700 ancestor (pytest's tmp dirs,
     /root) would lock the sandbox uid out. Nothing on the host changes."""
     return [("dir", str(parent), 0o711) for parent in reversed(target.parents)
-            if parent not in (Path("/"), Path("/tmp"))]
+            if parent not in _NOT_MADE]
 
 
 def install_prefixes(program: str, path: str, cwd: Path, *,

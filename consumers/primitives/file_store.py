@@ -43,7 +43,9 @@ _EXECUTABLE_OBJECT_MODE = 0o555
 _COPY_MODE = 0o644
 _EXECUTABLE_COPY_MODE = 0o755
 
-Signature = tuple[int, int, int]
+Signature = tuple[int, int, int, int, int]
+"""(inode, size, mtime, ctime, mode): the change time too, which no one can set back,
+so that bytes changed behind a restored size and mtime are hashed again."""
 
 
 def relative_parts(path: str, *, allow_root: bool = False) -> tuple[str, ...]:
@@ -206,7 +208,7 @@ class ContentStore:
 
 
 def _signature(info: os.stat_result) -> Signature:
-    return (info.st_size, info.st_mtime_ns, info.st_mode)
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
 
 
 def _hash_file(path: str) -> str:

@@ -7,8 +7,13 @@ SOCK_SEQPACKET socket FD it inherited; ROOT is an empty private folder to mount
 each run's new root on. It dies with the executor (PR_SET_PDEATHSIG), and on end of
 file of that socket it kills every run it started and exits.
 
-A request is one JSON message with the tool's stdin, stdout and stderr (SCM_RIGHTS).
-Each run's PID 1 is cloned *ahead* of its request, in new mount, PID, IPC, UTS and
+A request is one JSON message with the tool's stdin, stdout and stderr and detached
+copies of the host paths the run binds (SCM_RIGHTS), sent by the executor straight
+to the run's PID 1. The launcher only clones PID 1s and hands them to the executor
+(`prepared`: its pid, with a pidfd of it and the launcher's end of its "inbox"):
+one spare for the `system` part last asked for, handed out unasked and replaced once
+used, and one cloned at once for each `prepare` message. It reaps every PID 1 and
+reports its end. Each run's PID 1 is cloned *ahead* of its request, in new mount, PID, IPC, UTS and
 cgroup namespaces and the network namespace the launcher sits in (a fresh one,
 loopback up, that the launcher leaves for another right after), and:
 1. ahead: makes every mount private, mounts a tmpfs as its new root, applies the
@@ -17,10 +22,10 @@ loopback up, that the launcher leaves for another right after), and:
    up to ~1.5 ms measured), empties its capability bounding, inheritable and
    ambient sets and sets no_new_privs; then waits for its request on a socketpair
    of its own (its "inbox");
-2. the launcher hands it the next request whose `system` mounts are the same (else
-   it is dropped and a PID 1 is cloned for that request), with detached copies of
+2. the executor sends it a request whose `system` mounts are the same (a spare
+   that no longer fits gets an empty message and exits), with detached copies of
    the host paths the run binds (open_tree, made read-only with mount_setattr: the
-   PID 1 no longer sees the host), and answers `started`;
+   PID 1 no longer sees the host); the PID 1 checks the request again;
 3. the PID 1 attaches those copies (move_mount) and makes the run's own tmpfs,
    folders and links, remounts its root read-only, enters the working directory,
    sets the rlimits, drops every supplementary group and takes the run's uid/gid as
@@ -28,20 +33,21 @@ loopback up, that the launcher leaves for another right after), and:
    the tool with posix_spawn (no copy of this process) in a new session, every
    signal at its default, with POSIX_SPAWN_RESETIDS: the tool has the run's ids and
    no capability. The PID 1 is root again right after and closes its inbox, upon
-   which the launcher prepares the next PID 1 (not while this run is being set up);
+   which the launcher clones the next spare (not while this run is being set up);
 4. the PID 1 waits for the tool, sends `exit` with its wait status and rusage on
    the executor's socket and exits as it did (exit code, or 128+N when killed by
    signal N, as bubblewrap's PID 1 does): the kernel then kills whatever is left in
    the namespace. The launcher sends `exit` again with the PID 1's own status once
    it reaped it (what the executor gets when the PID 1 was killed; the executor
    keeps the first).
-A malformed request is answered `error`; a PID 1 that fails before exec writes
+A malformed `prepare` is answered `error`; a PID 1 that fails before exec writes
 `toolexec-launcher: <why>` on the tool's stderr and exits SETUP_FAILED (exec
 failures exit 127).
 """
 
 import ctypes
 import fcntl
+import gc
 import json
 import os
 import resource
@@ -77,6 +83,7 @@ _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MNT_DETACH = 2
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 1, 24, 38, 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
+_SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; not in the socket module
 _CAPABILITY_VERSION_3 = 0x20080522
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 _DEV_LINKS = (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"),
@@ -315,6 +322,13 @@ def spawn_tool(argv, env):
         for folder in env.get("PATH", "/usr/bin:/bin").split(":")]
     failure = FileNotFoundError(2, "No such file or directory")
     for candidate in candidates:
+        try:  # a stat, not a spawn that fails (a clone, a failed exec and a reap)
+            os.stat(candidate)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except PermissionError as error:
+            failure = error
+            continue
         try:
             return os.posix_spawn(candidate, argv, env, setsid=True, resetids=True,
                                   setsigdef=_SIGNALS, setsigmask=())
@@ -332,6 +346,21 @@ def _fail(message, code=SETUP_FAILED):
         os._exit(code)
 
 
+_SAMPLE_REQUEST = json.dumps({
+    "id": 1, "argv": ["python3", "main.py"], "env": {"PATH": "/usr/bin", "HOME": "/tmp/r"},
+    "cwd": "/tmp/r", "uid": 1, "gid": 1, "rlimits": [[9, 1, 1]],
+    "system": [["ro_bind", "/usr", "/usr"], ["proc", "/proc"]],
+    "mounts": [["tmpfs", "/tmp", 511, 1], ["dir", "/tmp/r", 511], ["tree", 0, "/tmp/r/a", 0]]})
+
+
+def _warm_up():
+    """Go through the request's parsing and the report once ahead: this process is a
+    copy of the launcher, and the first write to each page it shares (objects'
+    reference counts, the heap) copies that page (~0.1 ms measured on a run's path)."""
+    check_request(json.loads(_SAMPLE_REQUEST))
+    json.dumps({"id": 1, "exit": 0, "rusage": list(resource.getrusage(resource.RUSAGE_SELF))})
+
+
 def run_pid1(system, root, inbox, channel):
     """Runs in the clone child, PID 1 of the new namespaces (see the module docstring):
     prepares the mounts every run shows, then waits on `inbox` for its run's request
@@ -347,16 +376,22 @@ def run_pid1(system, root, inbox, channel):
         failure = None
     except Exception as error:  # noqa: BLE001 - reported to the run that comes
         failure = str(error) or type(error).__name__
+    gc.disable()  # a short life: a collection would copy every page it touches
+    _warm_up()
     data, fds, _flags, _ = socket.recv_fds(inbox, MAX_MESSAGE, MAX_FDS)
     if not data or len(fds) < 3:
         os._exit(0)
-    request = json.loads(data)
     try:
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
         for fd in fds[:3]:
             if fd > 2:
                 os.close(fd)
+        try:
+            request = json.loads(data)
+            check_request(request)
+        except ValueError as error:
+            raise SetupError(f"malformed request: {error}") from None
         if failure is not None:
             raise SetupError(failure)
         enter_root(request["mounts"], fds[3:])
@@ -382,6 +417,9 @@ def run_pid1(system, root, inbox, channel):
             try:
                 channel.send(json.dumps({"id": request["id"], "exit": status,
                                          "rusage": list(usage)}).encode())
+                # the executor first (it may share our real-time priority), then our
+                # exit, which tears the namespaces down
+                os.sched_yield()
             finally:
                 os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status)
                          else 128 + os.WTERMSIG(status))
@@ -414,30 +452,35 @@ def check_request(request):
         if not (isinstance(limit, list) and len(limit) == 3
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in limit)):
             raise ValueError("rlimits are [resource, soft, hard] integer triples")
-    for op in request["system"] + request["mounts"]:
+    check_steps(request["system"] + request["mounts"])
+
+
+def check_steps(steps):
+    for op in steps:
         if not (isinstance(op, list) and op and all(isinstance(v, (str, int)) for v in op)):
             raise ValueError("a mount step is a non-empty list of strings and integers")
 
 
-class Prepared:
-    """A run's PID 1 cloned ahead, its system mounts made, waiting for its request."""
-
-    def __init__(self, pid, pidfd, inbox, system):
-        self.pid = pid
-        self.pidfd = pidfd
-        self.inbox = inbox
-        self.system = system
+def system_key(system):
+    """What tells two `system` parts apart (a prepared PID 1 serves only its own)."""
+    return json.dumps(system, separators=(",", ":"))
 
 
 class Launcher:
+    """Clones each run's PID 1 ahead and hands it, with a pidfd of it and its inbox,
+    to the executor, which sends the run's request to that PID 1 itself. One spare
+    PID 1 (for the `system` part the executor last asked for) is handed out unasked
+    and replaced once used; `prepare` asks for one now (a different `system`,
+    runs side by side). Reaps every PID 1 and reports its end."""
+
     def __init__(self, channel, root):
         self.channel = channel
         self.root = root
-        self.runs = {}  # pid -> (request id or None while prepared, pidfd)
-        self.prepared = None
+        self.runs = {}  # pid -> pidfd of every PID 1 alive
+        self.inboxes = {}  # fd -> the inbox of a PID 1 handed out, until its end of file
+        self.spare = None  # the fd of the inbox of the spare handed out unasked
         self.next_system = None
         self.network_used = True
-        self.inboxes = {}  # fd -> the inbox of a run being set up
         self.poll = select.poll()
         self.poll.register(channel.fileno(), select.POLLIN)
 
@@ -455,9 +498,7 @@ class Launcher:
                     if not self.receive():
                         return
                 elif fd in self.inboxes:
-                    self.poll.unregister(fd)
-                    self.inboxes.pop(fd).close()
-                    self.replenish()
+                    self.used(fd)
                 else:
                     self.reap(fd)
 
@@ -468,82 +509,76 @@ class Launcher:
             return True
         except OSError:  # the executor is gone
             return False
+        for fd in fds:  # the executor sends none
+            os.close(fd)
         if not data:
-            for fd in fds:
-                os.close(fd)
             return False
-        try:
-            self.handle(data, fds, flags)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        self.handle(data, flags)
         return True
 
-    def handle(self, data, fds, flags):
-        run_id = None
+    def handle(self, data, flags):
+        """A `prepare` message: {"prepare": its id, "system": the mounts every run shows}."""
+        prepare_id = None
         try:
-            request = json.loads(data)
-            run_id = request.get("id") if isinstance(request, dict) else None
+            message = json.loads(data)
+            prepare_id = message.get("prepare") if isinstance(message, dict) else None
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-                raise ValueError("the request was truncated")
-            check_request(request)
-            if len(fds) < 3:
-                raise ValueError("a request carries stdin, stdout and stderr")
+                raise ValueError("the message was truncated")
+            if not isinstance(prepare_id, int) or not isinstance(message.get("system"), list):
+                raise ValueError("a message is {\"prepare\": id, \"system\": [steps]}")
+            check_steps(message["system"])
         except ValueError as error:
-            self.send({"id": run_id, "error": f"malformed request: {error}", "code": "E3405"})
+            self.send({"id": prepare_id, "error": f"malformed request: {error}", "code": "E3405"})
             return
-        self.start(request, fds)
+        self.next_system = message["system"]
+        self.hand_out(message["system"], prepare_id)
 
-    def start(self, request, fds):
-        """Hand the request to the PID 1 prepared for its system mounts (cloned now
-        when there is none), answer `started`, and prepare the next one."""
-        prepared, self.prepared = self.prepared, None
-        if prepared is not None and prepared.system != request["system"]:
-            prepared.inbox.close()  # end of file: it exits
-            prepared = None
+    def hand_out(self, system, prepare_id):
+        """Clone a PID 1 for `system` and hand it to the executor: `prepared` with a
+        pidfd of it and its inbox (`id` None: the spare)."""
+        prepared = self.clone(system)
         if prepared is None:
-            prepared = self.clone(request["system"])
-        if prepared is None:
-            self.send({"id": request["id"], "error": "clone failed: "
+            self.send({"id": prepare_id, "error": "clone failed: "
                        + os.strerror(ctypes.get_errno()), "code": "E3405"})
             return
-        trees = []
-        try:
-            mounts, trees = detached_trees(request["mounts"])
-            data = json.dumps(request | {"mounts": mounts}).encode()
-            socket.send_fds(prepared.inbox, [data], [*fds[:3], *trees])
-        except (OSError, SetupError) as error:  # a host path gone, or the PID 1 died
-            prepared.inbox.close()
-            self.send({"id": request["id"], "error": f"the run cannot start: {error}",
-                       "code": "E3405"})
-            return
-        finally:
-            for tree in trees:
-                os.close(tree)
-        # its end of file says the tool was spawned (or the PID 1 failed): then the
-        # next one is prepared, not while this one is being set up
-        self.inboxes[prepared.inbox.fileno()] = prepared.inbox
-        self.poll.register(prepared.inbox.fileno(), select.POLLIN)
-        self.runs[prepared.pid] = (request["id"], prepared.pidfd)
-        self.send({"id": request["id"], "started": prepared.pid}, [prepared.pidfd])
-        self.next_system = request["system"]
+        pid, pidfd, inbox = prepared
+        self.inboxes[inbox.fileno()] = inbox
+        self.poll.register(inbox.fileno(), select.POLLIN)
+        if prepare_id is None:
+            self.spare = inbox.fileno()
+        self.send({"id": prepare_id, "prepared": pid, "system": system_key(system)},
+                  [pidfd, inbox.fileno()])
+
+    def used(self, fd):
+        """End of file on an inbox: its PID 1 spawned its tool (or failed, or was not
+        wanted). The next spare is prepared now, not while a run is being set up (its
+        mounts and namespaces would compete for the same kernel locks and cores)."""
+        self.poll.unregister(fd)
+        self.inboxes.pop(fd).close()
+        if fd == self.spare:
+            self.spare = None
+        self.replenish()
 
     def replenish(self):
-        """Clone the next run's PID 1 and make the next network namespace: done once
-        the last run's tool was spawned, not while it is being set up (its mounts and
-        namespaces would compete for the same kernel locks and cores)."""
-        if self.prepared is None and self.next_system is not None:
-            self.prepared = self.clone(self.next_system)
+        """Hand out the next spare PID 1 when none is out, and make the next network
+        namespace."""
+        if self.spare is None and self.next_system is not None:
+            self.hand_out(self.next_system, None)
         if self.network_used:
             fresh_network()
             self.network_used = False
 
     def clone(self, system):
         """A new PID 1 in new namespaces, the network namespace this process sits in
-        included, or None."""
+        included: (pid, pidfd, our end of its inbox), or None."""
         if self.network_used:
             fresh_network()
         inbox, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for end, option in ((inbox, _SO_SNDBUFFORCE), (theirs, _SO_RCVBUFFORCE)):
+            try:  # noqa: SIM105 - a request may be as large as MAX_MESSAGE
+                end.setsockopt(socket.SOL_SOCKET, option, MAX_MESSAGE)
+            except OSError:
+                pass
         pid = _clone_libc.syscall(_SYS_CLONE, ctypes.c_ulong(CLONE_FLAGS), None, None, None,
                                   None)
         if pid == 0:
@@ -558,12 +593,12 @@ class Launcher:
             return None
         self.network_used = True
         pidfd = os.pidfd_open(pid)
-        self.runs[pid] = (None, pidfd)
+        self.runs[pid] = pidfd
         self.poll.register(pidfd, select.POLLIN)
-        return Prepared(pid, pidfd, inbox, system)
+        return pid, pidfd, inbox
 
     def reap(self, pidfd):
-        for pid, (run_id, fd) in list(self.runs.items()):
+        for pid, fd in list(self.runs.items()):
             if fd != pidfd:
                 continue
             done, status, usage = os.wait4(pid, os.WNOHANG)
@@ -572,15 +607,11 @@ class Launcher:
             self.poll.unregister(fd)
             os.close(fd)
             del self.runs[pid]
-            if self.prepared is not None and self.prepared.pid == pid:
-                self.prepared.inbox.close()
-                self.prepared = None
-            if run_id is not None:
-                self.send({"id": run_id, "exit": status, "rusage": list(usage)})
+            self.send({"pid": pid, "exit": status, "rusage": list(usage)})
             return
 
     def kill_all(self):
-        for _run_id, pidfd in self.runs.values():
+        for pidfd in self.runs.values():
             try:  # noqa: SIM105
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except OSError:

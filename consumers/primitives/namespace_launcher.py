@@ -3,9 +3,13 @@
 One launcher process per event loop of the executor, started on the first run that
 needs it with `python -I -S launcher_program.py` and connected by nothing but one
 end of a SOCK_SEQPACKET socketpair it inherits (no path anyone else could connect
-to). `start_run` sends one request with the run's pipes and bind fds (SCM_RIGHTS)
-and returns a `RunHandle` once the launcher answered with the run's PID 1 and a
-pidfd of it; the handle's `exited` future gets the wait status and rusage later.
+to). The launcher hands over each PID 1 it cloned ahead (its pid, a pidfd of it and
+the launcher's end of the PID 1's socketpair, SCM_RIGHTS): one spare at a time, or
+one cloned when asked (`prepare`). `start_run` checks the request, makes detached
+copies of the host paths the run binds and sends request, pipes and copies straight
+to such a PID 1, so the launcher is not on a run's path; it returns a `RunHandle`
+whose `exited` future gets the wait status and rusage later (from the PID 1 itself,
+or from the launcher when the PID 1 was killed).
 
 A launcher that died (killed, crashed) is noticed by end of file on the socket: every
 run it held is killed through its pidfd (their PID 1 also dies with the launcher,
@@ -44,12 +48,11 @@ _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; not in the socket module
 
 @dataclass
 class RunHandle:
-    """One run the launcher started: its PID 1, a pidfd of it, and its end."""
+    """One run: its PID 1, a pidfd of it, and its end."""
 
     run_id: int
     pid: int = 0
     pidfd: int | None = None
-    started: asyncio.Future[None] = field(default_factory=lambda: _future())
     exited: asyncio.Future[tuple[int | None, Any]] = field(default_factory=lambda: _future())
 
     def kill(self) -> None:
@@ -64,6 +67,23 @@ class RunHandle:
             os.close(pidfd)
 
 
+@dataclass
+class _Prepared:
+    """A PID 1 the launcher cloned ahead, waiting for its request on `inbox`."""
+
+    pid: int
+    pidfd: int
+    inbox: socket.socket
+    system: str
+
+    def drop(self) -> None:
+        """Not wanted: an empty message makes it exit."""
+        with contextlib.suppress(OSError):
+            self.inbox.send(b"")
+        self.inbox.close()
+        os.close(self.pidfd)
+
+
 def _future() -> asyncio.Future[Any]:
     return asyncio.get_running_loop().create_future()
 
@@ -74,8 +94,12 @@ class NamespaceLauncher:
     def __init__(self, loop: asyncio.AbstractEventLoop, root: Path) -> None:
         self._loop = loop
         self._runs: dict[int, RunHandle] = {}
+        self._pids: dict[int, RunHandle] = {}
         self._ids = itertools.count(1)
         self._ready: asyncio.Future[None] = loop.create_future()
+        self._spare: _Prepared | None = None
+        self._wanted: str | None = None
+        self._preparing: dict[int, asyncio.Future[_Prepared]] = {}
         self.alive = True
         self.max_rss: int | None = None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -101,6 +125,8 @@ class NamespaceLauncher:
 
     async def ready(self) -> None:
         """Wait for the launcher's first message; E3405 when it never comes."""
+        if self._ready.done() and self._ready.exception() is None:
+            return  # no round through the event loop on a run's path
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), _READY_SECONDS)
         except (TimeoutError, ConnectionError) as error:
@@ -109,29 +135,66 @@ class NamespaceLauncher:
                                  code="E3405", details={"sandbox": "namespaces"}) from error
 
     async def start_run(self, request: dict[str, Any], fds: list[int]) -> RunHandle:
-        """Send one run request (its `id` is set here) with its fds; wait for the
-        launcher's answer. Raises ExecutionError (the launcher's code, or E3405)."""
-        await self.ready()
+        """Send one run request (its `id` is set here) with its stdin, stdout and
+        stderr straight to a PID 1 the launcher prepared, with detached copies of
+        the host paths it binds (launcher_program.detached_trees). Raises
+        ExecutionError E3405 for a malformed request or one that cannot be sent."""
         handle = RunHandle(next(self._ids))
-        self._runs[handle.run_id] = handle
-        message = json.dumps(request | {"id": handle.run_id}).encode()
+        request = request | {"id": handle.run_id}
         try:
-            await self._send(message, fds)
-            await handle.started
-        except BaseException:
-            self._runs.pop(handle.run_id, None)
-            handle.kill()
-            handle.close()
-            raise
-        return handle
+            launcher_program.check_request(request)
+            if len(fds) < 3:
+                raise ValueError("a request carries stdin, stdout and stderr")
+        except ValueError as error:
+            raise _refused(f"malformed request: {error}") from error
+        await self.ready()
+        try:
+            mounts, trees = launcher_program.detached_trees(request["mounts"])
+        except (OSError, launcher_program.SetupError) as error:
+            raise _refused(f"the run cannot start: {error}") from error
+        try:
+            message = json.dumps(request | {"mounts": mounts}).encode()
+            for attempt in (1, 2):
+                prepared = await self._prepared_for(request["system"])
+                try:
+                    socket.send_fds(prepared.inbox, [message], [*fds[:3], *trees])
+                except OSError as error:  # that PID 1 died while it waited: another
+                    prepared.drop()
+                    if attempt == 2:
+                        raise _refused(f"the run cannot start: {error.strerror}") from error
+                    continue
+                prepared.inbox.close()
+                handle.pid, handle.pidfd = prepared.pid, prepared.pidfd
+                self._runs[handle.run_id] = self._pids[handle.pid] = handle
+                return handle
+        finally:
+            for tree in trees:
+                os.close(tree)
+        raise AssertionError("unreachable")
 
-    async def _send(self, message: bytes, fds: list[int]) -> None:
+    async def _prepared_for(self, system: list[Any]) -> _Prepared:
+        """The spare PID 1 when it was prepared for `system`, else one cloned now."""
+        key = launcher_program.system_key(system)
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.system == key:
+            return spare
+        self._wanted = key
+        prepare_id = next(self._ids)
+        asked = self._preparing[prepare_id] = self._loop.create_future()
+        try:
+            await self._send(json.dumps({"prepare": prepare_id, "system": system}).encode())
+            if spare is not None:
+                spare.drop()
+            return await asked
+        finally:
+            self._preparing.pop(prepare_id, None)
+
+    async def _send(self, message: bytes) -> None:
         while True:
             if not self.alive:
-                raise ExecutionError("the namespace launcher has died", code="E3405",
-                                     details={"sandbox": "namespaces"})
+                raise _refused("the namespace launcher has died")
             try:
-                socket.send_fds(self._socket, [message], fds)
+                self._socket.send(message)
                 return
             except BlockingIOError:
                 writable = self._loop.create_future()
@@ -141,13 +204,12 @@ class NamespaceLauncher:
                 finally:
                     self._loop.remove_writer(self._socket.fileno())
             except OSError as error:
-                raise ExecutionError(f"the run request could not be sent: {error.strerror}",
-                                     code="E3405", details={"sandbox": "namespaces"}) from error
+                raise _refused(f"the message could not be sent: {error.strerror}") from error
 
     def _receive(self) -> None:
         while True:
             try:
-                data, fds, _flags, _address = socket.recv_fds(self._socket, _RECEIVE_BYTES, 1)
+                data, fds, _flags, _address = socket.recv_fds(self._socket, _RECEIVE_BYTES, 2)
             except BlockingIOError:
                 return
             except OSError:
@@ -162,35 +224,55 @@ class NamespaceLauncher:
             self.max_rss = message.get("max_rss")
             if not self._ready.done():
                 self._ready.set_result(None)
+        elif "prepared" in message and len(fds) == 2:
+            self._take(message, fds)
             return
-        handle = self._runs.get(message.get("id"))  # type: ignore[arg-type]
-        if handle is None:
-            for fd in fds:
-                os.close(fd)
-            return
-        if "started" in message:
-            handle.pid = int(message["started"])
-            if handle.exited.done():  # its PID 1's report came first
-                self._runs.pop(handle.run_id, None)
-                for fd in fds:
-                    os.close(fd)
-            else:
-                handle.pidfd = fds[0] if fds else None
-            if not handle.started.done():
-                handle.started.set_result(None)
-        elif "error" in message:
-            self._runs.pop(handle.run_id, None)
-            handle.started.set_exception(ExecutionError(
-                str(message["error"]), code=str(message.get("code", "E3405")),
-                details={"sandbox": "namespaces"}))
         elif "exit" in message:
-            # the first report wins: the PID 1's (the tool's own status), or the
-            # launcher's when the PID 1 was killed
-            if handle.started.done():
+            self._exited(message)
+        elif "error" in message:
+            asked = self._preparing.get(message.get("id"))  # type: ignore[arg-type]
+            if asked is not None and not asked.done():
+                asked.set_exception(_refused(str(message["error"])))
+        for fd in fds:
+            os.close(fd)
+
+    def _take(self, message: dict[str, Any], fds: list[int]) -> None:
+        """A PID 1 handed out: the one asked for, or the spare (kept when it serves
+        what was last asked for, and no other spare is held)."""
+        for fd in fds:  # received without close-on-exec: never into another program
+            os.set_inheritable(fd, False)
+        prepared = _Prepared(int(message["prepared"]), fds[0], socket.socket(fileno=fds[1]),
+                             str(message["system"]))
+        prepared.inbox.setblocking(False)
+        asked = self._preparing.get(message.get("id"))  # type: ignore[arg-type]
+        if asked is not None and not asked.done():
+            asked.set_result(prepared)
+        elif message.get("id") is None and prepared.system == self._wanted:
+            # the launcher hands out a spare only once the one before was used or
+            # died: one still held here is dead
+            if self._spare is not None:
+                self._spare.drop()
+            self._spare = prepared
+        else:
+            prepared.drop()
+
+    def _exited(self, message: dict[str, Any]) -> None:
+        """The first report wins: the PID 1's own (the tool's status, by run id), or
+        the launcher's (by pid: the PID 1's status, when it was killed), which comes
+        last and closes the run's books."""
+        if "pid" in message:
+            handle = self._pids.pop(int(message["pid"]), None)
+            if handle is not None:
                 self._runs.pop(handle.run_id, None)
+        else:
+            handle = self._runs.get(message.get("id"))  # type: ignore[arg-type]
+        if handle is not None and not handle.exited.done():
             usage = resource.struct_rusage(message["rusage"])
-            if not handle.exited.done():
-                handle.exited.set_result((int(message["exit"]), usage))
+            handle.exited.set_result((int(message["exit"]), usage))
+
+    def _forget(self, handle: RunHandle) -> None:
+        self._runs.pop(handle.run_id, None)
+        self._pids.pop(handle.pid, None)
 
     def _died(self) -> None:
         """End of file: the launcher is gone. Its runs are killed and end without a
@@ -204,15 +286,19 @@ class NamespaceLauncher:
         self._process.poll()
         if not self._ready.done():
             self._ready.set_exception(ConnectionError("the launcher exited"))
+        if self._spare is not None:
+            spare, self._spare = self._spare, None
+            spare.drop()
+        for asked in self._preparing.values():
+            if not asked.done():
+                asked.set_exception(_refused("the namespace launcher died before the run "
+                                             "started"))
         for handle in self._runs.values():
             handle.kill()
-            if not handle.started.done():
-                handle.started.set_exception(ExecutionError(
-                    "the namespace launcher died before the run started", code="E3405",
-                    details={"sandbox": "namespaces"}))
             if not handle.exited.done():
                 handle.exited.set_result((None, None))
         self._runs.clear()
+        self._pids.clear()
         log.warning("sandbox.launcher_died", pid=self._process.pid,
                     returncode=self._process.returncode)
 
@@ -224,6 +310,10 @@ class NamespaceLauncher:
         reaped later, as any Popen dropped while running)."""
         if self.alive:
             self._died()
+
+
+def _refused(message: str) -> ExecutionError:
+    return ExecutionError(message, code="E3405", details={"sandbox": "namespaces"})
 
 
 _LAUNCHERS: dict[asyncio.AbstractEventLoop, NamespaceLauncher] = {}

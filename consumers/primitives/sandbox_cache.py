@@ -16,7 +16,10 @@ filling and removing a host run directory on ext4 ~2 ms. So, per executor proces
   run's own tmpfs, so a run makes no folder on the host. Before each run the store
   checks paths and bytes exactly as when materialising (`ContentStore.sources`), and
   each file of the tree must still be the very file made from the verified object
-  (same inode, size, times): otherwise the tree is made again.
+  (same inode, size, times): otherwise the tree is made again. When only its change
+  time moved (a run in a host folder linked or unlinked the same store object), its
+  bytes are hashed again instead, and the tree is kept when they are still the
+  verified ones.
 
 Both live in one private folder of this process (`mkdtemp`, mode 0700, named after
 its pid) that is removed at exit, or by the next executor when this one was killed.
@@ -136,7 +139,7 @@ class ToolTrees:
         key = hashlib.sha256(repr([(f.path, f.sha256, f.is_executable) for f in files])
                              .encode()).hexdigest()
         tree = self._trees.get(key)
-        if tree is None or not _intact(tree, sources):
+        if tree is None or not _intact(tree, sources, files):
             if tree is not None:
                 self._retire(key, tree)
             tree = self._make(key, store, files)
@@ -192,23 +195,39 @@ class ToolTrees:
                 self._retire(key, tree)
 
 
-def _intact(tree: _Tree, sources: list[tuple[tuple[str, ...], Path]]) -> bool:
-    """Each file of `tree` is still the file made from the verified object."""
+def _intact(tree: _Tree, sources: list[tuple[tuple[str, ...], Path]],
+            files: Sequence[ToolFile]) -> bool:
+    """Each file of `tree` is still the file made from the verified object. A file
+    whose change time alone moved (a hard link to its inode made or removed by a run
+    in a host folder, which shares the store's objects) is hashed again and, when it
+    still holds its verified bytes, kept with its new signature."""
     if len(sources) != len(tree.files):
         return False
-    for (parts, source), (made_parts, made_from, signature, linked) in zip(
-            sources, tree.files, strict=True):
+    for index, ((parts, source), (made_parts, made_from, signature, linked), file) in \
+            enumerate(zip(sources, tree.files, files, strict=True)):
         if parts != made_parts or source != made_from:
             return False
         try:
-            info = os.stat(tree.path.joinpath(*parts))
-            if _signature(info) != signature:
-                return False
+            path = tree.path.joinpath(*parts)
+            info = os.stat(path)
             if linked and os.stat(source).st_ino != info.st_ino:
                 return False
+            now = _signature(info)
+            if now == signature:
+                continue
+            if now[:3] + now[4:] != signature[:3] + signature[4:] \
+                    or file_digest(path) != file.sha256:
+                return False
+            tree.files[index] = (parts, source, now, linked)
         except OSError:
             return False
     return True
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of the bytes in `path`."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 _PREFIX = "toolexec-sandbox-"

@@ -285,6 +285,8 @@ class ToolProcess:
 
     async def _drain(self) -> None:
         # Pipes held open by a process that left the group (setsid) are abandoned.
+        if self._drained.done():
+            return  # no round through the event loop
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._drained), _PIPE_GRACE_SECONDS)
 

@@ -258,3 +258,69 @@ async def test_a_timeout_kills_the_whole_namespace(tmp_path: Path) -> None:
     await asyncio.to_thread(until, lambda: all(process_gone(pid) for pid, _ in
                                                _run_processes(marker)),
                             "every process of the run gone")
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of `pid` (the PID 1s its launcher cloned)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return [child for child in found if not _gone(child)]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return process_gone(pid)
+    except ProcessLookupError:  # it went between the open and the read of its stat
+        return True
+
+
+async def test_a_run_goes_straight_to_its_prepared_pid1_even_with_the_launcher_stopped(
+        tmp_path: Path) -> None:
+    first = await _run(tmp_path, "print('one')")
+    assert first.ok, first.error
+    launcher = current_launcher().pid
+    await asyncio.to_thread(until, lambda: _children(launcher), "a PID 1 cloned ahead")
+    os.kill(launcher, signal.SIGSTOP)
+    try:  # the launcher cannot answer anything now: the run needs it not
+        second = await asyncio.wait_for(_run(tmp_path, "print('two')"), 60)
+    finally:
+        os.kill(launcher, signal.SIGCONT)
+    assert second.ok and second.stdout == b"two\n", second.error
+
+
+async def test_a_prepared_pid1_killed_while_it_waits_is_replaced(tmp_path: Path) -> None:
+    first = await _run(tmp_path, "print('one')")
+    assert first.ok, first.error
+    launcher = current_launcher().pid
+    waiting = await asyncio.to_thread(until, lambda: _children(launcher),
+                                      "a PID 1 cloned ahead")
+    for pid in waiting:
+        with contextlib.suppress(ProcessLookupError):  # the last run's, ending
+            os.kill(pid, signal.SIGKILL)
+    await asyncio.to_thread(until, lambda: all(_gone(pid) for pid in waiting),
+                            "the PID 1s killed")
+    for text in ("two", "three"):
+        outcome = await _run(tmp_path, f"print({text!r})")
+        assert outcome.ok and outcome.stdout == f"{text}\n".encode(), outcome.error
+    assert current_launcher().pid == launcher
+    await asyncio.to_thread(until, lambda: len(_children(launcher)) == 1,
+                            "one PID 1 cloned ahead again, not more")
+
+
+async def test_what_the_executor_holds_of_a_pid1_never_reaches_another_program(
+        tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, "print('one')")
+    assert outcome.ok, outcome.error
+
+    def pidfds() -> list[int]:
+        found = []
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[pidfd]":
+                    found.append(int(name))
+        return found
+
+    held = await asyncio.to_thread(until, pidfds, "a spare PID 1's pidfd held")
+    assert not any(os.get_inheritable(fd) for fd in held)
