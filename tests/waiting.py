@@ -26,6 +26,6 @@ def process_gone(pid: int) -> bool:
     """Whether the process `pid` has exited (a zombie counts: only its parent reaps it)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):  # gone while read
         return True
     return state in ("Z", "X")
