@@ -69,9 +69,10 @@ log = structlog.get_logger(__name__)
 
 START_TIMEOUT_SECONDS = 60.0
 PACING_SECONDS = 0.5
-VIEWS_IDLE_WAIT_MS = 100
-"""The views (registry, circuits, policies) answer read-your-writes waits: their idle
-fetch wait is what a resolver's catch-up may wait for a new tool, so keep it short."""
+VIEWS_IDLE_WAIT_MS = 200
+"""The views (registry, circuits, policies) answer read-your-writes waits: a resolver's
+catch-up for a new tool may wait up to half their idle fetch wait (Tansu answers a
+waiting fetch at half its wait once records are there), so keep it short."""
 CIRCUITS_WAIT_MS = 100
 """The circuits step is off the invocation's path: a moderate fetch wait while busy
 (a breaker opens at most this much later), the idle wait otherwise."""
