@@ -9,8 +9,9 @@ just before it, and the cluster id of the log it follows. Against the log at han
 - another record at that offset, or none (and retention did not remove it): the
   same.
 
-The check reads one record per partition; the runner makes it at open, when its
-position is out of the log's range, and every few seconds while it runs.
+The check reads one record per partition (one fetch for all of them); the runner
+makes it at open, when its position is out of the log's range, and every few seconds
+while it runs (beside the folding, see `projections.runner`).
 """
 
 from __future__ import annotations

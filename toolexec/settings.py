@@ -164,8 +164,9 @@ class Settings(BaseSettings):
     default (1 / 100 ms). Low for brokers that hold every fetch this long (Tansu)."""
     fetch_idle_wait_ms: int | None = None
     """Fetch wait of a consumer idle for a few seconds; None = the profile default
-    (500 ms). Tansu answers a waiting fetch only when it ends: an idle consumer polls
-    at this rate, and the first request after a pause may wait this long."""
+    (500 ms). Tansu answers a waiting fetch only halfway through or at its end: an idle
+    consumer polls at this rate, and the first request after a pause may wait about
+    half of it."""
 
     gateway_host: str = "127.0.0.1"
     """Address the HTTP gateway of `toolexec up` listens on (loopback by default)."""
