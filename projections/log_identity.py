@@ -9,15 +9,16 @@ just before it, and the cluster id of the log it follows. Against the log at han
 - another record at that offset, or none (and retention did not remove it): the
   same.
 
-The check reads one record per partition; the runner makes it at open, when its
-position is out of the log's range, and every few seconds while it runs.
+The check reads one record per partition (one fetch for all of them); the runner
+makes it at open, when its position is out of the log's range, and every few seconds
+while it runs (beside the folding, see `projections.runner`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -57,6 +58,16 @@ def record_fingerprint(key: bytes | None, value: bytes | None) -> str:
     digest.update(b"k" if key is None else b"K" + len(key).to_bytes(4, "big") + key)
     digest.update(b"v" if value is None else b"V" + value)
     return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityCheck:
+    """What one check found: the models that diverged, the cluster the broker serves,
+    and the models whose stored cluster is not (yet) that one."""
+
+    divergences: list[Divergence]
+    cluster: str | None
+    stale: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,68 +120,112 @@ class LogIdentity:
         ends = await consumer.end_offsets(list(partitions))
         return {tp: (starts[tp], ends[tp]) for tp in partitions}
 
-    async def probe(self, tp: TopicPartition, offset: int,
-                    bounds: tuple[int, int] | None = None) -> Probe:
-        """The first record at or after `offset` in `tp` (None past the end) and the
-        partition's end and start (`bounds`, when already read: see `bounds`)."""
+    async def probe_many(self, wanted: Mapping[TopicPartition, int],
+                         bounds: Mapping[TopicPartition, tuple[int, int]]
+                         ) -> dict[TopicPartition, Probe]:
+        """For every partition of `wanted`, its first record at or after the offset
+        wanted there (None past the end), its end and its start: one fetch for all of
+        them in the usual case, not one per partition."""
+        if not wanted:
+            return {}
         consumer = await self._started()
-        consumer.assign([tp])
-        if bounds is None:
-            bounds = (await self.bounds([tp]))[tp]
-        start, listed = bounds
-        # Tansu may answer ListOffsets(latest) short of the end; a fetch tells the truth.
-        consumer.seek(tp, min(offset, max(listed - 1, 0)))
+        consumer.assign(list(wanted))
+        high: dict[TopicPartition, int] = {}
+        for tp, offset in wanted.items():
+            start, listed = bounds[tp]
+            high[tp] = listed
+            # Tansu may answer ListOffsets(latest) short of the end; a fetch tells the truth.
+            consumer.seek(tp, min(offset, max(listed - 1, 0)))
+        found: dict[TopicPartition, ConsumerRecord] = {}
+        open_ = set(wanted)
         deadline = time.monotonic() + PROBE_SECONDS
-        high = listed
         try:
-            while time.monotonic() < deadline:
-                fetched = await consumer.getmany(tp, timeout_ms=200, max_records=50)
-                high = max(high, consumer.highwater(tp) or 0)
-                found = [r for r in fetched.get(tp, []) if r.offset >= offset]
-                if found:
-                    return Probe(found[0], high, start)
-                if consumer.highwater(tp) is not None and await consumer.position(tp) >= high:
-                    break
-            return Probe(None, high, start)
+            while open_ and time.monotonic() < deadline:
+                fetched = await consumer.getmany(*open_, timeout_ms=200)
+                for tp in sorted(open_, key=lambda t: (t.topic, t.partition)):
+                    high[tp] = max(high[tp], consumer.highwater(tp) or 0)
+                    hit = next((r for r in fetched.get(tp, []) if r.offset >= wanted[tp]), None)
+                    if hit is not None:
+                        found[tp] = hit
+                    elif consumer.highwater(tp) is None or \
+                            await consumer.position(tp) < high[tp]:
+                        continue
+                    open_.discard(tp)
+                    consumer.pause(tp)
         finally:
-            consumer.pause(tp)  # no fetching between checks (the next probe assigns anew)
+            consumer.pause(*wanted)  # no fetching between checks (the next one assigns anew)
+        return {tp: Probe(found.get(tp), high[tp], bounds[tp][0]) for tp in wanted}
 
     async def check(self, engine: AsyncEngine, models: Sequence[ReadModel],
-                    partitions: Collection[TopicPartition]) -> list[Divergence]:
-        """Every model whose stored positions do not match this log."""
+                    partitions: Collection[TopicPartition]) -> IdentityCheck:
+        """Every model whose stored positions do not match this log. Safe while the
+        models fold: the stored positions are read before the log's bounds, and a
+        record a model applied stays at its offset in the log it follows."""
+        names = [m.name for m in models]
+        stored = await stored_positions_of(engine, names)
+        sources = await stored_clusters(engine, names)
         cluster = await self.cluster_id()
+        bounds = await self.bounds(partitions)
+        probes = await self._probes(stored.values(), partitions, bounds)
         found: list[Divergence] = []
-        probes = _Probes(self, await self.bounds(partitions))  # shared by the models
-        for model in models:
-            stored = await stored_positions(engine, model.name)
-            if not any(offset > 0 for offset, _ in stored.values()):
+        for name in names:
+            positions = stored.get(name, {})
+            if not any(offset > 0 for offset, _ in positions.values()):
                 continue  # nothing applied yet: any log will do
-            source = await stored_cluster(engine, model.name)
+            source = sources.get(name)
             if source and cluster and source != cluster:
-                found.append(Divergence(model.name, f"its rows come from the log of cluster "
+                found.append(Divergence(name, f"its rows come from the log of cluster "
                                         f"{source!r}; the broker serves cluster {cluster!r}",
                                         foreign=True))
                 continue
-            reason = await self._position_mismatch(stored, partitions, probes)
+            reason = self._position_mismatch(positions, partitions, probes)
             if reason is not None and not source:
                 # Rows from before log identities were kept: which log they came from
                 # is unknown, so they are not replaced on a guess.
-                found.append(Divergence(model.name, f"{reason}; its rows predate log identity "
+                found.append(Divergence(name, f"{reason}; its rows predate log identity "
                                         "checks (run `toolexec projections rebuild` to fold "
                                         "this log instead)", foreign=True))
             elif reason is not None:
-                found.append(Divergence(model.name, reason))
-        return found
+                found.append(Divergence(name, reason))
+        stale = tuple(name for name in names if sources.get(name) != cluster)
+        return IdentityCheck(found, cluster, stale)
 
-    async def _position_mismatch(self, stored: Mapping[tuple[str, int], tuple[int, str | None]],
-                                 partitions: Collection[TopicPartition],
-                                 probes: _Probes) -> str | None:
+    def _archived(self, topic: str, partition: int, offset: int) -> bool:
+        return self._archive is not None and \
+            offset < self._archive.retained_from(topic, partition)
+
+    async def _probes(self, stored: Iterable[Mapping[tuple[str, int], tuple[int, str | None]]],
+                      partitions: Collection[TopicPartition],
+                      bounds: Mapping[TopicPartition, tuple[int, int]]
+                      ) -> dict[tuple[TopicPartition, int], Probe]:
+        """Every (partition, offset) the models' last applied records are at, probed:
+        models of one runner usually share their positions, so one round."""
+        wanted: set[tuple[TopicPartition, int]] = set()
+        for positions in stored:
+            for (topic, partition), (next_offset, _) in positions.items():
+                tp = TopicPartition(topic, partition)
+                if next_offset > 0 and tp in partitions and \
+                        not self._archived(topic, partition, next_offset - 1):
+                    wanted.add((tp, next_offset - 1))
+        done: dict[tuple[TopicPartition, int], Probe] = {}
+        while wanted:
+            round_: dict[TopicPartition, int] = {}
+            for tp, offset in sorted(wanted, key=lambda w: (w[0].topic, w[0].partition, w[1])):
+                round_.setdefault(tp, offset)
+            for tp, probe in (await self.probe_many(round_, bounds)).items():
+                done[(tp, round_[tp])] = probe
+                wanted.discard((tp, round_[tp]))
+        return done
+
+    def _position_mismatch(self, stored: Mapping[tuple[str, int], tuple[int, str | None]],
+                           partitions: Collection[TopicPartition],
+                           probes: Mapping[tuple[TopicPartition, int], Probe]) -> str | None:
         for (topic, partition), (next_offset, fingerprint) in sorted(stored.items()):
             if next_offset <= 0:
                 continue
             tp = TopicPartition(topic, partition)
-            if self._archive is not None and \
-                    next_offset - 1 < self._archive.retained_from(topic, partition):
+            if self._archived(topic, partition, next_offset - 1):
+                assert self._archive is not None
                 archived = self._archive.record_at(topic, partition, next_offset - 1)
                 if archived is None:
                     return (f"{topic}/{partition}: the record at offset {next_offset - 1} it "
@@ -181,7 +236,7 @@ class LogIdentity:
                 continue
             if tp not in partitions:
                 return f"{topic}/{partition} holds its position {next_offset} but is not on the broker"
-            probe = await probes.at(tp, next_offset - 1)
+            probe = probes[(tp, next_offset - 1)]
             if next_offset > probe.high:
                 return (f"{topic}/{partition}: its position {next_offset} is past the log's end "
                         f"{probe.high} (the log lost records it applied, or is another log)")
@@ -197,32 +252,28 @@ class LogIdentity:
         return None
 
 
-class _Probes:
-    """The probes of one check: the read models of a runner hold the same positions in
-    the partitions they share, so each (partition, offset) is read once."""
-
-    def __init__(self, identity: LogIdentity,
-                 bounds: Mapping[TopicPartition, tuple[int, int]]) -> None:
-        self._identity = identity
-        self._bounds = bounds
-        self._done: dict[tuple[TopicPartition, int], Probe] = {}
-
-    async def at(self, tp: TopicPartition, offset: int) -> Probe:
-        probe = self._done.get((tp, offset))
-        if probe is None:
-            probe = self._done[(tp, offset)] = await self._identity.probe(
-                tp, offset, self._bounds.get(tp))
-        return probe
-
-
-async def stored_positions(engine: AsyncEngine,
-                           consumer: str) -> dict[tuple[str, int], tuple[int, str | None]]:
+async def stored_positions_of(engine: AsyncEngine, consumers: Sequence[str]
+                              ) -> dict[str, dict[tuple[str, int], tuple[int, str | None]]]:
+    """Each of `consumers`' stored (next offset, fingerprint) by (topic, partition), in
+    one read (one snapshot of all of them)."""
     table = projection_offsets
+    out: dict[str, dict[tuple[str, int], tuple[int, str | None]]] = {c: {} for c in consumers}
     async with engine.connect() as conn:
         result = await conn.execute(
-            select(table.c.topic, table.c.partition, table.c.next_offset, table.c.last_record)
-            .where(table.c.consumer == consumer))
-        return {(r.topic, r.partition): (r.next_offset, r.last_record) for r in result}
+            select(table.c.consumer, table.c.topic, table.c.partition, table.c.next_offset,
+                   table.c.last_record).where(table.c.consumer.in_(list(consumers))))
+        for r in result:
+            out[r.consumer][(r.topic, r.partition)] = (r.next_offset, r.last_record)
+    return out
+
+
+async def stored_clusters(engine: AsyncEngine, consumers: Sequence[str]) -> dict[str, str | None]:
+    """The cluster each of `consumers` follows, as stored (absent: none stored)."""
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            select(projection_sources.c.consumer, projection_sources.c.cluster_id)
+            .where(projection_sources.c.consumer.in_(list(consumers))))
+        return {r.consumer: r.cluster_id for r in result}
 
 
 async def stored_cluster(engine: AsyncEngine, consumer: str) -> str | None:

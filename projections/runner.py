@@ -23,7 +23,10 @@ A read model never silently follows another log than the one its rows come from
 (`projections.log_identity`): at open, whenever its position is out of the log's
 range, and every `verify_seconds` while it runs, the runner checks that the log
 still holds the record it applied last at that offset (and is the same cluster's).
-When it does not, the runner rebuilds the model from the log (`on_divergence=
+The periodic check runs beside the folding (a check takes a few broker round trips,
+which would otherwise show in every read model's lag); only a check that finds a
+mismatch stops the folding, to check again and act. When the log does not hold
+what a model applied, the runner rebuilds the model from the log (`on_divergence=
 "rebuild"`) or refuses to go on (`"refuse"`, and always for another cluster's log),
 loudly either way: `failure` / `rebuilding` say why.
 """
@@ -48,11 +51,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from contracts.fact_signature import FactVerifier
 from contracts.kafka_binding import UndecodableRecord, decode
 from projections.log_identity import (
+    IdentityCheck,
     LogIdentity,
     ProjectionDiverged,
     record_cluster,
     record_fingerprint,
-    stored_cluster,
+    stored_clusters,
 )
 from projections.store import Changes, ReadModel, Record, chunks
 from projections.tables import projection_applied, projection_offsets
@@ -198,6 +202,8 @@ class ProjectionRunner:
         self._verifier = verifier
         self._signed_topics = frozenset(signed_topics) if verifier is not None else frozenset()
         self._verified_at = 0.0
+        self._checking: asyncio.Task[IdentityCheck] | None = None
+        """The periodic log identity check running beside the folding, if any."""
         self._write_turn = write_turn
 
     @property
@@ -229,6 +235,7 @@ class ProjectionRunner:
             await self.verify_log()
 
     async def close(self) -> None:
+        await self._stop_checking()
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
@@ -259,10 +266,13 @@ class ProjectionRunner:
     async def verify_log(self) -> None:
         """Check that the log still holds what the models applied; rebuild the models
         that diverged, or raise `ProjectionDiverged` (see the module docstring)."""
+        await self._stop_checking()  # one check at a time: they share a connection
         self._verified_at = time.monotonic()
-        divergences = await self._identity.check(self.engine, self.models, self._partitions)
+        checked = await self._identity.check(self.engine, self.models, self._partitions)
+        divergences = checked.divergences
         if not divergences:
-            await self._remember_cluster()
+            if checked.stale:
+                await record_cluster(self.engine, checked.stale, checked.cluster)
             return
         refuse = self._on_divergence == "refuse" or any(d.foreign for d in divergences)
         for divergence in divergences:
@@ -285,10 +295,45 @@ class ProjectionRunner:
 
     async def _remember_cluster(self) -> None:
         cluster = await self._identity.cluster_id()
-        stale = [m.name for m in self.models
-                 if await stored_cluster(self.engine, m.name) != cluster]
+        stored = await stored_clusters(self.engine, [m.name for m in self.models])
+        stale = [m.name for m in self.models if stored.get(m.name) != cluster]
         if stale:
             await record_cluster(self.engine, stale, cluster)
+
+    def _check_beside(self) -> None:
+        """Start the periodic check beside the folding, when one is due."""
+        if self._checking is None and \
+                time.monotonic() - self._verified_at >= self._verify_seconds:
+            self._verified_at = time.monotonic()
+            self._checking = asyncio.create_task(
+                self._identity.check(self.engine, self.models, self._partitions),
+                name=f"projection-{self.name}-log-check")
+
+    async def _act_on_check(self) -> None:
+        """Once the check beside the folding is done: nothing to do when the log is the
+        one the models follow; otherwise stop folding, check again and act
+        (`verify_log`). A check that could not reach the broker or the database is
+        simply made again at the next period."""
+        task = self._checking
+        if task is None or not task.done():
+            return
+        self._checking = None
+        try:
+            checked = task.result()
+        except (KafkaError, DBAPIError, OSError) as error:
+            log.info("projection.check_deferred", projection=self.name,
+                     error=str(error)[:300] or type(error).__name__)
+            return
+        if checked.divergences:
+            await self.verify_log()
+        elif checked.stale:
+            await record_cluster(self.engine, checked.stale, checked.cluster)
+
+    async def _stop_checking(self) -> None:
+        task, self._checking = self._checking, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def stop(self) -> None:
         """Stop the loop (a batch in flight is rolled back) and disconnect."""
@@ -320,12 +365,13 @@ class ProjectionRunner:
         while True:
             await self._wait_until_followable()
             try:
-                if self._check_log and (out_of_range or time.monotonic() - self._verified_at
-                                        >= self._verify_seconds):
+                if self._check_log and out_of_range:
                     await self.verify_log()
-                    if out_of_range:
-                        await self._seek_to_stored()
+                    await self._seek_to_stored()
                     out_of_range = False
+                elif self._check_log:
+                    await self._act_on_check()
+                    self._check_beside()
                 if not await self.step() and self.rebuilding is not None:
                     log.warning("projection.rebuilt", projection=self.name,
                                 reason=self.rebuilding, records=self.stats.records)

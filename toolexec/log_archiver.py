@@ -165,10 +165,11 @@ class LogArchiver:
     async def _discover(self) -> None:
         """Follow every partition of every (non-internal) topic the broker has."""
         assert self._admin is not None and self._consumer is not None
-        names = [t for t in await self._admin.list_topics() if not t.startswith(INTERNAL_PREFIX)]
-        described = await self._admin.describe_topics(names) if names else []
+        # One metadata request for every topic (it runs every second, idle or not).
+        described = await self._admin.describe_topics()
         topics = {t["topic"]: len(t["partitions"]) for t in described
-                  if t.get("error_code", 0) == 0 and t["partitions"]}
+                  if not t["topic"].startswith(INTERNAL_PREFIX)
+                  and t.get("error_code", 0) == 0 and t["partitions"]}
         merged = {**self._topics, **{t: max(n, self._topics.get(t, 0)) for t, n in topics.items()}}
         if merged != self._topics or not self.archive.topics():
             if set(merged) - set(self._topics):

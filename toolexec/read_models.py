@@ -41,7 +41,8 @@ PROJECTION_IDLE_WAIT_MS = 250
 are eventually consistent and nobody waits hop by hop on them; on a broker that holds
 every fetch for the full wait (Tansu), a short wait would make the runner poll
 hundreds of times a second. A read-your-writes wait (`wait_caught_up`) moves the
-runner to its busy wait at once."""
+runner to its busy wait at once. An idle runner's loop also turns only this often
+(records that arrive end its wait at once)."""
 
 
 @dataclass
@@ -93,6 +94,7 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
             return ProjectionRunner(runner_engine, list(models.values()), bootstrap,
                                     consumer_options=_runner_options(settings),
                                     pacer=_runner_pacer(settings),
+                                    poll_ms=PROJECTION_IDLE_WAIT_MS,
                                     on_divergence=settings.projections_on_divergence,
                                     verify_seconds=settings.projections_verify_seconds,
                                     client_options=kafka_client_options(settings),

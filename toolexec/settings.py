@@ -41,9 +41,12 @@ SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 # costs up to fetch_max_wait_ms: keep it short there while work is in flight
 # (measured: 500 ms wait -> 249 ms p50 per hop, 5 ms -> 2.8 ms, 1 ms -> 0.8 ms) and
 # long while idle (consumers.runtime.fetch_pacing). Kafka answers waiting fetches at once.
+# A heartbeat every third of the session: a member that dies is noticed after the
+# session timeout, as with any interval; the others learn of a rebalance within one
+# interval (each heartbeat is a broker request, idle or not).
 EMBEDDED_CONSUMER_TUNING: dict[str, int] = {
     "session_timeout_ms": 1000,
-    "heartbeat_interval_ms": 100,
+    "heartbeat_interval_ms": 333,
     "rebalance_timeout_ms": 1000,
     "fetch_max_wait_ms": 1,
 }
@@ -161,7 +164,7 @@ class Settings(BaseSettings):
     session_timeout_ms: int | None = None
     """Consumer-group session timeout; None = the profile default (1000 / 6000)."""
     heartbeat_interval_ms: int | None = None
-    """Consumer heartbeat interval; None = the profile default (100 / 2000)."""
+    """Consumer heartbeat interval; None = the profile default (333 / 2000)."""
     rebalance_timeout_ms: int | None = None
     """Consumer rebalance timeout; None = the profile default (1000 / client default)."""
     fetch_max_wait_ms: int | None = None
@@ -169,8 +172,9 @@ class Settings(BaseSettings):
     default (1 / 100 ms). Low for brokers that hold every fetch this long (Tansu)."""
     fetch_idle_wait_ms: int | None = None
     """Fetch wait of a consumer idle for a few seconds; None = the profile default
-    (500 ms). Tansu answers a waiting fetch only when it ends: an idle consumer polls
-    at this rate, and the first request after a pause may wait this long."""
+    (500 ms). Tansu answers a waiting fetch only halfway through or at its end: an idle
+    consumer polls at this rate, and the first request after a pause may wait about
+    half of it."""
 
     gateway_host: str = "127.0.0.1"
     """Address the HTTP gateway of `toolexec up` listens on (loopback by default)."""
@@ -184,9 +188,10 @@ class Settings(BaseSettings):
     broker_archive_fetch_wait_ms: int = Field(default=5, ge=1, le=1000)
     """Longest the archiver's fetch waits on the embedded broker while records flow:
     about the window of acknowledged records a broker killed with SIGKILL can take."""
-    broker_archive_idle_wait_ms: int = Field(default=100, ge=1, le=5000)
+    broker_archive_idle_wait_ms: int = Field(default=300, ge=1, le=5000)
     """The archiver's fetch wait once the log has been quiet for a few seconds: what
-    its idle polling costs, and the window of the first records after a quiet spell."""
+    its idle polling costs, and twice the window of the first records after a quiet
+    spell (Tansu answers a waiting fetch at half its wait once records are there)."""
     broker_start_timeout_seconds: float = 120.0
     """How long a command waits for the embedded broker to be ready (its restore from
     the archive included)."""

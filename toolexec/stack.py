@@ -69,12 +69,17 @@ log = structlog.get_logger(__name__)
 
 START_TIMEOUT_SECONDS = 60.0
 PACING_SECONDS = 0.5
-VIEWS_IDLE_WAIT_MS = 100
-"""The views (registry, circuits, policies) answer read-your-writes waits: their idle
-fetch wait is what a resolver's catch-up may wait for a new tool, so keep it short."""
+VIEWS_IDLE_WAIT_MS = 200
+"""The views (registry, circuits, policies) answer read-your-writes waits: a resolver's
+catch-up for a new tool may wait up to half their idle fetch wait (Tansu answers a
+waiting fetch at half its wait once records are there), so keep it short."""
 CIRCUITS_WAIT_MS = 100
 """The circuits step is off the invocation's path: a moderate fetch wait while busy
-(a breaker opens at most this much later), the idle wait otherwise."""
+(a breaker opens at most this much later)."""
+CIRCUITS_IDLE_WAIT_MS = 2000
+"""Its fetch wait when idle: the first outcome after a quiet spell is counted up to
+about half of it later (Tansu answers a waiting fetch at half its wait once records
+are there), and an idle `up` does not poll for it more than once a second."""
 FACT_TYPES = frozenset(t for t in EVENT_MODELS if topics.TOPIC_OF_TYPE[t] == topics.INVOCATIONS)
 DECISION_REDIS_TIMEOUT_SECONDS = 0.5
 INVOCATION_PARTITIONS = 4
@@ -327,11 +332,13 @@ class Stack:
         ends = await self._offsets.end_offsets(tps)
         return {tp.partition: offset for tp, offset in ends.items()}
 
-    def _new_pacer(self, *, busy_ms: int | None = None,
-                   idle_ms: int | None = None) -> FetchPacer:
+    def _new_pacer(self, *, busy_ms: int | None = None, idle_ms: int | None = None,
+                   idle_floor_ms: int = 0) -> FetchPacer:
+        """A pacer on the profile's waits: at least `busy_ms` while busy; while idle at
+        most `idle_ms` and at least `idle_floor_ms`."""
         short, long = fetch_waits(self.settings)
         pacer = FetchPacer(short if busy_ms is None else max(short, busy_ms),
-                           long if idle_ms is None else min(long, idle_ms))
+                           max(long if idle_ms is None else min(long, idle_ms), idle_floor_ms))
         self._pacers.append(pacer)
         return pacer
 
@@ -387,7 +394,7 @@ class Stack:
                                     book=circuit_transitions.CircuitBook(self.circuits), clock=utc_now)
         dead_letters = DeadLetters(DeliveringPublisher(self.publish), utc_now)
         verifier = self.verifier
-        pacer = self._new_pacer(busy_ms=CIRCUITS_WAIT_MS)
+        pacer = self._new_pacer(busy_ms=CIRCUITS_WAIT_MS, idle_floor_ms=CIRCUITS_IDLE_WAIT_MS)
         group = f"{self.group_prefix}.circuits"
         options = {k: v for k, v in consumer_kwargs(self.settings).items()
                    if k != "fetch_max_wait_ms"}
