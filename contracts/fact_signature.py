@@ -165,6 +165,12 @@ class FactVerifier:
         return valid
 
 
+def forget_checked() -> None:
+    """Forget every batch verdict this process holds (a measurement's cold start: a
+    reader in another process has checked none of the batches this one signed)."""
+    _CHECKED.clear()
+
+
 def _remember(kid: str, digests: str, signature: str, valid: bool) -> None:
     _CHECKED[(kid, digests, signature)] = valid
     while len(_CHECKED) > CACHE_SIZE:

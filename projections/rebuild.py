@@ -72,6 +72,8 @@ class RebuildReport:
     duplicates: int = 0
     cpu_seconds: float = 0.0
     """CPU seconds of every process of the rebuild (shared by the models rebuilt)."""
+    untrusted: int = 0
+    """Facts of the signed topics whose signature did not verify (shared likewise)."""
 
     @property
     def events_per_second(self) -> float:
@@ -209,13 +211,14 @@ def _jobs(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
 def _reports(models: Sequence[ReadModel], results: Sequence[ShareResult], seconds: float,
              workers: int) -> list[RebuildReport]:
     cpu = sum(r.cpu_seconds for r in results)
+    untrusted = sum(r.untrusted for r in results)
     reports = []
     for model in models:
         counts = [r.per_model.get(model.name, (0, 0, 0, 0)) for r in results]
         reports.append(RebuildReport(
             model.name, records=sum(c[0] for c in counts), applied=sum(c[1] for c in counts),
             undecodable=sum(c[2] for c in counts), seconds=seconds, workers=workers,
-            duplicates=sum(c[3] for c in counts), cpu_seconds=cpu))
+            duplicates=sum(c[3] for c in counts), cpu_seconds=cpu, untrusted=untrusted))
     return reports
 
 
