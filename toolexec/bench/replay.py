@@ -44,7 +44,6 @@ from contracts.events import (
 )
 from contracts.fact_signature import FactSigner, FactVerifier, forget_checked
 from contracts.kafka_binding import KafkaRecord, encode
-from contracts.topics import COMMAND_TYPES
 from domain.model import ResolvedChain, ToolSource
 from projections.audit import AuditModel, AuditQuery, audit_documents, verify_audit
 from projections.database import make_engine, migrate
