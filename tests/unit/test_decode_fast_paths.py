@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
