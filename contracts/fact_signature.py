@@ -37,7 +37,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
-from contracts.kafka_binding import CE_PREFIX, CONTENT_TYPE_HEADER, KafkaRecord
+from contracts.kafka_binding import (
+    CE_PREFIX,
+    CONTENT_TYPE_HEADER,
+    WRITTEN_HEADER_NAMES,
+    KafkaRecord,
+)
 
 KID: Final = "sigkid"
 SET: Final = "sigset"
@@ -70,10 +75,40 @@ def _raw(public_key: Ed25519PublicKey) -> bytes:
 
 def record_digest(headers: Iterable[tuple[str, Any]], value: bytes | None) -> str:
     """The digest of one record's CloudEvent (signature headers left out)."""
+    if type(headers) is list:
+        digest = _written_digest(headers, value)
+        if digest is not None:
+            return digest
     lines = sorted(f"{name}={_text(raw)}" for name, raw in headers
                    if (name[:3] == CE_PREFIX or name[:9] == TOOLEXEC_PREFIX
                        or name == CONTENT_TYPE_HEADER) and name not in SIGNATURE_HEADERS)
     body = "\n".join(lines).encode("utf-8") + b"\n\n" + (value or b"")
+    return hashlib.sha256(body).hexdigest()[:DIGEST_HEX]
+
+
+_LINE_HEADS: Final = {name: f"{name}=".encode("ascii") for name in WRITTEN_HEADER_NAMES
+                      if name not in SIGNATURE_HEADERS}
+
+
+def _written_digest(headers: list[tuple[str, Any]], value: bytes | None) -> str | None:
+    """`record_digest` of headers as toolexec writes them (known names, ASCII bytes
+    values), from the bytes without decoding them: for ASCII a line's UTF-8 bytes are
+    its text's and sort alike. None for any other headers (the general reading)."""
+    lines = []
+    try:
+        for name, raw in headers:
+            head = _LINE_HEADS.get(name)
+            if head is None:
+                if name in SIGNATURE_HEADERS:
+                    continue
+                return None
+            if type(raw) is not bytes or not raw.isascii():
+                return None
+            lines.append(head + raw)
+    except (TypeError, ValueError):  # not pairs, unhashable names: the general reading
+        return None
+    lines.sort()
+    body = b"\n".join(lines) + b"\n\n" + (value or b"")
     return hashlib.sha256(body).hexdigest()[:DIGEST_HEX]
 
 

@@ -54,6 +54,8 @@ _KNOWN_HEADERS: Final = {
 _WRITTEN_HEADERS: Final[dict[str, str | None]] = {**_KNOWN_HEADERS, "toolexec-resume": None}
 """`_KNOWN_HEADERS` and the transport header the pipeline adds to its facts (no
 attribute: the decoder ignores it, as every header but ``ce_*`` and ``content-type``)."""
+WRITTEN_HEADER_NAMES: Final = frozenset(_WRITTEN_HEADERS)
+"""Every header name toolexec writes on a record."""
 _ENVELOPE_ATTRIBUTES: Final = frozenset(
     {"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "dataschema",
      "correlationid", "causationid", "partitionkey"}

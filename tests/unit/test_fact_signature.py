@@ -18,9 +18,13 @@ from contracts.fact_signature import (
     FactSigner,
     FactVerifier,
     Verdict,
+    _written_digest,
     key_id,
+    record_digest,
 )
-from contracts.kafka_binding import KafkaRecord
+from contracts.kafka_binding import WRITTEN_HEADER_NAMES, KafkaRecord
+
+_KEY = Ed25519PrivateKey.generate()
 
 
 def _records() -> list[KafkaRecord]:
@@ -87,3 +91,25 @@ def test_libsodium_gives_openssls_verdict_on_signatures_valid_changed_or_cut(
         VerifyKey(public.public_bytes(Encoding.Raw, PublicFormat.Raw)), kid,
         digests + ("0" if key_flip else ""), signature)
     assert verdict is openssl
+
+
+_names = st.sampled_from(sorted(WRITTEN_HEADER_NAMES) + ["ce_other", "toolexec-other", "x-y",
+                                                          "CE_ID", ""]) | st.text(max_size=5)
+_values = (st.binary(max_size=8) | st.sampled_from([b"1.0", b"\xc3\xa9", b"\xff", b""])
+           | st.text(max_size=4) | st.binary(max_size=4).map(bytearray))
+
+
+@settings(max_examples=300, deadline=None)
+@given(headers=st.lists(st.tuples(_names, _values), max_size=8),
+       value=st.none() | st.binary(max_size=16))
+def test_the_digest_read_from_bytes_is_the_digest_read_from_text(
+        headers: list[tuple[str, object]], value: bytes | None) -> None:
+    signed = FactSigner(_KEY).sign([KafkaRecord(b"k", b"{}", _records()[0].headers)])[0]
+    for given_headers in (headers, [*signed.headers, *headers]):
+        assert record_digest(given_headers, value) == record_digest(tuple(given_headers), value)
+
+
+def test_a_written_fact_takes_the_bytes_reading() -> None:
+    signed = FactSigner(_KEY).sign(_records())[0]
+    assert _written_digest(signed.headers, signed.value) == record_digest(
+        tuple(signed.headers), signed.value)
