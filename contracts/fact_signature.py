@@ -32,11 +32,17 @@ from dataclasses import replace
 from enum import StrEnum
 from typing import Any, Final
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
 
-from contracts.kafka_binding import CE_PREFIX, CONTENT_TYPE_HEADER, KafkaRecord
+from contracts.kafka_binding import (
+    CE_PREFIX,
+    CONTENT_TYPE_HEADER,
+    WRITTEN_HEADER_NAMES,
+    KafkaRecord,
+)
 
 KID: Final = "sigkid"
 SET: Final = "sigset"
@@ -60,16 +66,49 @@ operation on it is atomic under the GIL."""
 
 def key_id(public_key: Ed25519PublicKey) -> str:
     """The id of `public_key`: 16 bytes of the sha256 of its raw bytes, hex."""
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return hashlib.sha256(raw).hexdigest()[:32]
+    return hashlib.sha256(_raw(public_key)).hexdigest()[:32]
+
+
+def _raw(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
 def record_digest(headers: Iterable[tuple[str, Any]], value: bytes | None) -> str:
     """The digest of one record's CloudEvent (signature headers left out)."""
+    if type(headers) is list:
+        digest = _written_digest(headers, value)
+        if digest is not None:
+            return digest
     lines = sorted(f"{name}={_text(raw)}" for name, raw in headers
                    if (name[:3] == CE_PREFIX or name[:9] == TOOLEXEC_PREFIX
                        or name == CONTENT_TYPE_HEADER) and name not in SIGNATURE_HEADERS)
     body = "\n".join(lines).encode("utf-8") + b"\n\n" + (value or b"")
+    return hashlib.sha256(body).hexdigest()[:DIGEST_HEX]
+
+
+_LINE_HEADS: Final = {name: f"{name}=".encode("ascii") for name in WRITTEN_HEADER_NAMES
+                      if name not in SIGNATURE_HEADERS}
+
+
+def _written_digest(headers: list[tuple[str, Any]], value: bytes | None) -> str | None:
+    """`record_digest` of headers as toolexec writes them (known names, ASCII bytes
+    values), from the bytes without decoding them: for ASCII a line's UTF-8 bytes are
+    its text's and sort alike. None for any other headers (the general reading)."""
+    lines = []
+    try:
+        for name, raw in headers:
+            head = _LINE_HEADS.get(name)
+            if head is None:
+                if name in SIGNATURE_HEADERS:
+                    continue
+                return None
+            if type(raw) is not bytes or not raw.isascii():
+                return None
+            lines.append(head + raw)
+    except (TypeError, ValueError):  # not pairs, unhashable names: the general reading
+        return None
+    lines.sort()
+    body = b"\n".join(lines) + b"\n\n" + (value or b"")
     return hashlib.sha256(body).hexdigest()[:DIGEST_HEX]
 
 
@@ -104,10 +143,16 @@ class Verdict(StrEnum):
 
 
 class FactVerifier:
-    """Checks fact records against the pipeline's public keys (several: rotation)."""
+    """Checks fact records against the pipeline's public keys (several: rotation).
+
+    A batch signature is verified by libsodium (PyNaCl): 55 µs against OpenSSL's 106
+    on the bench machine, and a rebuild checks one per batch of the whole log. It is
+    the stricter of the two (it also refuses small-order points), which no signature
+    made by the pipeline's key can hit."""
 
     def __init__(self, public_keys: Iterable[Ed25519PublicKey]) -> None:
         self._keys = {key_id(key): key for key in public_keys}
+        self._verify_keys = {kid: VerifyKey(_raw(key)) for kid, key in self._keys.items()}
 
     @property
     def key_ids(self) -> frozenset[str]:
@@ -115,8 +160,7 @@ class FactVerifier:
 
     def raw_keys(self) -> tuple[bytes, ...]:
         """The trusted public keys as raw bytes (to hand to another process)."""
-        return tuple(key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-                     for key in self._keys.values())
+        return tuple(_raw(key) for key in self._keys.values())
 
     @classmethod
     def from_raw(cls, raw_keys: Iterable[bytes]) -> FactVerifier:
@@ -141,7 +185,7 @@ class FactVerifier:
             return Verdict.UNSIGNED
         if not (kid and digests and signature):
             return Verdict.INVALID
-        key = self._keys.get(kid)
+        key = self._verify_keys.get(kid)
         if key is None:
             return Verdict.UNKNOWN_KEY
         if record_digest(headers, value) not in digests.split("."):
@@ -149,20 +193,25 @@ class FactVerifier:
         return Verdict.VALID if self._batch_valid(key, kid, digests, signature) \
             else Verdict.INVALID
 
-    def _batch_valid(self, key: Ed25519PublicKey, kid: str, digests: str,
-                     signature: str) -> bool:
+    def _batch_valid(self, key: VerifyKey, kid: str, digests: str, signature: str) -> bool:
         cache_key = (kid, digests, signature)
         known = _CHECKED.get(cache_key)
         if known is not None:
             return known
         try:
             raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
-            key.verify(raw, _message(kid, digests))
+            key.verify(_message(kid, digests), raw)
             valid = True
-        except (InvalidSignature, binascii.Error, ValueError):
+        except (BadSignatureError, binascii.Error, ValueError, TypeError):
             valid = False
         _remember(kid, digests, signature, valid)
         return valid
+
+
+def forget_checked() -> None:
+    """Forget every batch verdict this process holds (a measurement's cold start: a
+    reader in another process has checked none of the batches this one signed)."""
+    _CHECKED.clear()
 
 
 def _remember(kid: str, digests: str, signature: str, valid: bool) -> None:

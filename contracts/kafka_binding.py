@@ -47,9 +47,15 @@ _KNOWN_HEADERS: Final = {
     **{CE_PREFIX + name: name for name in (
         "specversion", "id", "source", "type", "subject", "time", "dataschema",
         "correlationid", "causationid", "partitionkey", "captoken", "traceparent",
-        "tracestate")},
+        "tracestate", "sigkid", "sigset", "sig")},
     CONTENT_TYPE_HEADER: "datacontenttype"}
-"""Lower-case header names toolexec writes -> attribute (the decoder's fast lookup)."""
+"""Lower-case header names toolexec writes -> attribute (the decoder's fast lookup;
+``sig*``: the pipeline's fact signature, `contracts.fact_signature`)."""
+_WRITTEN_HEADERS: Final[dict[str, str | None]] = {**_KNOWN_HEADERS, "toolexec-resume": None}
+"""`_KNOWN_HEADERS` and the transport header the pipeline adds to its facts (no
+attribute: the decoder ignores it, as every header but ``ce_*`` and ``content-type``)."""
+WRITTEN_HEADER_NAMES: Final = frozenset(_WRITTEN_HEADERS)
+"""Every header name toolexec writes on a record."""
 _ENVELOPE_ATTRIBUTES: Final = frozenset(
     {"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "dataschema",
      "correlationid", "causationid", "partitionkey"}
@@ -262,15 +268,20 @@ def _decode_fast(key: bytes | None, value: bytes, headers: Any) -> Envelope:
 
 def _written_attributes(headers: Any) -> dict[str, str] | None:
     """The attributes of headers exactly as toolexec writes them (known lower-case
-    names, UTF-8 values, none repeated), in one comprehension; None for any other
-    headers, which `_header_attributes` reads (and refuses, when they are wrong)."""
+    names, signed facts' included, UTF-8 values, none repeated), in one comprehension;
+    None for any other headers, which `_header_attributes` reads (and refuses, when
+    they are wrong)."""
     if type(headers) is not list and type(headers) is not tuple:
         return None
     try:
-        attrs = {_KNOWN_HEADERS[name]: raw.decode("utf-8") for name, raw in headers}
+        attrs: dict[Any, str] = {_WRITTEN_HEADERS[name]: raw.decode("utf-8")
+                                 for name, raw in headers}
     except (KeyError, TypeError, AttributeError, ValueError):
         return None
-    return attrs if len(attrs) == len(headers) else None
+    if len(attrs) != len(headers):
+        return None
+    attrs.pop(None, None)  # the transport header, no attribute
+    return attrs
 
 
 def _header_attributes(headers: Any) -> tuple[dict[str, Any], bool]:

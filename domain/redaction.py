@@ -164,13 +164,15 @@ _RULES: Final[tuple[_Rule, ...]] = (
           lambda text, lowered: any(word in lowered for word in _KEY_WORDS)),
     _Rule("CREDIT_CARD", re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-]|\.\d)"), _card,
           _digits),
-    _Rule("SSN", re.compile(r"(?<![\w-])(\d{3})-(\d{2})-(\d{4})(?![\w-])"), _ssn, _digits),
+    _Rule("SSN", re.compile(r"(?<![\w-])(\d{3})-(\d{2})-(\d{4})(?![\w-])"), _ssn,
+          lambda text, lowered: "-" in text and _digits(text, lowered)),
     _Rule("IP_ADDRESS", re.compile(
         r"(?<![\w:.])(?=[0-9A-Fa-f:.]*[0-9A-Fa-f])(?:[0-9A-Fa-f]{0,4}:){2,7}"
         r"(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\w)"), _ipv6,
         lambda text, lowered: text.count(":") >= 2),
     _Rule("IP_ADDRESS", re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\w)"), _ipv4,
-          lambda text, lowered: _DOTTED_DIGITS.search(text) is not None),
+          lambda text, lowered: (text.count(".") >= 3
+                                 and _DOTTED_DIGITS.search(text) is not None)),
     _Rule("PHONE", re.compile(r"(?<![\w+])\+\d(?:[ .-]?\(?\d\)?){6,14}(?![\w-]|\.\d)"),
           _international, lambda text, lowered: "+" in text),
     _Rule("PHONE", re.compile(

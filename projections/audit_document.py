@@ -27,7 +27,8 @@ from rfc8785 import CanonicalizationError
 from contracts.envelope import Envelope
 from contracts.events import dataschema_uri
 from domain.canonical_json import canonical_json, canonical_json_encoded
-from domain.redaction import redact, redact_document, redact_text
+from domain.redaction import is_sensitive_field, redact, redact_document, redact_text
+from domain.secret_scrub import REDACTED
 from projections.store import field_of
 from projections.tables import iso
 
@@ -110,6 +111,12 @@ def _document(envelope: Envelope) -> tuple[dict[str, Any], int, int]:
             continue
         if name in KEPT_EXTENSIONS:
             document[name] = value
+        elif type(value) is str:  # = redact({name: value}), without the walk
+            if value and is_sensitive_field(name):
+                document[name], count = REDACTED, count + 1
+            else:
+                document[name], found = redact_text(value)
+                count += found
         else:
             kept = redact({name: value})
             document[name], count = kept.value[name], count + kept.count

@@ -71,7 +71,11 @@ async def _copy(conn: AsyncConnection, table: Table, rows: Sequence[Sequence[Any
     statement = f'COPY "{table.name}" ({quoted}) FROM STDIN'
     try:
         async with driver.cursor() as cursor, cursor.copy(statement) as copy:
+            # `write_row`'s own steps without a coroutine per row: the formatter
+            # buffers the rows and hands back a block whenever it is full.
+            formatter = copy.formatter
             for row in rows:
-                await copy.write_row(row)
+                if block := formatter.write_row(row):
+                    await copy.write(block)
     except psycopg.Error as error:  # as SQLAlchemy would raise it (IntegrityError, ...)
         raise DBAPIError.instance(statement, None, error, psycopg.Error) from error

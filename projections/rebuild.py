@@ -46,9 +46,10 @@ from projections.tables import metadata, projection_applied, projection_offsets
 
 log = structlog.get_logger(__name__)
 
-BATCH_SIZE = 2000
+BATCH_SIZE = 5000
 """Records per transaction of a rebuild (larger than the incremental runner's: fewer
-statements and commits per record, nobody waits for a rebuild's first rows)."""
+statements and commits per record, nobody waits for a rebuild's first rows; 5,000
+instead of 2,000 took SQLite's writing from 12.8-14.1 to 11.0-11.9 µs per event)."""
 
 Progress = Callable[[int, int], None]
 """Called after each batch with (records done, records in total)."""
@@ -72,6 +73,8 @@ class RebuildReport:
     duplicates: int = 0
     cpu_seconds: float = 0.0
     """CPU seconds of every process of the rebuild (shared by the models rebuilt)."""
+    untrusted: int = 0
+    """Facts of the signed topics whose signature did not verify (shared likewise)."""
 
     @property
     def events_per_second(self) -> float:
@@ -209,13 +212,14 @@ def _jobs(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap: str,
 def _reports(models: Sequence[ReadModel], results: Sequence[ShareResult], seconds: float,
              workers: int) -> list[RebuildReport]:
     cpu = sum(r.cpu_seconds for r in results)
+    untrusted = sum(r.untrusted for r in results)
     reports = []
     for model in models:
         counts = [r.per_model.get(model.name, (0, 0, 0, 0)) for r in results]
         reports.append(RebuildReport(
             model.name, records=sum(c[0] for c in counts), applied=sum(c[1] for c in counts),
             undecodable=sum(c[2] for c in counts), seconds=seconds, workers=workers,
-            duplicates=sum(c[3] for c in counts), cpu_seconds=cpu))
+            duplicates=sum(c[3] for c in counts), cpu_seconds=cpu, untrusted=untrusted))
     return reports
 
 

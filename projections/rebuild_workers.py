@@ -71,6 +71,8 @@ class ShareResult:
     per_model: dict[str, tuple[int, int, int, int]]
     records: int
     cpu_seconds: float
+    untrusted: int = 0
+    """Facts whose signature did not verify (kept out of state)."""
 
 
 Progress = Callable[[int], None]
@@ -96,7 +98,8 @@ async def run_share(engine: AsyncEngine, models: Sequence[ReadModel], bootstrap:
                                signed_topics, write_turn)
     per_model = {name: (s.records, s.applied, s.undecodable, s.duplicates)
                  for name, s in runner.model_stats.items()}
-    return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu)
+    return ShareResult(index, per_model, runner.stats.records, time.process_time() - cpu,
+                       runner.stats.untrusted)
 
 
 @contextlib.contextmanager

@@ -251,10 +251,11 @@ def test_export_writes_one_identified_schema_per_type(tmp_path: Path) -> None:
 # --- layering ------------------------------------------------------------------------
 
 
-def test_contracts_import_only_stdlib_pydantic_cloudevents_and_cryptography() -> None:
-    # cryptography: the pipeline's fact signatures are part of the wire contract
+def test_contracts_import_only_stdlib_pydantic_cloudevents_and_the_crypto_libraries() -> None:
+    # cryptography (signing, keys) and nacl (libsodium's verification): the pipeline's
+    # fact signatures are part of the wire contract
     allowed = set(sys.stdlib_module_names) | {"pydantic", "cloudevents", "cryptography",
-                                              "contracts"}
+                                              "nacl", "contracts"}
     for path in CONTRACTS_DIR.glob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):

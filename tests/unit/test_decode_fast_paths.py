@@ -1,6 +1,7 @@
 """The decoder's shortcuts change no verdict.
 
-- Headers exactly as toolexec writes them are read in one comprehension; any others
+- Headers exactly as toolexec writes them (a signed fact's, with its resume header,
+  included) are read in one comprehension; any others
   one by one. Headers given as an iterator always take the one-by-one reading, so
   decoding the same headers as a list and as an iterator must give the same envelope,
   or the same E3004 error with the same message and details.
@@ -10,22 +11,29 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts.envelope import Envelope, envelope_problems
 from contracts.events import InvokeRequested
+from contracts.fact_signature import FactSigner
 from contracts.kafka_binding import UndecodableRecord, decode, encode
 from tests.projection_events import captoken, invocation
 
-VALID = [encode(e) for e in invocation("inv-1", token=captoken("ann", "j1"), reports=1)]
+_PLAIN = [encode(e) for e in invocation("inv-1", token=captoken("ann", "j1"), reports=1)]
+_SIGNED = FactSigner(Ed25519PrivateKey.generate()).sign(
+    [replace(r, headers=[*r.headers, ("toolexec-resume", b"3 7")]) for r in _PLAIN[1:]])
+VALID = [*_PLAIN, *_SIGNED]
 
 names = st.sampled_from(["ce_id", "ce_type", "ce_time", "ce_source", "ce_subject",
                          "content-type", "CE_ID", "ce_traceparent", "ce_Foo", "ce_foo-bar",
-                         "x-other", "ce_captoken", "ce_data"]) | st.binary(max_size=6).map(
+                         "x-other", "ce_captoken", "ce_data", "ce_sig", "ce_sigkid",
+                         "toolexec-resume", "toolexec-other"]) | st.binary(max_size=6).map(
     lambda b: b"ce_" + b)
 values = (st.sampled_from([b"", b"1.0", b"\xff\xfe", b"tool.invoke.requested",
                            b"application/json", b"application/cloudevents+json"])
@@ -65,6 +73,7 @@ def test_headers_read_at_once_or_one_by_one_give_the_same_verdict(data: st.DataO
 
 
 def test_the_records_toolexec_writes_decode_through_both_readings() -> None:
+    assert all("sig" in decode(r.key, r.value, r.headers).extensions for r in _SIGNED)
     for record in VALID:
         assert decode(record.key, record.value, list(record.headers)) == decode(
             record.key, record.value, iter(record.headers))

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import replace
 
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nacl.signing import VerifyKey
 
-from contracts.fact_signature import CE_PREFIX, SIG, FactSigner, FactVerifier, Verdict
-from contracts.kafka_binding import KafkaRecord
+from contracts.fact_signature import (
+    CE_PREFIX,
+    SIG,
+    FactSigner,
+    FactVerifier,
+    Verdict,
+    _written_digest,
+    key_id,
+    record_digest,
+)
+from contracts.kafka_binding import WRITTEN_HEADER_NAMES, KafkaRecord
+
+_KEY = Ed25519PrivateKey.generate()
 
 
 def _records() -> list[KafkaRecord]:
@@ -48,3 +65,51 @@ def test_a_forged_signature_over_a_batch_already_checked_is_invalid() -> None:
     forged_sig = [(n, b"A" * 86 if n == CE_PREFIX + SIG else v) for n, v in signed[0].headers]
     assert _check(FactVerifier([signer.public_key]),
                   replace(signed[0], headers=forged_sig)) is Verdict.INVALID
+
+
+@settings(max_examples=150, deadline=None)
+@given(digests=st.text("0123456789abcdef.", min_size=1, max_size=120),
+       flips=st.lists(st.tuples(st.integers(0, 63), st.integers(1, 255)), max_size=3),
+       cut=st.integers(0, 70), key_flip=st.booleans())
+def test_libsodium_gives_openssls_verdict_on_signatures_valid_changed_or_cut(
+        digests: str, flips: list[tuple[int, int]], cut: int, key_flip: bool) -> None:
+    private = Ed25519PrivateKey.generate()
+    public = private.public_key()
+    kid = key_id(public)
+    raw = bytearray(private.sign(f"{kid}.{digests}".encode("ascii")))
+    for at, mask in flips:
+        raw[at] ^= mask
+    raw = raw[:cut] if cut < 64 else raw
+    signature = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode("ascii")
+    message = f"{kid}.{digests}{'0' if key_flip else ''}".encode("ascii")
+    try:
+        public.verify(bytes(raw), message)
+        openssl = True
+    except InvalidSignature:
+        openssl = False
+    verdict = FactVerifier([public])._batch_valid(
+        VerifyKey(public.public_bytes(Encoding.Raw, PublicFormat.Raw)), kid,
+        digests + ("0" if key_flip else ""), signature)
+    assert verdict is openssl
+
+
+_names = st.sampled_from(sorted(WRITTEN_HEADER_NAMES) + ["ce_other", "toolexec-other", "x-y",
+                                                          "CE_ID", ""]) | st.text(max_size=5)
+_values = (st.binary(max_size=8) | st.sampled_from([b"1.0", b"\xc3\xa9", b"\xff", b""])
+           | st.text(max_size=4) | st.binary(max_size=4).map(bytearray))
+
+
+@settings(max_examples=300, deadline=None)
+@given(headers=st.lists(st.tuples(_names, _values), max_size=8),
+       value=st.none() | st.binary(max_size=16))
+def test_the_digest_read_from_bytes_is_the_digest_read_from_text(
+        headers: list[tuple[str, object]], value: bytes | None) -> None:
+    signed = FactSigner(_KEY).sign([KafkaRecord(b"k", b"{}", _records()[0].headers)])[0]
+    for given_headers in (headers, [*signed.headers, *headers]):
+        assert record_digest(given_headers, value) == record_digest(tuple(given_headers), value)
+
+
+def test_a_written_fact_takes_the_bytes_reading() -> None:
+    signed = FactSigner(_KEY).sign(_records())[0]
+    assert _written_digest(signed.headers, signed.value) == record_digest(
+        tuple(signed.headers), signed.value)

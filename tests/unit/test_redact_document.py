@@ -4,12 +4,16 @@ encode with it and skip the second walk."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.envelope import new_envelope
+from contracts.events import InvokeRequested
 from domain.canonical_json import (
     INTEGRAL_FLOATS,
     REFERENCE,
@@ -19,6 +23,7 @@ from domain.canonical_json import (
     encoding_of,
 )
 from domain.redaction import redact, redact_document
+from projections.audit_document import audit_document
 
 _texts = st.sampled_from(["", "hi", "bob@example.com", "4111 1111 1111 1111", "10.0.0.1",
                           "password=hunter22", "call +44 20 7946 0958", "Bearer abcdefgh1",
@@ -70,3 +75,27 @@ def test_subclasses_of_dict_and_list_come_out_plain_and_encodable() -> None:
     redacted, count, encoding = redact_document(Mapping(a=Items(["x", Mapping(password="p")])))
     assert (redacted, count, encoding) == ({"a": ["x", {"password": "[REDACTED]"}]}, 1, SAME)
     assert type(redacted) is dict and type(redacted["a"]) is list
+
+
+_EXTENSION_DATA = InvokeRequested(invocation_id="inv-1", tool_id="t", parameters={})
+
+
+@settings(max_examples=200, deadline=None)
+@given(extensions=st.dictionaries(
+    st.sampled_from(["token", "apikey", "password", "sig", "sigset", "note", "traceparent"]),
+    _texts | st.text("0123456789abcdef.-", max_size=40), max_size=4))
+def test_text_extensions_are_redacted_in_the_audit_document_as_redact_would(
+        extensions: dict[str, str]) -> None:
+    env = new_envelope(_EXTENSION_DATA, source="urn:t", partitionkey="k", correlationid="k",
+                       time=datetime(2026, 1, 1, tzinfo=UTC), id="e-1",
+                       extensions=extensions)
+    document, count = audit_document(env)
+    expected = 0
+    for name, value in extensions.items():
+        if name == "traceparent":
+            assert document[name] == value
+            continue
+        kept = redact({name: value})
+        assert document[name] == kept.value[name]
+        expected += kept.count
+    assert count == expected + audit_document(replace(env, extensions={}))[1]

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.redaction import (
+    _RULES,
     REDACTED,
+    _redact_text,
+    _replace,
     redact,
     redact_secrets,
     redact_text,
@@ -114,3 +117,19 @@ def test_secret_parameters_by_name_and_by_schema() -> None:
 def test_secret_parameters_also_in_the_form_json_writes_them() -> None:
     values = secret_parameter_values(None, {"password": 'pa"ss\\wörd'})
     assert {'pa"ss\\wörd', 'pa\\"ss\\\\w\\u00f6rd', 'pa\\"ss\\\\wörd'} <= set(values)
+
+
+def _every_pattern(text: str) -> tuple[str, int]:
+    """`redact_text` with no rule skipped by its hint (the hints' reference)."""
+    counter = [0]
+    for rule in _RULES:
+        text = rule.pattern.sub(_replace(rule, counter), text)
+    return text, counter[0]
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text("0123456789.-: ()+abcdefxyz@", max_size=40)
+       | st.sampled_from(["123-45-6789", "10.0.0.1", "a 10.0.0.12.", "1.2.3", "::1",
+                          "212-555-0199", "4111-1111-1111-1111", "0a1b.2c3d.4e5f"]))
+def test_a_rule_skipped_by_its_hint_could_not_have_matched(text: str) -> None:
+    assert _redact_text(text) == _every_pattern(text)

@@ -2,11 +2,11 @@
 
 Writes a log of N CloudEvents (a few hundred tool publications on a registry topic,
 the rest complete invocation lifecycles: each request on a 4-partition requests topic,
-its five facts on a 4-partition invocations topic, keyed by invocation id as the
-pipeline writes them) to bench-only topics on the bench's broker, then reads it from
+its five facts on a 4-partition invocations topic, keyed by invocation id and signed
+as the pipeline writes them) to bench-only topics on the bench's broker, then reads it from
 the start: raw with one aiokafka consumer (the baseline), and folded into the
 registry, invocations and audit read models (`projections.rebuild_together`, as
-`toolexec projections rebuild` does) — into SQLite and into PostgreSQL (pgserver),
+`toolexec projections rebuild` does, the facts' signatures checked) — into SQLite and into PostgreSQL (pgserver),
 each sequentially (one process) and in parallel (one worker process per core). Then
 `audit verify` and the replay's bulk path read the rebuilt trail back.
 """
@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from consumers.runtime.recovery import RESUME_HEADER
 from consumers.steps.derived_events import derive
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import (
@@ -40,8 +42,8 @@ from contracts.events import (
     InvokeRequested,
     PermissionDecided,
 )
+from contracts.fact_signature import FactSigner, FactVerifier, forget_checked
 from contracts.kafka_binding import KafkaRecord, encode
-from contracts.topics import COMMAND_TYPES
 from domain.model import ResolvedChain, ToolSource
 from projections.audit import AuditModel, AuditQuery, audit_documents, verify_audit
 from projections.database import make_engine, migrate
@@ -62,6 +64,9 @@ REPLAY_TARGET = 25_000.0
 PUBLICATIONS_PER_10K = 30
 LIFECYCLE_EVENTS = 6
 SEND_WINDOW = 2000
+FACT_BATCHES = (3, 2)
+"""How the pipeline appends (and signs) an invocation's five facts: resolution,
+decision and execution start together, then execution end and completion."""
 
 
 # --------------------------------------------------------------------- building the log
@@ -109,8 +114,12 @@ def lifecycle(chain: ResolvedChain, now: datetime) -> list[Envelope]:
     return events
 
 
-def log_records(root: Path, total: int) -> Iterator[tuple[str, KafkaRecord]]:
-    """(topic, record) pairs of a log of about `total` events."""
+def log_records(root: Path, total: int,
+                signer: FactSigner | None = None) -> Iterator[tuple[str, KafkaRecord]]:
+    """(topic, record) pairs of a log of about `total` events; the facts signed by
+    `signer` (a fresh key when None) in the pipeline's batches, each with a resume
+    header, as the pipeline appends them."""
+    signer = signer or FactSigner(Ed25519PrivateKey.generate())
     tools_dir = write_bench_tools(root, "127.0.0.1:9")
     now = datetime.now(UTC)
     published = publications(bench_sources(tools_dir), max(1, total * PUBLICATIONS_PER_10K
@@ -118,14 +127,21 @@ def log_records(root: Path, total: int) -> Iterator[tuple[str, KafkaRecord]]:
     for event in published:
         yield REGISTRY_TOPIC, encode(event)
     chain = script_chain(tools_dir)
-    for _ in range(max(0, total - len(published)) // LIFECYCLE_EVENTS):
-        for event in lifecycle(chain, now):
-            topic = REQUESTS_TOPIC if event.type in COMMAND_TYPES else INVOCATIONS_TOPIC
-            yield topic, encode(event)
+    for number in range(max(0, total - len(published)) // LIFECYCLE_EVENTS):
+        request, *facts = lifecycle(chain, now)
+        yield REQUESTS_TOPIC, encode(request)
+        resume = (RESUME_HEADER, f"{number // 4} {number // 4}".encode("ascii"))
+        for size in FACT_BATCHES:
+            batch, facts = facts[:size], facts[size:]
+            records = [replace(record, headers=[*record.headers, resume])
+                       for record in map(encode, batch)]
+            for record in signer.sign(records):
+                yield INVOCATIONS_TOPIC, record
 
 
-async def write_log(bootstrap: str, root: Path, total: int) -> int:
-    """Produce the log; returns how many records were written."""
+async def write_log(bootstrap: str, root: Path, total: int, signer: FactSigner) -> int:
+    """Produce the log (facts signed by `signer`); returns how many records were
+    written."""
     await ensure_topics(bootstrap, REPLAY_TOPICS)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5,
                                 max_batch_size=512 * 1024, max_request_size=2 * 1024 * 1024)
@@ -133,7 +149,7 @@ async def write_log(bootstrap: str, root: Path, total: int) -> int:
     written = 0
     try:
         pending: list[asyncio.Future[Any]] = []
-        for topic, record in log_records(root, total):
+        for topic, record in log_records(root, total, signer):
             pending.append(await producer.send(topic, record.value, key=record.key,
                                                headers=list(record.headers)))
             written += 1
@@ -194,12 +210,15 @@ class StoreRun:
     digest: str
 
 
-async def rebuild_into(engine: AsyncEngine, bootstrap: str, workers: int) -> StoreRun:
-    """Rebuild every replay model into `engine` with `workers` processes; the CPU is
-    this process's and the workers' (the database server's is not counted)."""
+async def rebuild_into(engine: AsyncEngine, bootstrap: str, workers: int,
+                       verifier: FactVerifier) -> StoreRun:
+    """Rebuild every replay model into `engine` with `workers` processes, the facts
+    checked by `verifier`; the CPU is this process's and the workers' (the database
+    server's is not counted)."""
     cpu = time.process_time()
     began = time.perf_counter()
-    reports = await rebuild_together(engine, replay_models(), bootstrap, workers=workers)
+    reports = await rebuild_together(engine, replay_models(), bootstrap, workers=workers,
+                                     verifier=verifier, signed_topics=(INVOCATIONS_TOPIC,))
     seconds = time.perf_counter() - began
     own = time.process_time() - cpu
     in_workers = reports[0].cpu_seconds if reports[0].workers > 1 else 0.0
@@ -265,15 +284,16 @@ async def store(kind: str, root: Path) -> AsyncIterator[AsyncEngine | None]:
 
 
 async def measure_store(kind: str, root: Path, bootstrap: str, events: int, raw_rate: float,
-                        workers: int) -> tuple[dict[str, Figure], float | None, list[str]]:
+                        workers: int, verifier: FactVerifier
+                        ) -> tuple[dict[str, Figure], float | None, list[str]]:
     """The figures of one store: sequential and parallel rebuilds, verify and replay;
     also the parallel rate (None when the store is not available)."""
     async with store(kind, root) as engine:
         if engine is None:
             return {}, None, [f"{kind}: skipped, pgserver is not installed "
                               "(pip install -e '.[test]')"]
-        sequential = await rebuild_into(engine, bootstrap, 1)
-        parallel = await rebuild_into(engine, bootstrap, workers)
+        sequential = await rebuild_into(engine, bootstrap, 1, verifier)
+        parallel = await rebuild_into(engine, bootstrap, workers, verifier)
         verify_rate, replay_rate, verified = await read_back(engine)
     figures: dict[str, Figure] = {}
     for label, run in (("sequential", sequential), (f"parallel ({workers} workers)", parallel)):
@@ -287,6 +307,7 @@ async def measure_store(kind: str, root: Path, bootstrap: str, events: int, raw_
     figures[f"{kind} audit replay records/s"] = round(replay_rate, 1)
     figures[f"{kind} audit verified"] = "yes" if verified else "NO"
     figures[f"{kind} undecodable"] = sum(r.undecodable for r in parallel.reports)
+    figures[f"{kind} facts untrusted"] = parallel.reports[0].untrusted
     return figures, events / parallel.seconds, []
 
 
@@ -294,7 +315,9 @@ async def replay(bootstrap: str, root: Path, *, events: int,
                  workers: int | None = None) -> ScenarioResult:
     """Scenario 5."""
     workers = workers or default_workers()
-    written = await write_log(bootstrap, root, events)
+    signer = FactSigner(Ed25519PrivateKey.generate())
+    written = await write_log(bootstrap, root, events, signer)
+    forget_checked()  # the rebuilds check the signatures as a reader that signed none
     raw_count, raw_seconds = await read_log(bootstrap, lambda record: None)
     raw_rate = raw_count / raw_seconds
     figures: dict[str, Figure] = {"events": written, "raw aiokafka events/s": round(raw_rate, 1),
@@ -303,14 +326,15 @@ async def replay(bootstrap: str, root: Path, *, events: int,
     notes: list[str] = []
     for kind in ("sqlite", "postgresql"):
         found, rates[kind], skipped = await measure_store(kind, root, bootstrap, written,
-                                                          raw_rate, workers)
+                                                          raw_rate, workers,
+                                                          FactVerifier([signer.public_key]))
         figures.update(found)
         notes.extend(skipped)
     headline = rates["sqlite"] or 0.0
     figures["rebuild events/s"] = round(headline, 1)
     figures["ratio"] = round(headline / raw_rate, 4) if raw_rate else 0.0
     notes += ["rebuild = projections.rebuild_together of registry, invocations and audit "
-              "(as `toolexec projections rebuild`); events/s = log events / wall time of "
+              "(as `toolexec projections rebuild`, the facts' signatures checked); events/s = log events / wall time of "
               "the rebuild, worker start included; 'rebuild events/s' is SQLite, parallel",
               "CPU us/event = CPU of the rebuild's processes (this one and its workers; not "
               "the broker's nor PostgreSQL's) per event",
