@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers.steps.derived_events import failed
@@ -15,8 +15,9 @@ from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
 from contracts.fact_signature import FactSigner, FactVerifier
-from contracts.kafka_binding import UndecodableRecord, decode, encode, send_event
+from contracts.kafka_binding import encode, send_event
 from domain.errors import ToolexecError
+from toolexec.log_reading import events_to
 
 TERMINAL = ("tool.invoke.completed", "tool.invoke.failed")
 
@@ -45,28 +46,16 @@ async def invocation_events(bootstrap: str, wanted: Callable[[Envelope], bool], 
         ends = await consumer.end_offsets(list(consumer.assignment()))
         async with asyncio.timeout(timeout):
             while True:
-                batch = await consumer.getmany(timeout_ms=200)
-                for records in batch.values():
-                    for record in records:
-                        try:
-                            event = decode(record.key, record.value, record.headers)
-                        except UndecodableRecord:
-                            continue
-                        if wanted(event):
-                            found.append(event)
-                if await _at_end(consumer, ends):
-                    if until is None or until(found):
-                        return found
-                    ends = await consumer.end_offsets(list(ends))
+                found.extend([event async for event in events_to(consumer, ends)
+                              if wanted(event)])
+                if until is None or until(found):
+                    return found
+                later = await consumer.end_offsets(list(ends))
+                if later == ends:  # nothing new yet: look again shortly
+                    await asyncio.sleep(0.1)
+                ends = later
     finally:
         await consumer.stop()
-
-
-async def _at_end(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
-    for tp, end in ends.items():
-        if await consumer.position(tp) < end:
-            return False
-    return True
 
 
 def terminal_failure(invocation_id: str) -> Envelope:

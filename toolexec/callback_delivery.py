@@ -60,6 +60,7 @@ from domain.callbacks import (
 )
 from domain.errors import ToolexecError
 from toolexec import keys
+from toolexec.log_reading import events_to
 from toolexec.settings import Settings, consumer_kwargs
 
 log = structlog.get_logger(__name__)
@@ -312,24 +313,10 @@ class CallbackDeliverer:
         assert self._records is not None
         partitions = list(self._records.assignment())
         ends = await self._records.end_offsets(partitions)
-        while await self._behind(ends):
-            batches = await self._records.getmany(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    try:
-                        envelope = decode(record.key, record.value, record.headers)
-                    except UndecodableRecord:
-                        continue
-                    terminal_id = getattr(envelope.data, "terminal_event_id", None)
-                    if terminal_id:
-                        self._done.add(terminal_id)
-
-    async def _behind(self, ends: Mapping[TopicPartition, int]) -> bool:
-        assert self._records is not None
-        for tp, end in ends.items():
-            if await self._records.position(tp) < end:
-                return True
-        return False
+        async for envelope in events_to(self._records, ends, timeout_ms=500):
+            terminal_id = getattr(envelope.data, "terminal_event_id", None)
+            if terminal_id:
+                self._done.add(terminal_id)
 
     def _terminal(self, record: Any) -> Envelope | None:
         """The record as a terminal event the pipeline signed, else None."""

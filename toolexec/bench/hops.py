@@ -14,12 +14,12 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from contracts import topics
 from contracts.envelope import Envelope
-from contracts.kafka_binding import UndecodableRecord, decode
 from toolexec.bench.report import Figure, percentile
+from toolexec.log_reading import events_to
 
 READ_BACK_SECONDS = 60.0
 
@@ -91,23 +91,8 @@ async def invocation_facts(bootstrap: str, ids: set[str]) -> list[Envelope]:
             while not consumer.assignment():
                 await asyncio.sleep(0.01)
             ends = await consumer.end_offsets(list(consumer.assignment()))
-            while not await _at_end(consumer, ends):
-                batch = await consumer.getmany(timeout_ms=200)
-                for records in batch.values():
-                    for record in records:
-                        try:
-                            event = decode(record.key, record.value, record.headers)
-                        except UndecodableRecord:
-                            continue
-                        if event.correlationid in ids:
-                            found.append(event)
+            found = [event async for event in events_to(consumer, ends)
+                     if event.correlationid in ids]
     finally:
         await consumer.stop()
     return found
-
-
-async def _at_end(consumer: AIOKafkaConsumer, ends: Mapping[TopicPartition, int]) -> bool:
-    for partition, end in ends.items():
-        if await consumer.position(partition) < end:
-            return False
-    return True
