@@ -181,7 +181,7 @@ class ContentStore:
             return False
         if self._signatures.get(key) == _signature(info):
             return True
-        if _hash_file(key) != sha256:
+        if file_sha256(key) != sha256:
             self._signatures.pop(key, None)
             return False
         if stat.S_IMODE(info.st_mode) != mode:
@@ -211,7 +211,8 @@ def _signature(info: os.stat_result) -> Signature:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
 
 
-def _hash_file(path: str) -> str:
+def file_sha256(path: str | Path) -> str:
+    """The sha256 (hex) of the bytes in `path`."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(_READ_CHUNK):

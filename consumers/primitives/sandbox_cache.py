@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consumers.primitives.file_store import ContentStore
+from consumers.primitives.file_store import ContentStore, file_sha256
 from domain.model import ToolFile
 
 _KEEP_TREES = 64
@@ -216,18 +216,12 @@ def _intact(tree: _Tree, sources: list[tuple[tuple[str, ...], Path]],
             if now == signature:
                 continue
             if now[:3] + now[4:] != signature[:3] + signature[4:] \
-                    or file_digest(path) != file.sha256:
+                    or file_sha256(path) != file.sha256:
                 return False
             tree.files[index] = (parts, source, now, linked)
         except OSError:
             return False
     return True
-
-
-def file_digest(path: Path) -> str:
-    """The sha256 of the bytes in `path`."""
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 _PREFIX = "toolexec-sandbox-"
