@@ -46,13 +46,14 @@ DEFAULT_MCP_STARTUP_SECONDS = 10.0
 MCP_CALLABLE_TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable_http")
 EXECUTION_SECTIONS: tuple[str, ...] = ("resource_limits", "network_policy", "retry_policy")
 _NO_BODY_METHODS = frozenset({"GET", "HEAD"})
-_SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_SIZE = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _SIZE_UNITS: dict[str, int] = {
     "": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
     "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4,
 }
-_CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
-_ENV_NAME = re.compile(r"^[^=\x00]+$")
+_CPU = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m?)")
+_ENV_NAME = re.compile(r"[^=\x00\n]+")
+"""Matched whole (`fullmatch`): `$` would also accept a name ending in a newline."""
 EXECUTION_KEYS: tuple[str, ...] = ("command", "base_args", "env")
 """Config keys that decide what a subprocess runs: a child may not change what a
 parent set there unless the parent's child schema allows it."""
@@ -119,7 +120,7 @@ def parse_size(text: Any, what: str = "size") -> int:
     """Bytes of a Kubernetes-style quantity: `512Mi`, `2Gi`, `100M`, or an integer."""
     if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return text
-    match = _SIZE.match(text) if isinstance(text, str) else None
+    match = _SIZE.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise _invalid(f"{what} {text!r} is not a size such as '512Mi' or '2Gi'")
     return int(match.group(1)) * _SIZE_UNITS[match.group(2) or ""]
@@ -129,7 +130,7 @@ def parse_cpu(text: Any, what: str = "cpu") -> float:
     """Cores of a Kubernetes-style CPU quantity: `500m` -> 0.5, `2` -> 2.0."""
     if isinstance(text, int | float) and not isinstance(text, bool) and text > 0:
         return float(text)
-    match = _CPU.match(text) if isinstance(text, str) else None
+    match = _CPU.fullmatch(text) if isinstance(text, str) else None
     if match is None or float(match.group(1)) <= 0:
         raise _invalid(f"{what} {text!r} is not a CPU quantity such as '500m' or '2'")
     value = float(match.group(1))
@@ -387,7 +388,7 @@ def _string_map(value: Any, where: str, *, env: bool = False) -> dict[str, str]:
         raise _invalid(f"{where} must be a mapping of names to values")
     result: dict[str, str] = {}
     for key, item in value.items():
-        if not isinstance(key, str) or (env and not _ENV_NAME.match(key)):
+        if not isinstance(key, str) or (env and not _ENV_NAME.fullmatch(key)):
             raise _invalid(f"{where} has an invalid name {key!r}")
         result[key] = _scalar_text(item, f"{where}.{key}")
     return result

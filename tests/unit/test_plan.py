@@ -151,7 +151,7 @@ def test_parse_size(text: Any, size: int):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["lots", "-1Mi", "1.5Gi", None])
+@pytest.mark.parametrize("text", ["lots", "-1Mi", "1.5Gi", None, "10\n", "\uff11\uff10", "1Gi "])
 def test_parse_size_rejects_nonsense(text: Any):
     with pytest.raises(ChainInvalid):
         parse_size(text)
@@ -160,6 +160,18 @@ def test_parse_size_rejects_nonsense(text: Any):
 @pytest.mark.parametrize(("text", "cores"), [("500m", 0.5), ("2", 2.0), ("1.5", 1.5), (4, 4.0)])
 def test_parse_cpu(text: Any, cores: float):
     assert parse_cpu(text) == cores
+
+
+@pytest.mark.parametrize("text", ["2\n", "\u0662", "0", "-1", "1.", "m"])
+def test_parse_cpu_rejects_nonsense(text: Any):
+    with pytest.raises(ChainInvalid):
+        parse_cpu(text)
+
+
+@pytest.mark.parametrize("name", ["A\n", "A=B", "A\x00", "", "\nA"])
+def test_env_names_that_execve_would_garble_are_rejected(name: str):
+    with pytest.raises(ChainInvalid):
+        build_plan(_script_chain(config={"entrypoint": "main.py", "env": {name: "x"}}))
 
 
 def test_network_policy_is_carried_into_the_plan():
