@@ -154,7 +154,9 @@ class ProjectionRunner:
     models (and recorded the log it folds) runs so. With `verifier`, every record of
     `signed_topics` (the pipeline's facts) carries its signature verdict to the models:
     one that does not verify becomes no state (counted in `stats.untrusted`, logged
-    with E3804) but is kept in the audit trail, marked."""
+    with E3804) but is kept in the audit trail, marked. With `fold_interval`, a runner
+    that has folded all it knows of folds again at most that often unless a reader
+    waits to catch up (records of several bursts share one batch)."""
 
     def __init__(self, engine: AsyncEngine, model: ReadModel | Sequence[ReadModel],
                  bootstrap: str, *, consumer_options: Mapping[str, Any] | None = None,
@@ -168,7 +170,8 @@ class ProjectionRunner:
                  check_log: bool = True,
                  verifier: FactVerifier | None = None,
                  signed_topics: Collection[str] = (),
-                 write_turn: WriteTurn | None = None) -> None:
+                 write_turn: WriteTurn | None = None,
+                 fold_interval: float = 0.0) -> None:
         self.engine = engine
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
@@ -188,6 +191,12 @@ class ProjectionRunner:
         self._passed: dict[TopicPartition, int] = {}
         self._moved = asyncio.Condition()
         self._reader_waits = asyncio.Event()
+        self._fold_interval = fold_interval
+        self._waiters = 0
+        self._waiter_came = asyncio.Event()
+        self._last_fold = float("-inf")
+        self.pausing = False
+        """True while the runner, caught up, waits out its fold interval."""
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
         self.rebuilding: str | None = None
@@ -416,6 +425,7 @@ class ProjectionRunner:
         batch = await self._backfill()
         backfilled = bool(batch)
         if not backfilled:
+            await self._pause_between_folds()
             fetched = await self._consumer.getmany(timeout_ms=self._poll_ms,
                                                    max_records=self._batch_size)
             if self._pacer is not None:
@@ -440,6 +450,7 @@ class ProjectionRunner:
             raise
         if turn is not None:
             turn.release()
+        self._last_fold = time.monotonic()
         committed = time.time()
         async with self._moved:
             self._positions.update(moved)
@@ -457,6 +468,34 @@ class ProjectionRunner:
         self.stats.lags.extend(committed - r.timestamp / 1000 for _, records in batch
                                for r in records if r.timestamp is not None and r.timestamp > 0)
         return count
+
+    async def _pause_between_folds(self) -> None:
+        """With a fold interval, a runner that has folded all the log it knows of waits
+        until the interval has passed since its last fold, or until a reader waits to
+        catch up. A batch has a fixed cost (one transaction over every model, with their
+        offsets) that a burst of a few facts would pay alone; records arriving meanwhile
+        are folded together in the next batch. A runner behind the log never pauses."""
+        if self._waiters or self._behind():
+            return
+        pause = self._last_fold + self._fold_interval - time.monotonic()
+        if pause <= 0:
+            return
+        self._waiter_came.clear()
+        self.pausing = True
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._waiter_came.wait()
+        finally:
+            self.pausing = False
+
+    def _behind(self) -> bool:
+        """True when a fetch answered since has shown records past what is folded."""
+        for tp in self._partitions:
+            highwater = self._highwater(tp)
+            if highwater is None or highwater > self._read_up_to(tp):  # None: not yet fetched
+                return True
+        return False
 
     async def _note_gaps_passed(self, with_records: set[TopicPartition]) -> None:
         """A partition whose consumer moved over offsets that hold no record (a gap left
@@ -686,11 +725,15 @@ class ProjectionRunner:
                                 timeout: float = 10.0) -> bool:
         """Wait (bounded) until the rows include every record before `ends`."""
         self._reader_waits.set()  # a runner backing off tries again now
+        self._waiters += 1
+        self._waiter_came.set()  # nor does a runner pausing between folds wait on
         try:
             async with asyncio.timeout(timeout), self._moved:
                 await self._moved.wait_for(lambda: self.reached(ends) or self.failure is not None)
         except TimeoutError:
             return False
+        finally:
+            self._waiters -= 1
         return self.failure is None
 
 

@@ -136,6 +136,35 @@ async def test_one_runner_of_every_model_equals_a_rebuild_of_each_even_from_unev
         assert await snapshot(engine, model) == together[name], name
 
 
+async def test_a_runner_behind_the_log_folds_on_without_its_fold_interval(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    models = _models(log_prefix)
+    runner = ProjectionRunner(engine, list(models.values()), kafka_bootstrap, batch_size=37,
+                              fold_interval=3600)
+    await run_to_end(runner)  # each step would pause an hour if a runner behind paused
+    assert runner.stats.batches > 1
+    assert len((await snapshot(engine, models["invocations"]))["invocations"]) == INVOCATIONS
+
+
+async def test_a_reader_waiting_ends_a_runner_s_pause_between_folds(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    models = _models(log_prefix)
+    runner = ProjectionRunner(engine, list(models.values()), kafka_bootstrap,
+                              fold_interval=3600)
+    await runner.start()
+    try:
+        assert await runner.wait_caught_up(60)
+        async with asyncio.timeout(60):
+            while not runner.pausing:
+                await asyncio.sleep(0.05)
+        await _produce(kafka_bootstrap, log_prefix, invocation("late-1", "grep", start=90))
+        assert await runner.wait_caught_up(60)  # not an hour: the wait ends the pause
+    finally:
+        await runner.stop()
+    async with engine.connect() as conn:
+        assert await invocation_status(conn, "late-1") is not None
+
+
 async def test_read_side_queries_answer_from_the_tables(
         engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
     for model in _models(log_prefix).values():
