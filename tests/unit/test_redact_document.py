@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from contracts.envelope import new_envelope
 from contracts.events import InvokeRequested
+from domain import redaction
 from domain.canonical_json import (
     INTEGRAL_FLOATS,
     REFERENCE,
@@ -23,7 +24,6 @@ from domain.canonical_json import (
     canonical_json_encoded,
     encoding_of,
 )
-from domain import redaction
 from domain.redaction import redact, redact_document
 from projections.audit_document import audit_document, audit_values
 
