@@ -5,8 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.redaction import (
+    _INERT_SHAPES,
     _RULES,
     REDACTED,
+    _apply_rules,
     _redact_text,
     _replace,
     redact,
@@ -133,3 +135,31 @@ def _every_pattern(text: str) -> tuple[str, int]:
                           "212-555-0199", "4111-1111-1111-1111", "0a1b.2c3d.4e5f"]))
 def test_a_rule_skipped_by_its_hint_could_not_have_matched(text: str) -> None:
     assert _redact_text(text) == _every_pattern(text)
+
+
+_RUN = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+_HEX = "0123456789abcdef"
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.from_regex(_INERT_SHAPES, fullmatch=True)
+       | st.text("0123456789-", min_size=38, max_size=80)
+       | st.builds(lambda a, b: a + "x" + b, st.text("0123456789-", max_size=40),
+                   st.text("0123456789-", max_size=40))
+       | st.lists(st.text("0123456789", min_size=20, max_size=40), min_size=2, max_size=4)
+       .map(".".join)
+       | st.lists(st.text(_HEX, min_size=20, max_size=36), min_size=2, max_size=4).map(".".join)
+       | st.text(_RUN, min_size=1, max_size=90).filter(_INERT_SHAPES.fullmatch))
+def test_text_of_an_inert_shape_is_one_no_rule_changes(text: str) -> None:
+    if _INERT_SHAPES.fullmatch(text) is None:  # the digit-only runs drawn above
+        return
+    assert _every_pattern(text) == (text, 0)
+    assert _apply_rules(text) == (text, 0)
+
+
+@pytest.mark.parametrize("text", [
+    "4111111111111111", "123-45-6789", "415-555-2671", "4111-1111-1111-1111",
+    "4111111111111111.abcdef0123456789abcd", "10.0.0.1", "a@b.co", "x 10.0.0.1"])
+def test_what_a_rule_changes_is_of_no_inert_shape(text: str) -> None:
+    assert _INERT_SHAPES.fullmatch(text) is None
+    assert _redact_text(text) == _every_pattern(text) != (text, 0)
