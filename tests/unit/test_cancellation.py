@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -17,8 +19,8 @@ async def test_work_of_an_invocation_not_cancelled_returns_its_result() -> None:
     assert await cancels.interruptible("mine", work()) == "done"
 
 
-async def test_a_cancel_interrupts_running_work_and_waits_for_its_cleanup() -> None:
-    cancels = Cancellations()
+def _endless_work() -> tuple[Callable[[], Coroutine[Any, Any, None]], asyncio.Event, list[bool]]:
+    """Work that waits forever once started, and notes when its cleanup is done."""
     started, cleaned = asyncio.Event(), []
 
     async def work() -> None:
@@ -29,6 +31,12 @@ async def test_a_cancel_interrupts_running_work_and_waits_for_its_cleanup() -> N
             await asyncio.sleep(0)
             cleaned.append(True)
 
+    return work, started, cleaned
+
+
+async def test_a_cancel_interrupts_running_work_and_waits_for_its_cleanup() -> None:
+    cancels = Cancellations()
+    work, started, cleaned = _endless_work()
     running = asyncio.create_task(cancels.interruptible("inv", work()))
     await started.wait()
     cancels.request("inv", "stop")
@@ -62,16 +70,7 @@ def test_the_set_of_cancelled_ids_is_bounded_oldest_first() -> None:
 async def test_cancelling_the_caller_cancels_the_work_after_its_cleanup_not_as_a_job_cancel(
 ) -> None:
     cancels = Cancellations()
-    started, cleaned = asyncio.Event(), []
-
-    async def work() -> None:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await asyncio.sleep(0)
-            cleaned.append(True)
-
+    work, started, cleaned = _endless_work()
     running = asyncio.create_task(cancels.interruptible("inv", work()))
     await started.wait()
     running.cancel()
