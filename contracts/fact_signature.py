@@ -35,7 +35,7 @@ from typing import Any, Final
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from nacl.exceptions import BadSignatureError
-from nacl.signing import VerifyKey
+from nacl.signing import SigningKey, VerifyKey
 
 from contracts.kafka_binding import (
     CE_PREFIX,
@@ -116,21 +116,31 @@ class FactSigner:
     """Signs batches of fact records with one Ed25519 key."""
 
     def __init__(self, private_key: Ed25519PrivateKey) -> None:
-        self._key = private_key
         self.public_key = private_key.public_key()
         self.kid = key_id(self.public_key)
+        # Signed by libsodium: the same (deterministic) signatures as OpenSSL's, in
+        # 20 us against 32 on the bench machine; the pipeline signs every batch.
+        self._key = SigningKey(private_key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+            serialization.NoEncryption()))
 
     def sign(self, records: Sequence[KafkaRecord]) -> list[KafkaRecord]:
         """`records` with the batch's signature headers (any earlier ones replaced)."""
         records = [replace(r, headers=[h for h in r.headers if h[0] not in SIGNATURE_HEADERS])
                    for r in records]
-        digests = ".".join(record_digest(r.headers, r.value) for r in records)
-        signature = base64.urlsafe_b64encode(self._key.sign(_message(self.kid, digests)))
-        signature = signature.rstrip(b"=")
-        _remember(self.kid, digests, signature.decode("ascii"), True)  # our own: valid
-        added = [(CE_PREFIX + KID, self.kid.encode()), (CE_PREFIX + SET, digests.encode()),
-                 (CE_PREFIX + SIG, signature)]
+        added = self.batch_headers([(r.headers, r.value) for r in records])
         return [replace(r, headers=[*r.headers, *added]) for r in records]
+
+    def batch_headers(self, records: Sequence[tuple[list[tuple[str, bytes]], bytes | None]]
+                      ) -> list[tuple[str, bytes]]:
+        """The signature headers of a batch of (headers, value) records that carry no
+        signature headers yet; each record of the batch gets all three."""
+        digests = ".".join(record_digest(headers, value) for headers, value in records)
+        signature = base64.urlsafe_b64encode(
+            self._key.sign(_message(self.kid, digests)).signature).rstrip(b"=")
+        _remember(self.kid, digests, signature.decode("ascii"), True)  # our own: valid
+        return [(CE_PREFIX + KID, self.kid.encode()), (CE_PREFIX + SET, digests.encode()),
+                (CE_PREFIX + SIG, signature)]
 
 
 class Verdict(StrEnum):

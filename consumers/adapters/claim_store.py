@@ -128,7 +128,17 @@ class SqliteClaims:
         self._db.close()
 
     def _claim(self, key: str, now: float, lease_seconds: float) -> ClaimDecision:
+        fresh = decide(None, key=key, owner=self.owner, now=now, lease_seconds=lease_seconds)
         with self._lock:
+            if fresh.status is ClaimStatus.ACQUIRED and fresh.record is not None:
+                # The usual case, a key never claimed: one statement, not a transaction
+                # of four (each releases and takes back the GIL, contended in `up`).
+                record = fresh.record
+                inserted = self._db.execute(
+                    "INSERT OR IGNORE INTO claims (key, owner, lease_until, finished, started) "
+                    "VALUES (?, ?, ?, 0, 0)", (record.key, record.owner, record.lease_until))
+                if inserted.rowcount == 1:
+                    return fresh
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 row = self._db.execute(

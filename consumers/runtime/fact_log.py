@@ -13,7 +13,7 @@ refused while the broker is away is sent again until the broker takes it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 
@@ -37,9 +37,12 @@ class PartitionFactLog:
     async def append(self, events: Sequence[Envelope]) -> None:
         progress = self.progress
         resume = [(RESUME_HEADER, progress.resume_header())] if progress.owned else []
-        records = [replace(record, headers=[*record.headers, *resume])
-                   for record in (encode(event) for event in events)]
-        last = await self._send(self.signer.sign(records))
+        encoded = [encode(event) for event in events]
+        unsigned = [([*record.headers, *resume], record.value) for record in encoded]
+        signature = self.signer.batch_headers(unsigned)
+        records = [KafkaRecord(record.key, value, [*headers, *signature])
+                   for record, (headers, value) in zip(encoded, unsigned, strict=True)]
+        last = await self._send(records)
         self.progress.acknowledged(last)
         if self.observe is not None:
             for event in events:

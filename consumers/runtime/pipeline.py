@@ -190,7 +190,10 @@ class Pipeline:
             progress = PartitionProgress(partition, next_read=0, high_water=0)
             progress.owned = False
         progress.hand_over(offset)
-        self._start(request, progress, offset, InvocationFacts())
+        record = encode(request)
+        self._start(request, progress, RecordRef(topics.REQUESTS, partition, offset, record.key,
+                                                 record.value, record.headers),
+                    InvocationFacts())
 
     # -- consuming --------------------------------------------------------------------
 
@@ -271,13 +274,14 @@ class Pipeline:
         if facts.terminal is not None:
             progress.finish(offset)
             return
-        self._start(request, progress, offset, facts)
+        self._start(request, progress, RecordRef(topics.REQUESTS, progress.partition, offset,
+                                                 record.key, record.value, record.headers),
+                    facts)
 
-    def _start(self, request: Envelope, progress: PartitionProgress, offset: int,
+    def _start(self, request: Envelope, progress: PartitionProgress, source: RecordRef,
                facts: InvocationFacts) -> None:
-        record = encode(request)
-        source = RecordRef(topics.REQUESTS, progress.partition, offset, record.key,
-                           record.value, record.headers)
+        """Run `request`, read from (or handed over at) `source`."""
+        offset = source.offset
         fact_log = DeliveringFactLog(PartitionFactLog(self._producer, progress, self._signer,
                                                       observe=self._observe))
         self.runs.start(request, fact_log, facts, source, self._finisher(progress, offset))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from domain.bounded import remember
 from domain.errors import JobCancelled
@@ -42,13 +42,13 @@ class Cancellations:
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._capacity = capacity
         self._cancelled: OrderedDict[str, str | None] = OrderedDict()
-        self._running: dict[str, set[asyncio.Event]] = {}
+        self._running: dict[str, set[asyncio.Future[Any]]] = {}
 
     def request(self, invocation_id: str, reason: str | None = None) -> None:
         """Remember the cancel and interrupt what runs for the invocation now."""
         remember(self._cancelled, invocation_id, reason, self._capacity)
-        for stop in self._running.get(invocation_id, ()):
-            stop.set()
+        for task in self._running.pop(invocation_id, ()):
+            task.cancel()
 
     def is_cancelled(self, invocation_id: str) -> bool:
         return invocation_id in self._cancelled
@@ -58,26 +58,28 @@ class Cancellations:
 
     async def interruptible(self, invocation_id: str, work: Awaitable[T]) -> T:
         """Await `work`; raises JobCancelled (after `work` was cancelled and has
-        finished cleaning up) when the invocation is cancelled first."""
+        finished cleaning up) when the invocation is cancelled first.
+
+        `work` runs in a task of its own that a cancel cancels directly: no watcher
+        task and no `asyncio.wait` per call (this runs several times per invocation).
+        Cancelling the caller cancels `work` too, and the caller's CancelledError
+        comes once `work` has cleaned up."""
         task = asyncio.ensure_future(work)
         if self.is_cancelled(invocation_id):
             task.cancel()
             await asyncio.wait({task})
             raise self.error(invocation_id)
-        stop = asyncio.Event()
-        self._running.setdefault(invocation_id, set()).add(stop)
-        stopper = asyncio.ensure_future(stop.wait())
+        running = self._running.setdefault(invocation_id, set())
+        running.add(task)
         try:
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if (task.cancelled() and self.is_cancelled(invocation_id)
+                    and (current is None or not current.cancelling())):
+                raise self.error(invocation_id) from None
+            raise
         finally:
-            stopper.cancel()
-            waiting = self._running.get(invocation_id, set())
-            waiting.discard(stop)
-            if not waiting:
-                self._running.pop(invocation_id, None)
-            if not task.done():
-                task.cancel()
-                await asyncio.wait({task})  # its cleanup (killing the group) is done
-        if task.cancelled() and stop.is_set():
-            raise self.error(invocation_id)
-        return task.result()
+            running.discard(task)
+            if not running and self._running.get(invocation_id) is running:
+                del self._running[invocation_id]

@@ -48,6 +48,18 @@ def test_every_fact_of_a_signed_batch_verifies_and_a_changed_one_does_not() -> N
     assert _check(verifier, _records()[0]) is Verdict.UNSIGNED
 
 
+def test_a_batch_signature_is_the_one_openssl_makes_with_the_same_key() -> None:
+    """Signed by libsodium, checkable by anyone's Ed25519 (deterministic signatures)."""
+    signer = FactSigner(_KEY)
+    signed = signer.sign(_records())
+    headers = dict(signed[0].headers)
+    message = headers[CE_PREFIX + "sigkid"] + b"." + headers[CE_PREFIX + "sigset"]
+    raw = headers[CE_PREFIX + SIG]
+    assert base64.urlsafe_b64decode(raw + b"=" * (-len(raw) % 4)) == _KEY.sign(message)
+    unsigned = [(r.headers, r.value) for r in _records()]
+    assert signer.batch_headers(unsigned) == signed[0].headers[-3:]
+
+
 def test_a_verdict_checked_by_one_verifier_is_not_lent_to_one_that_trusts_another_key() -> None:
     signer = FactSigner(Ed25519PrivateKey.generate())
     trusting = FactVerifier([signer.public_key])
