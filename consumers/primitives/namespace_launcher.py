@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,16 @@ class RunHandle:
     pid: int = 0
     pidfd: int | None = None
     exited: asyncio.Future[tuple[int | None, Any]] = field(default_factory=lambda: _future())
+    on_exit: Callable[[int | None, Any], None] | None = None
+    """Called as soon as the end is known (before `exited`'s callbacks run)."""
+
+    def end(self, status: int | None, usage: Any) -> None:
+        """The run's end (the first report wins)."""
+        if self.exited.done():
+            return
+        self.exited.set_result((status, usage))
+        if self.on_exit is not None:
+            self.on_exit(status, usage)
 
     def kill(self) -> None:
         """SIGKILL the run's PID 1: the kernel then kills its whole namespace."""
@@ -298,8 +309,7 @@ class NamespaceLauncher:
         else:
             handle = self._runs.get(message.get("id"))  # type: ignore[arg-type]
         if handle is not None and not handle.exited.done():
-            usage = resource.struct_rusage(message["rusage"])
-            handle.exited.set_result((int(message["exit"]), usage))
+            handle.end(int(message["exit"]), resource.struct_rusage(message["rusage"]))
 
     def _forget(self, handle: RunHandle) -> None:
         self._runs.pop(handle.run_id, None)
@@ -326,8 +336,7 @@ class NamespaceLauncher:
                                              "started"))
         for handle in self._runs.values():
             handle.kill()
-            if not handle.exited.done():
-                handle.exited.set_result((None, None))
+            handle.end(None, None)
         self._runs.clear()
         self._pids.clear()
         log.warning("sandbox.launcher_died", pid=self._process.pid,
