@@ -11,8 +11,9 @@ A request is one JSON message with the tool's stdin, stdout and stderr and detac
 copies of the host paths the run binds (SCM_RIGHTS), sent by the executor straight
 to the run's PID 1. The launcher only clones PID 1s and hands them to the executor
 (`prepared`: its pid, with a pidfd of it and the launcher's end of its "inbox"):
-one spare for the `system` part last asked for, handed out unasked and replaced once
-used, and one cloned at once for each `prepare` message. It reaps every PID 1 and
+spares for the `system` part last asked for (as many as the executor last asked
+for, one unless runs go side by side), handed out unasked and replaced once used,
+and one cloned at once for each `prepare` message (answered before any spare). It reaps every PID 1 and
 reports its end. Each run's PID 1 is cloned *ahead* of its request, in new mount, PID, IPC, UTS and
 cgroup namespaces and the network namespace the launcher sits in (a fresh one,
 loopback up, that the launcher leaves for another right after), and:
