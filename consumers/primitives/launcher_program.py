@@ -11,8 +11,9 @@ A request is one JSON message with the tool's stdin, stdout and stderr and detac
 copies of the host paths the run binds (SCM_RIGHTS), sent by the executor straight
 to the run's PID 1. The launcher only clones PID 1s and hands them to the executor
 (`prepared`: its pid, with a pidfd of it and the launcher's end of its "inbox"):
-one spare for the `system` part last asked for, handed out unasked and replaced once
-used, and one cloned at once for each `prepare` message. It reaps every PID 1 and
+spares for the `system` part last asked for (as many as the executor last asked
+for, one unless runs go side by side), handed out unasked and replaced once used,
+and one cloned at once for each `prepare` message (answered before any spare). It reaps every PID 1 and
 reports its end. Each run's PID 1 is cloned *ahead* of its request, in new mount, PID, IPC, UTS and
 cgroup namespaces and the network namespace the launcher sits in (a fresh one,
 loopback up, that the launcher leaves for another right after), and:
@@ -60,6 +61,15 @@ SETUP_FAILED = 125
 MESSAGE_PREFIX = b"toolexec-launcher: "
 MAX_MESSAGE = 4 * 1024 * 1024
 MAX_FDS = 64
+MAX_SPARES = 8
+"""The most PID 1s cloned ahead at once (what the executor asks for while runs are
+in flight side by side)."""
+LAUNCHER_NICE = -10
+"""How much more CPU weight the launcher and its PID 1s get than the executor: one
+process serves every run of the executor, and at the executor's own weight it
+queued behind the runs' processes under load (see docs/sandbox.md). Tools run at
+the executor's nice value (`_tool_nice`), never at this one."""
+_tool_nice = 0
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
@@ -401,6 +411,8 @@ def run_pid1(system, root, inbox, channel):
     except BaseException as error:  # noqa: BLE001 - any failure ends this run only
         _fail(str(error) or type(error).__name__)
     try:
+        boosted = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, _tool_nice)  # the tool inherits the executor's
         tool = spawn_tool(request["argv"], request["env"])
     except OSError as error:
         _fail(f"cannot execute {request['argv'][0]}: {error.strerror}", 127)
@@ -408,6 +420,10 @@ def run_pid1(system, root, inbox, channel):
     # trace its PID 1, and the PID 1 does not count against the run's process limit
     os.setresuid(0, 0, 0)
     os.setresgid(0, 0, 0)
+    try:  # noqa: SIM105 - its exit report is on the run's path
+        os.setpriority(os.PRIO_PROCESS, 0, boosted)
+    except OSError:
+        pass
     inbox.close()  # the launcher may prepare the next run now
     for fd in (0, 1, 2):
         os.close(fd)
@@ -468,17 +484,19 @@ def system_key(system):
 
 class Launcher:
     """Clones each run's PID 1 ahead and hands it, with a pidfd of it and its inbox,
-    to the executor, which sends the run's request to that PID 1 itself. One spare
-    PID 1 (for the `system` part the executor last asked for) is handed out unasked
-    and replaced once used; `prepare` asks for one now (a different `system`,
-    runs side by side). Reaps every PID 1 and reports its end."""
+    to the executor, which sends the run's request to that PID 1 itself. Spare
+    PID 1s (for the `system` part the executor last asked for; as many as it last
+    asked for, one unless runs go side by side, at most MAX_SPARES) are handed out
+    unasked and replaced once used; `prepare` asks for one now (a different
+    `system`, or no spare left). Reaps every PID 1 and reports its end."""
 
     def __init__(self, channel, root):
         self.channel = channel
         self.root = root
         self.runs = {}  # pid -> pidfd of every PID 1 alive
         self.inboxes = {}  # fd -> the inbox of a PID 1 handed out, until its end of file
-        self.spare = None  # the fd of the inbox of the spare handed out unasked
+        self.spares = set()  # the fds of the inboxes of the spares handed out unasked
+        self.wanted = 1  # how many spares to keep out
         self.next_system = None
         self.network_used = True
         self.poll = select.poll()
@@ -492,8 +510,10 @@ class Launcher:
             self.channel.send(data)
 
     def serve(self):
+        """Answer messages and inbox ends first; spares are cloned one at a time in
+        between, so a `prepare` never queues behind a run of spares."""
         while True:
-            for fd, _events in self.poll.poll():
+            for fd, _events in self.poll.poll(0 if self.short() else -1):
                 if fd == self.channel.fileno():
                     if not self.receive():
                         return
@@ -501,6 +521,8 @@ class Launcher:
                     self.used(fd)
                 else:
                     self.reap(fd)
+            if self.short():
+                self.replenish(one=True)
 
     def receive(self):
         try:
@@ -517,7 +539,8 @@ class Launcher:
         return True
 
     def handle(self, data, flags):
-        """A `prepare` message: {"prepare": its id, "system": the mounts every run shows}."""
+        """A `prepare` message: {"prepare": its id, "system": the mounts every run
+        shows, "spares": how many to keep out from now on (optional, 1 to MAX_SPARES)}."""
         prepare_id = None
         try:
             message = json.loads(data)
@@ -526,11 +549,16 @@ class Launcher:
                 raise ValueError("the message was truncated")
             if not isinstance(prepare_id, int) or not isinstance(message.get("system"), list):
                 raise ValueError("a message is {\"prepare\": id, \"system\": [steps]}")
+            spares = message.get("spares", max(1, self.wanted))
+            if not isinstance(spares, int) or isinstance(spares, bool) \
+                    or not 1 <= spares <= MAX_SPARES:
+                raise ValueError(f"spares must be an integer from 1 to {MAX_SPARES}")
             check_steps(message["system"])
         except ValueError as error:
             self.send({"id": prepare_id, "error": f"malformed request: {error}", "code": "E3405"})
             return
         self.next_system = message["system"]
+        self.wanted = spares
         self.hand_out(message["system"], prepare_id)
 
     def hand_out(self, system, prepare_id):
@@ -540,30 +568,40 @@ class Launcher:
         if prepared is None:
             self.send({"id": prepare_id, "error": "clone failed: "
                        + os.strerror(ctypes.get_errno()), "code": "E3405"})
-            return
+            return False
         pid, pidfd, inbox = prepared
         self.inboxes[inbox.fileno()] = inbox
         self.poll.register(inbox.fileno(), select.POLLIN)
         if prepare_id is None:
-            self.spare = inbox.fileno()
+            self.spares.add(inbox.fileno())
         self.send({"id": prepare_id, "prepared": pid, "system": system_key(system)},
                   [pidfd, inbox.fileno()])
+        return True
 
     def used(self, fd):
         """End of file on an inbox: its PID 1 spawned its tool (or failed, or was not
-        wanted). The next spare is prepared now, not while a run is being set up (its
-        mounts and namespaces would compete for the same kernel locks and cores)."""
+        wanted). Its replacement is prepared now (`serve`), not while that run was
+        being set up (its mounts and namespaces would compete for the same kernel
+        locks and cores)."""
         self.poll.unregister(fd)
         self.inboxes.pop(fd).close()
-        if fd == self.spare:
-            self.spare = None
-        self.replenish()
+        self.spares.discard(fd)
 
-    def replenish(self):
-        """Hand out the next spare PID 1 when none is out, and make the next network
-        namespace."""
-        if self.spare is None and self.next_system is not None:
-            self.hand_out(self.next_system, None)
+    def short(self):
+        """Whether fewer spares are out than wanted (or the next network namespace is
+        still to be made)."""
+        return (self.next_system is not None and len(self.spares) < self.wanted) \
+            or self.network_used
+
+    def replenish(self, one=False):
+        """Hand out spare PID 1s until as many as wanted are out (one at most with
+        `one`), then make the next network namespace."""
+        while len(self.spares) < self.wanted and self.next_system is not None:
+            if not self.hand_out(self.next_system, None):
+                self.wanted = len(self.spares)  # clone failed: until asked again
+                break
+            if one:
+                return
         if self.network_used:
             fresh_network()
             self.network_used = False
@@ -627,6 +665,17 @@ def _close_all_but(*keep):
                 pass
 
 
+def boost():
+    """Raise this process's CPU weight by LAUNCHER_NICE (best effort: without
+    CAP_SYS_NICE it stays), remembering the executor's nice value for the tools."""
+    global _tool_nice
+    _tool_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    try:  # noqa: SIM105
+        os.setpriority(os.PRIO_PROCESS, 0, max(-20, _tool_nice + LAUNCHER_NICE))
+    except OSError:
+        pass
+
+
 def probe():
     """Exit 0 when this kernel lets us clone into the namespaces a run gets."""
     pid = _clone_libc.syscall(_SYS_CLONE, ctypes.c_ulong(CLONE_FLAGS), None, None, None, None)
@@ -646,6 +695,7 @@ def main(argv):
         os._exit(0)
     os.set_inheritable(channel_fd, False)  # never into a tool's exec
     channel = socket.socket(fileno=channel_fd)
+    boost()
     root = argv[3]
     launcher = Launcher(channel, root)
     launcher.replenish()

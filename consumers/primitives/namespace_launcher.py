@@ -25,10 +25,12 @@ import itertools
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,16 @@ class RunHandle:
     pid: int = 0
     pidfd: int | None = None
     exited: asyncio.Future[tuple[int | None, Any]] = field(default_factory=lambda: _future())
+    on_exit: Callable[[int | None, Any], None] | None = None
+    """Called as soon as the end is known (before `exited`'s callbacks run)."""
+
+    def end(self, status: int | None, usage: Any) -> None:
+        """The run's end (the first report wins)."""
+        if self.exited.done():
+            return
+        self.exited.set_result((status, usage))
+        if self.on_exit is not None:
+            self.on_exit(status, usage)
 
     def kill(self) -> None:
         """SIGKILL the run's PID 1: the kernel then kills its whole namespace."""
@@ -76,6 +88,10 @@ class _Prepared:
     inbox: socket.socket
     system: str
 
+    def dead(self) -> bool:
+        """Whether this PID 1 has exited (its pidfd is readable)."""
+        return bool(select.select([self.pidfd], [], [], 0)[0])
+
     def drop(self) -> None:
         """Not wanted: an empty message makes it exit."""
         with contextlib.suppress(OSError):
@@ -97,9 +113,12 @@ class NamespaceLauncher:
         self._pids: dict[int, RunHandle] = {}
         self._ids = itertools.count(1)
         self._ready: asyncio.Future[None] = loop.create_future()
-        self._spare: _Prepared | None = None
+        self._spares: list[_Prepared] = []
+        self._spares_wanted = 1
+        self._in_flight = 0
         self._wanted: str | None = None
-        self._preparing: dict[int, asyncio.Future[_Prepared]] = {}
+        # the runs waiting for a PID 1, oldest first: prepare id -> (system key, future)
+        self._preparing: dict[int, tuple[str, asyncio.Future[_Prepared]]] = {}
         self.alive = True
         self.max_rss: int | None = None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -154,18 +173,21 @@ class NamespaceLauncher:
             raise _refused(f"the run cannot start: {error}") from error
         try:
             message = json.dumps(request | {"mounts": mounts}).encode()
-            for attempt in (1, 2):
+            attempts = launcher_program.MAX_SPARES + 2
+            for attempt in range(1, attempts + 1):
                 prepared = await self._prepared_for(request["system"])
                 try:
                     socket.send_fds(prepared.inbox, [message], [*fds[:3], *trees])
                 except OSError as error:  # that PID 1 died while it waited: another
                     prepared.drop()
-                    if attempt == 2:
+                    if attempt == attempts:
                         raise _refused(f"the run cannot start: {error.strerror}") from error
                     continue
                 prepared.inbox.close()
                 handle.pid, handle.pidfd = prepared.pid, prepared.pidfd
                 self._runs[handle.run_id] = self._pids[handle.pid] = handle
+                self._in_flight += 1
+                handle.exited.add_done_callback(self._ended)
                 return handle
         finally:
             for tree in trees:
@@ -173,21 +195,36 @@ class NamespaceLauncher:
         raise AssertionError("unreachable")
 
     async def _prepared_for(self, system: list[Any]) -> _Prepared:
-        """The spare PID 1 when it was prepared for `system`, else one cloned now."""
+        """A spare PID 1 prepared for `system` (the oldest), else the first one the
+        launcher hands out for it after asking for one; spares for another `system`
+        are dropped. Running out while other runs are in flight asks for one more
+        spare from then on."""
         key = launcher_program.system_key(system)
-        spare, self._spare = self._spare, None
-        if spare is not None and spare.system == key:
-            return spare
+        if self._spares and self._spares[0].system != key:
+            others, self._spares = self._spares, []
+            for spare in others:
+                spare.drop()
+        if self._spares:
+            return self._spares.pop(0)
+        if self._in_flight > 0 and self._wanted == key:
+            self._spares_wanted = min(self._spares_wanted + 1, launcher_program.MAX_SPARES)
         self._wanted = key
         prepare_id = next(self._ids)
-        asked = self._preparing[prepare_id] = self._loop.create_future()
+        asked: asyncio.Future[_Prepared] = self._loop.create_future()
+        self._preparing[prepare_id] = (key, asked)
         try:
-            await self._send(json.dumps({"prepare": prepare_id, "system": system}).encode())
-            if spare is not None:
-                spare.drop()
+            await self._send(json.dumps({"prepare": prepare_id, "system": system,
+                                         "spares": self._spares_wanted}).encode())
             return await asked
+        except asyncio.CancelledError:
+            if asked.done() and not asked.cancelled() and asked.exception() is None:
+                self._spares.append(asked.result())  # handed to a run that went away
+            raise
         finally:
             self._preparing.pop(prepare_id, None)
+
+    def _ended(self, _exited: asyncio.Future[Any]) -> None:
+        self._in_flight -= 1
 
     async def _send(self, message: bytes) -> None:
         while True:
@@ -230,29 +267,34 @@ class NamespaceLauncher:
         elif "exit" in message:
             self._exited(message)
         elif "error" in message:
-            asked = self._preparing.get(message.get("id"))  # type: ignore[arg-type]
-            if asked is not None and not asked.done():
-                asked.set_exception(_refused(str(message["error"])))
+            waiting = self._preparing.pop(message.get("id"), None)  # type: ignore[arg-type]
+            if waiting is not None and not waiting[1].done():
+                waiting[1].set_exception(_refused(str(message["error"])))
         for fd in fds:
             os.close(fd)
 
     def _take(self, message: dict[str, Any], fds: list[int]) -> None:
-        """A PID 1 handed out: the one asked for, or the spare (kept when it serves
-        what was last asked for, and no other spare is held)."""
+        """A PID 1 handed out, asked for or a spare: it goes to the run that has
+        waited longest for one of its `system` (whichever PID 1 comes first), else
+        it is kept as a spare when it serves what was last asked for."""
         for fd in fds:  # received without close-on-exec: never into another program
             os.set_inheritable(fd, False)
         prepared = _Prepared(int(message["prepared"]), fds[0], socket.socket(fileno=fds[1]),
                              str(message["system"]))
         prepared.inbox.setblocking(False)
-        asked = self._preparing.get(message.get("id"))  # type: ignore[arg-type]
-        if asked is not None and not asked.done():
-            asked.set_result(prepared)
-        elif message.get("id") is None and prepared.system == self._wanted:
-            # the launcher hands out a spare only once the one before was used or
-            # died: one still held here is dead
-            if self._spare is not None:
-                self._spare.drop()
-            self._spare = prepared
+        for prepare_id, (system, asked) in self._preparing.items():
+            if system == prepared.system and not asked.done():
+                del self._preparing[prepare_id]
+                asked.set_result(prepared)
+                return
+        if prepared.system == self._wanted:
+            # the launcher replaces a spare once it was used or died: held spares
+            # beyond those wanted may be dead ones
+            if len(self._spares) >= self._spares_wanted:
+                for dead in [spare for spare in self._spares if spare.dead()]:
+                    self._spares.remove(dead)
+                    dead.drop()
+            self._spares.append(prepared)
         else:
             prepared.drop()
 
@@ -267,8 +309,7 @@ class NamespaceLauncher:
         else:
             handle = self._runs.get(message.get("id"))  # type: ignore[arg-type]
         if handle is not None and not handle.exited.done():
-            usage = resource.struct_rusage(message["rusage"])
-            handle.exited.set_result((int(message["exit"]), usage))
+            handle.end(int(message["exit"]), resource.struct_rusage(message["rusage"]))
 
     def _forget(self, handle: RunHandle) -> None:
         self._runs.pop(handle.run_id, None)
@@ -286,17 +327,16 @@ class NamespaceLauncher:
         self._process.poll()
         if not self._ready.done():
             self._ready.set_exception(ConnectionError("the launcher exited"))
-        if self._spare is not None:
-            spare, self._spare = self._spare, None
+        spares, self._spares = self._spares, []
+        for spare in spares:
             spare.drop()
-        for asked in self._preparing.values():
+        for _system, asked in self._preparing.values():
             if not asked.done():
                 asked.set_exception(_refused("the namespace launcher died before the run "
                                              "started"))
         for handle in self._runs.values():
             handle.kill()
-            if not handle.exited.done():
-                handle.exited.set_result((None, None))
+            handle.end(None, None)
         self._runs.clear()
         self._pids.clear()
         log.warning("sandbox.launcher_died", pid=self._process.pid,

@@ -49,16 +49,17 @@ class NamespacedProcess(ToolProcess):
         self.inherited_rss = launcher_rss
 
     def _watch_exit(self) -> int | None:
-        self._handle.exited.add_done_callback(self._on_exit)
+        # called at once by the launcher's socket reader: no round through the loop
+        self._handle.on_exit = self._on_exit
+        if self._handle.exited.done():
+            self._on_exit(*self._handle.exited.result())
         return None
 
-    def _on_exit(self, exited: Any) -> None:
+    def _on_exit(self, status: int | None, usage: Any) -> None:
         self._handle.close()
-        status, usage = exited.result()
         if status is not None:
             self._popen.returncode = os.waitstatus_to_exitcode(status)
-        if not self._exited.done():
-            self._exited.set_result((status, usage))
+        self._set_exited(status, usage)
 
     def kill_group(self) -> None:
         """SIGKILL the run's PID 1, and so every process of its namespace."""

@@ -157,6 +157,7 @@ class ToolProcess:
         self.stderr = Capture(limits.stderr_max_bytes)
         self.inherited_rss = max_rss(resource.getrusage(resource.RUSAGE_SELF))
         self._exited: asyncio.Future[tuple[int | None, Any]] = self._loop.create_future()
+        self._waiter: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] = self._loop.create_future()
         self._open_pipes = 0
         self._stdin_rest = memoryview(b"")
@@ -255,8 +256,14 @@ class ToolProcess:
             self._pidfd = None
         if status is not None:
             self._popen.returncode = os.waitstatus_to_exitcode(status)
+        self._set_exited(status, usage)
+
+    def _set_exited(self, status: int | None, usage: Any) -> None:
+        """Record the end (the first one wins) and wake `wait` at once."""
         if not self._exited.done():
             self._exited.set_result((status, usage))
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def kill_group(self) -> None:
         """SIGKILL every process of the child's group (its own session)."""
@@ -267,8 +274,13 @@ class ToolProcess:
         """Wait for exit and drained pipes. False when `timeout` expired first (the
         group is then killed and reaped)."""
         try:
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(self._exited)
+            if not self._exited.done():
+                # a future of its own, awaited directly: the exit wakes this task in
+                # one step (a shield of `_exited` takes two), and a timeout or a
+                # cancellation cancels it, never `_exited`
+                self._waiter = self._loop.create_future()
+                async with asyncio.timeout(timeout):
+                    await self._waiter
         except TimeoutError:
             self.kill_group()
             with contextlib.suppress(TimeoutError):

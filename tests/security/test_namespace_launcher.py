@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from consumers.primitives import namespace_launcher
+from consumers.primitives import launcher_program, namespace_launcher
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.namespace_process import current_launcher
 from consumers.primitives.subprocess_primitive import run_subprocess
@@ -324,3 +324,54 @@ async def test_what_the_executor_holds_of_a_pid1_never_reaches_another_program(
 
     held = await asyncio.to_thread(until, pidfds, "a spare PID 1's pidfd held")
     assert not any(os.get_inheritable(fd) for fd in held)
+
+
+async def test_runs_side_by_side_get_more_pid1s_cloned_ahead_up_to_the_bound(
+        tmp_path: Path) -> None:
+    first = await _run(tmp_path, "print('one')")
+    assert first.ok, first.error
+    launcher = current_launcher().pid
+    for _ in range(3):  # runs that find no spare while others are in flight ask for more
+        outcomes = await asyncio.gather(*(_run(tmp_path, f"print({n})") for n in range(6)))
+        assert all(o.ok and o.stdout == f"{n}\n".encode()
+                   for n, o in enumerate(outcomes)), [o.error for o in outcomes]
+    await asyncio.to_thread(until, lambda: len(_children(launcher)) > 1,
+                            "more than one PID 1 cloned ahead")
+    assert len(_children(launcher)) <= launcher_program.MAX_SPARES + 6  # + runs ending
+    assert current_launcher().pid == launcher
+
+
+@pytest.mark.parametrize("spares", [0, launcher_program.MAX_SPARES + 1, True, "8", None])
+async def test_a_prepare_asking_for_a_bad_number_of_spares_is_refused(
+        tmp_path: Path, spares: Any) -> None:
+    first = await _run(tmp_path, "print('one')")
+    assert first.ok, first.error
+    launcher = current_launcher()
+    asked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    launcher._preparing[-1] = ("a system no run has", asked)
+    await launcher._send(json.dumps({"prepare": -1, "system": _GOOD["system"],
+                                     "spares": spares}).encode())
+    with pytest.raises(ExecutionError) as refused:
+        await asyncio.wait_for(asked, 60)
+    assert "malformed request: spares" in refused.value.message
+    outcome = await _run(tmp_path, "print('still serving')")
+    assert outcome.ok and outcome.stdout == b"still serving\n", outcome.error
+
+
+async def test_a_tool_runs_at_the_executors_nice_value_not_the_launchers(
+        tmp_path: Path) -> None:
+    outcome = await _run(tmp_path, """
+        import os
+        print(os.getpriority(os.PRIO_PROCESS, 0))
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - 1)
+            print("raised")
+        except PermissionError:
+            print("refused")
+    """)
+    assert outcome.ok, outcome.error
+    nice, raised = outcome.stdout.decode().split()
+    assert int(nice) == os.getpriority(os.PRIO_PROCESS, 0)
+    assert raised == "refused"
+    launcher = current_launcher().pid
+    assert os.getpriority(os.PRIO_PROCESS, launcher) <= os.getpriority(os.PRIO_PROCESS, 0)
