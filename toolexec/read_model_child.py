@@ -142,10 +142,21 @@ class ChildServer:
             await asyncio.sleep(STATE_POLL_SECONDS)
 
 
+_to_parent = sys.stdout
+
+
+def keep_stdout_for_the_parent() -> None:
+    """Only `send` writes to the pipe the parent reads: whatever else would print to
+    stdout (a library, say) goes to stderr, with the logs."""
+    global _to_parent
+    _to_parent = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+
 def send(message: dict[str, Any]) -> None:
     """One line to the parent (small and infrequent: a blocking write is fine)."""
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+    _to_parent.write(json.dumps(message) + "\n")
+    _to_parent.flush()
 
 
 async def _stdin_reader() -> asyncio.StreamReader:
@@ -188,6 +199,7 @@ def main() -> None:
     # Ctrl-C in a terminal reaches the whole process group: the parent decides when
     # the read models stop (after the pipeline), so this process ignores it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_stdout_for_the_parent()
     with contextlib.suppress(BrokenPipeError):
         asyncio.run(run())
 

@@ -150,7 +150,12 @@ class RunnerProcess:
         process = self._process
         assert process is not None and process.stdout is not None
         while line := await process.stdout.readline():
-            self._take(json.loads(line))
+            try:
+                message = json.loads(line)
+            except ValueError:
+                log.warning("read_models.process_said", line=line[:200].decode(errors="replace"))
+                continue
+            self._take(message)
         return await process.wait()
 
     def _take(self, message: dict[str, Any]) -> None:

@@ -5,10 +5,13 @@ its state in /health meanwhile, no row lost or applied twice, read-your-writes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -48,66 +51,62 @@ def projection_states(gateway: str) -> dict[str, str]:
             if name.startswith("projection.")}
 
 
-async def test_the_read_models_process_dies_with_up(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def running_up(tmp_path: Path) -> AsyncIterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """`toolexec up` on a broker of its own: (bootstrap, process, state dir)."""
     state = tmp_path / "state"
     state.mkdir()
     async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path) as broker:
         process = start_up(broker.bootstrap, state)
         try:
             await wait_until_up(process, state)
-            child = read_model_pid(process.pid)
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            until(lambda: process_gone(child), "the read models' process exits with up")
+            yield broker.bootstrap, process, state
         finally:
             if process.poll() is None:
-                process.kill()
-                process.wait()
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=30)
+
+
+async def test_the_read_models_process_dies_with_up(tmp_path: Path) -> None:
+    async with running_up(tmp_path) as (_, process, _):
+        child = read_model_pid(process.pid)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        until(lambda: process_gone(child), "the read models' process exits with up")
 
 
 async def test_a_killed_read_models_process_is_restarted_and_catches_up_exactly(
         tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.txt"
-    state = tmp_path / "state"
-    state.mkdir()
-    async with EmbeddedBroker(TOPIC_PARTITIONS, log_dir=tmp_path) as broker:
-        process = start_up(broker.bootstrap, state)
-        try:
-            await wait_until_up(process, state)
-            gateway = json.loads((state / "runtime.json").read_text())["gateway_url"]
-            child = read_model_pid(process.pid)
-            async with InvocationClient(broker.bootstrap, verifier=verifier_for(state)) as client:
-                ids = [str(uuid.uuid4()) for _ in range(BURST)]
-                tasks = [asyncio.create_task(client.invoke(
-                    TOOL, {"id": i, "ledger": str(ledger)}, invocation_id=i, timeout=240))
-                    for i in ids]
-                async with asyncio.timeout(120):
-                    while sum(t.done() for t in tasks) < BURST // 3:
-                        await asyncio.sleep(0.05)
-                os.kill(child, signal.SIGKILL)
-                seen = await asyncio.to_thread(until, lambda: _down_state(gateway),
-                                               "/health shows the read models down",
-                                               60.0, 0.02)
-                results = await asyncio.gather(*tasks)
-            assert all("read-model process exited" in s for s in seen.values()), seen
-            await asyncio.to_thread(until, lambda: set(projection_states(gateway).values())
-                                    == {"running"}, "the read models run again")
-            restarted = read_model_pid(process.pid)
-            assert restarted != child
-            for result in results:  # read-your-writes: each answer holds its terminal
-                view = await asyncio.to_thread(
-                    httpx.get, f"{gateway}/v1/invocations/{result.data.invocation_id}",
-                    timeout=60)
-                assert view.status_code == 200, view.text
-                assert view.json()["status"] in ("completed", "failed")
-            rebuilt = await _rows_folded_from_scratch(tmp_path, broker.bootstrap, state)
-            async with asyncio.timeout(120):  # the same rows once up has applied them all
-                while (incremental := await _rows(state)) != rebuilt:
-                    await asyncio.sleep(0.2)
-            assert incremental == rebuilt
-        finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+    async with running_up(tmp_path) as (bootstrap, process, state):
+        gateway = json.loads((state / "runtime.json").read_text())["gateway_url"]
+        child = read_model_pid(process.pid)
+        async with InvocationClient(bootstrap, verifier=verifier_for(state)) as client:
+            ids = [str(uuid.uuid4()) for _ in range(BURST)]
+            tasks = [asyncio.create_task(client.invoke(
+                TOOL, {"id": i, "ledger": str(ledger)}, invocation_id=i, timeout=240))
+                for i in ids]
+            async with asyncio.timeout(120):
+                while sum(t.done() for t in tasks) < BURST // 3:
+                    await asyncio.sleep(0.05)
+            os.kill(child, signal.SIGKILL)  # mid-burst
+            seen = await asyncio.to_thread(until, lambda: _down_state(gateway),
+                                           "/health shows the read models down", 60.0, 0.02)
+            results = await asyncio.gather(*tasks)
+        assert all("read-model process exited" in s for s in seen.values()), seen
+        await asyncio.to_thread(until, lambda: set(projection_states(gateway).values())
+                                == {"running"}, "the read models run again")
+        assert read_model_pid(process.pid) != child
+        for result in results:  # read-your-writes: each answer's terminal is in the view
+            view = await asyncio.to_thread(
+                httpx.get, f"{gateway}/v1/invocations/{result.data.invocation_id}", timeout=60)
+            assert view.status_code == 200, view.text
+            assert view.json()["status"] in ("completed", "failed")
+        rebuilt = await _rows_folded_from_scratch(tmp_path, bootstrap, state)
+        async with asyncio.timeout(120):  # the same rows once up has applied them all
+            while (incremental := await _rows(state)) != rebuilt:
+                await asyncio.sleep(0.2)
+        assert incremental == rebuilt
 
 
 def _down_state(gateway: str) -> dict[str, str] | None:
