@@ -2,14 +2,13 @@
 
 `Stack(read_models_factory=start_read_models)` calls this once its consumers run.
 
-One runner feeds every read model, in a process of its own at a lower CPU priority
-(`read_model_process`, `read_model_child`): each record is fetched and decoded once,
-and each batch is one transaction for all of them. With a runner per model on the
-pipeline's loop, the models' writers queued behind each other's SQLite write lock and
-every statement waited for a turn of a loop kept busy by the pipeline; in a thread of
-the pipeline's process, the folding took a third of a core under the pipeline's
-interpreter lock. Every model still keeps its own stored offsets (a rebuild of one
-resets only it). This process keeps the engine its readers use.
+One runner feeds every read model, on an event loop and a thread of its own
+(`read_model_thread`): each record is fetched and decoded once, and each batch is one
+transaction for all of them. With a runner per model on the pipeline's loop, the
+models' writers queued behind each other's SQLite write lock and every statement
+waited for a turn of a loop kept busy by the pipeline: under the bench's API load
+their lag reached 2 s. Every model still keeps its own stored offsets (a rebuild of
+one resets only it).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from projections.search_vectors import EmbeddingFollower
 from toolexec import keys
 from toolexec.archive_source import EmbeddedArchive
 from toolexec.embeddings import embedder_from_settings
-from toolexec.read_model_process import RunnerProcess
+from toolexec.read_model_thread import ThreadedRunner
 from toolexec.settings import Settings, fetch_waits, kafka_client_options
 from toolexec.state_files import ensure_state_dir
 
@@ -52,12 +51,12 @@ class ReadModels:
     runner feeds them all) and each model's topics."""
 
     engine: AsyncEngine
-    runners: dict[str, RunnerProcess] = field(default_factory=dict)
+    runners: dict[str, ThreadedRunner] = field(default_factory=dict)
     topics: dict[str, tuple[str, ...]] = field(default_factory=dict)
     embeddings: EmbeddingFollower | None = None
     """Embeds new tool texts for semantic search (PostgreSQL with an embeddings URL)."""
 
-    def _distinct(self) -> list[RunnerProcess]:
+    def _distinct(self) -> list[ThreadedRunner]:
         return list({id(runner): runner for runner in self.runners.values()}.values())
 
     def states(self) -> dict[str, str]:
@@ -89,9 +88,21 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         await migrate(engine)
         await restore_indexes(engine)
         models = read_models()
-        if settings.embedded:
-            keys.fact_signing_key(settings)  # made here on a first start, read by the runner
-        runner = RunnerProcess(settings, bootstrap, name="+".join(models))
+        verifier = fact_verifier(settings)
+
+        def runner_of(runner_engine: AsyncEngine) -> ProjectionRunner:
+            return ProjectionRunner(runner_engine, list(models.values()), bootstrap,
+                                    consumer_options=_runner_options(settings),
+                                    pacer=_runner_pacer(settings),
+                                    poll_ms=PROJECTION_IDLE_WAIT_MS,
+                                    on_divergence=settings.projections_on_divergence,
+                                    verify_seconds=settings.projections_verify_seconds,
+                                    client_options=kafka_client_options(settings),
+                                    archive=embedded_archive(settings),
+                                    verifier=verifier, signed_topics=SIGNED_TOPICS)
+
+        runner = ThreadedRunner(settings.effective_database_url, runner_of,
+                                name="+".join(models))
         handle.runners = dict.fromkeys(models, runner)
         await runner.start()
         handle.topics = {name: tuple(model.topics) for name, model in models.items()}
@@ -107,19 +118,6 @@ async def start_read_models(settings: Settings, bootstrap: str) -> ReadModels:
         if runner.state != "running":  # refused or rebuilding: say so where `up` runs
             log.error("read_models.not_following", model=name, state=runner.state)
     return handle
-
-
-def build_runner(settings: Settings, bootstrap: str, engine: AsyncEngine) -> ProjectionRunner:
-    """The one runner of every read model, over `engine` (in the read models' process)."""
-    return ProjectionRunner(engine, list(read_models().values()), bootstrap,
-                            consumer_options=_runner_options(settings),
-                            pacer=_runner_pacer(settings),
-                            poll_ms=PROJECTION_IDLE_WAIT_MS,
-                            on_divergence=settings.projections_on_divergence,
-                            verify_seconds=settings.projections_verify_seconds,
-                            client_options=kafka_client_options(settings),
-                            archive=embedded_archive(settings),
-                            verifier=fact_verifier(settings), signed_topics=SIGNED_TOPICS)
 
 
 SIGNED_TOPICS = (topics.INVOCATIONS, topics.CIRCUITS)

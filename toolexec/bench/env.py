@@ -23,7 +23,6 @@ from domain.registry import InMemoryRegistry
 from toolexec import keys
 from toolexec.bench.stack import bench_settings
 from toolexec.client import InvocationClient
-from toolexec.read_model_process import CHILD_MODULE
 from toolexec.sources import load_builtin_sources, load_source
 
 SCRIPT_TOOL = "bench_noop"
@@ -227,8 +226,7 @@ class CpuMeter:
     invocation whatever else the machine is doing."""
 
     def __init__(self, env: BenchEnvironment) -> None:
-        self._pids: dict[str, list[int]] = {
-            "stack": with_read_models(env.stack.pid) if env.stack.pid else []}
+        self._pids: dict[str, list[int]] = {"stack": [env.stack.pid] if env.stack.pid else []}
         if env.broker_pids:
             self._pids["broker"] = list(env.broker_pids)
         self._began: dict[str, float | None] = {}
@@ -243,23 +241,6 @@ class CpuMeter:
             if now is not None and began is not None and calls:
                 out[f"{name} CPU ms/invocation"] = round((now - began) / calls * 1000, 3)
         return out
-
-
-def with_read_models(pid: int) -> list[int]:
-    """`pid` and its read models' process (`toolexec.read_model_child`): the stack's CPU
-    is both's."""
-    children: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            children += [int(c) for c in (task / "children").read_text().split()]
-    return [pid, *(child for child in children if _runs_read_models(child))]
-
-
-def _runs_read_models(pid: int) -> bool:
-    try:
-        return CHILD_MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
 
 
 def processes_cpu(pids: list[int]) -> float | None:

@@ -77,15 +77,16 @@ async def _answer(models: ReadModels) -> None:
         if not line:
             return
         if line.strip() == "lag":
-            print(json.dumps({"lag": await lag_report(models)}), flush=True)
+            print(json.dumps({"lag": lag_report(models)}), flush=True)
 
 
-async def lag_report(models: ReadModels) -> dict[str, dict[str, float]]:
+def lag_report(models: ReadModels) -> dict[str, dict[str, float]]:
     """Per runner (one feeds every read model): p50, p99 and max lag (ms) and the
     records since the last report."""
     report = {}
     for runner in {id(r): r for r in models.runners.values()}.values():
-        lags = await runner.take_lags()
+        lags = list(runner.stats.lags)
+        runner.stats.lags.clear()
         report[runner.name] = {"records": len(lags),
                         **{f"p{q}": round(percentile(lags, q) * 1000, 1) if lags else 0.0
                            for q in (50, 99)},

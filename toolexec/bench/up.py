@@ -20,13 +20,7 @@ from types import TracebackType
 
 import httpx
 
-from toolexec.bench.env import (
-    SCRIPT_PARAMS,
-    SCRIPT_TOOL,
-    BenchEnvironment,
-    processes_cpu,
-    with_read_models,
-)
+from toolexec.bench.env import SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment, processes_cpu
 from toolexec.bench.env import script_plan as build_script_plan
 from toolexec.bench.pipeline import OVERHEAD_TARGET_MS, DirectSpawn, sequential
 from toolexec.bench.report import Figure, ScenarioResult, latency_figures, percentile
@@ -94,12 +88,11 @@ class UpProcess:
         return str(self.runtime["gateway_url"])
 
     def pids(self) -> dict[str, list[int]]:
-        """`up` (with its read models' process), and its broker: Tansu and the
-        supervisor archiving its log."""
+        """`up`, and its broker: Tansu and the supervisor archiving its log."""
         assert self.process is not None and self.runtime is not None
         broker = [int(pid) for name in ("broker_pid", "broker_supervisor_pid")
                   if (pid := self.runtime.get(name))]
-        return {"up": with_read_models(self.process.pid), "broker": broker}
+        return {"up": [self.process.pid], "broker": broker}
 
 
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
