@@ -48,7 +48,7 @@ PROJECTION_FOLD_SECONDS = 0.1
 """While nobody waits to read their writes, the runner folds a batch at most this
 often. Each batch costs a transaction over every model with their offsets; folding
 each burst of a few facts alone made the read models the largest CPU cost of a
-sequential invocation (~10 of its ~22 ms of stack CPU). A runner behind the log does
+sequential invocation on a busy machine. A runner behind the log does
 not pause, and a read-your-writes wait ends a pause at once; so this adds at most
 this much to the read models' lag."""
 
