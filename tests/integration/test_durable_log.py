@@ -160,8 +160,14 @@ def prepare(system: System, tmp_path: Path) -> tuple[list[str], list[str]]:
     slow = [system.invoke(f"slow {n}", SLEEP_IN_FLIGHT) for n in range(IN_FLIGHT)]
     until(lambda: all(system.status(i)["status"] == "completed" for i in fast),
           "the fast invocations completed")
-    until(lambda: all(system.status(i)["status"] == "running" for i in slow),
-          "the slow invocations running")
+    seen: set[str] = set()  # each one seen running once: on a busy machine a poll
+    # round can be slow enough to never find all four running in the same one
+
+    def all_seen_running() -> bool:
+        seen.update(i for i in slow if i not in seen and system.status(i)["status"] == "running")
+        return len(seen) == len(slow)
+
+    until(all_seen_running, "the slow invocations running")
     return fast, slow
 
 
