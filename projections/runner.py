@@ -193,7 +193,6 @@ class ProjectionRunner:
         self._reader_waits = asyncio.Event()
         self._fold_interval = fold_interval
         self._waiters = 0
-        self._waiter_came = asyncio.Event()
         self._last_fold = float("-inf")
         self.pausing = False
         """True while the runner, caught up, waits out its fold interval."""
@@ -480,12 +479,12 @@ class ProjectionRunner:
         pause = self._last_fold + self._fold_interval - time.monotonic()
         if pause <= 0:
             return
-        self._waiter_came.clear()
+        self._reader_waits.clear()
         self.pausing = True
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
-                    await self._waiter_came.wait()
+                    await self._reader_waits.wait()
         finally:
             self.pausing = False
 
@@ -724,9 +723,8 @@ class ProjectionRunner:
     async def wait_caught_up_to(self, ends: Mapping[TopicPartition, int],
                                 timeout: float = 10.0) -> bool:
         """Wait (bounded) until the rows include every record before `ends`."""
-        self._reader_waits.set()  # a runner backing off tries again now
+        self._reader_waits.set()  # a runner backing off or pausing between folds goes on now
         self._waiters += 1
-        self._waiter_came.set()  # nor does a runner pausing between folds wait on
         try:
             async with asyncio.timeout(timeout), self._moved:
                 await self._moved.wait_for(lambda: self.reached(ends) or self.failure is not None)
