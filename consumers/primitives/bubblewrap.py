@@ -134,10 +134,17 @@ def mount_plan(workdir: Path, cwd: Path, program: str, path: str,
             *run_mounts(workdir, cwd, program, path, confinement)]
 
 
-def system_mounts(confinement: Confinement) -> list[MountStep]:
-    """The part of the plan every run shows alike: /usr, its links, /etc, /proc, /dev."""
-    links = tuple(os.path.islink(link) for _target, link in _MERGED_USR)
+def system_mounts(confinement: Confinement,
+                  links: tuple[bool, ...] | None = None) -> list[MountStep]:
+    """The part of the plan every run shows alike: /usr, its links, /etc, /proc, /dev.
+    `links`: which merged-usr links are symlinks (looked at now when None)."""
+    links = merged_usr_links() if links is None else links
     return list(_system_mounts(links, confinement.etc_view, confinement.etc_binds))
+
+
+def merged_usr_links() -> tuple[bool, ...]:
+    """Which of the merged-usr links (/bin, /lib, /lib64, /sbin) are symlinks here."""
+    return tuple(os.path.islink(link) for _target, link in _MERGED_USR)
 
 
 @functools.lru_cache(maxsize=16)
@@ -158,12 +165,23 @@ def _system_mounts(links: tuple[bool, ...], etc_view: Path | None,
 
 
 def run_mounts(workdir: Path, cwd: Path, program: str, path: str,
-               confinement: Confinement) -> list[MountStep]:
-    """The run's own part of the plan: its run directory, files and install prefixes."""
+               confinement: Confinement, *, prefixes: bool = True) -> list[MountStep]:
+    """The run's own part of the plan: its run directory, files, the run's binds and
+    (unless `prefixes` is False) install prefixes (`prefix_mounts`)."""
     steps = _run_directory(workdir, confinement.disk_bytes, confinement.files or workdir, cwd)
-    steps += _run_binds(workdir, confinement.run_binds)
+    steps += run_bind_mounts(workdir, confinement.run_binds)
+    if prefixes:
+        steps += prefix_mounts(program, path, cwd, confinement)
+    return steps
+
+
+def prefix_mounts(program: str, path: str, cwd: Path,
+                  confinement: Confinement) -> list[MountStep]:
+    """The install prefixes of `program` (and `extra_read_only`), read-only, with
+    their parents made traversable."""
     shown = [*install_prefixes(program, path, cwd, protected=confinement.protected),
              *confinement.extra_read_only]
+    steps: list[MountStep] = []
     for prefix in dict.fromkeys(shown):
         steps += [*_traversable_parents(prefix), ("ro_bind", str(prefix), str(prefix))]
     return steps
@@ -264,7 +282,8 @@ def _run_directory(workdir: Path, size: int, files: Path, cwd: Path) -> list[Mou
     return steps
 
 
-def _run_binds(workdir: Path, binds: tuple[tuple[Path, Path], ...]) -> list[MountStep]:
+def run_bind_mounts(workdir: Path,
+                    binds: tuple[tuple[Path, Path], ...]) -> list[MountStep]:
     """Host files bound into the run directory, the first read-write, the others
     read-only; their folders made searchable and not writable by the tool (bwrap
     would make them 0700, closed to the tool's uid)."""

@@ -36,11 +36,10 @@ loopback up, that the launcher leaves for another right after), and:
    no capability. The PID 1 is root again right after and closes its inbox, upon
    which the launcher clones the next spare (not while this run is being set up);
 4. the PID 1 waits for the tool, sends `exit` with its wait status and rusage on
-   the executor's socket and exits as it did (exit code, or 128+N when killed by
-   signal N, as bubblewrap's PID 1 does): the kernel then kills whatever is left in
-   the namespace. The launcher sends `exit` again with the PID 1's own status once
-   it reaped it (what the executor gets when the PID 1 was killed; the executor
-   keeps the first).
+   the executor's socket and exits REPORTED (0): the kernel then kills whatever is
+   left in the namespace. A PID 1 that ended otherwise (killed, a setup failure, a
+   report it could not send: exit 126) is reported by the launcher, `exit` with the
+   PID 1's own status, once it reaped it; the executor keeps the first report.
 A malformed `prepare` is answered `error`; a PID 1 that fails before exec writes
 `toolexec-launcher: <why>` on the tool's stderr and exits SETUP_FAILED (exec
 failures exit 127).
@@ -58,6 +57,14 @@ import socket
 import sys
 
 SETUP_FAILED = 125
+REPORTED = 0
+"""A PID 1's exit status once it reported its tool's end itself (or was not needed):
+the launcher then sends no report of its own (one message, one wake-up less per run).
+Every other end of a PID 1 (a setup failure, a report that could not be sent, a kill)
+is reported by the launcher with the PID 1's status."""
+_UNREPORTED_TOOL_EXIT = 126
+"""The PID 1's exit when its report could not be sent (the tool's own status is lost;
+never REPORTED, so that the launcher reports this end)."""
 MESSAGE_PREFIX = b"toolexec-launcher: "
 MAX_MESSAGE = 4 * 1024 * 1024
 MAX_FDS = 64
@@ -436,9 +443,9 @@ def run_pid1(system, root, inbox, channel):
                 # the executor first (it may share our real-time priority), then our
                 # exit, which tears the namespaces down
                 os.sched_yield()
+                os._exit(REPORTED)
             finally:
-                os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status)
-                         else 128 + os.WTERMSIG(status))
+                os._exit(_UNREPORTED_TOOL_EXIT)
 
 
 # -- the launcher's loop ------------------------------------------------------------------
@@ -447,8 +454,9 @@ _REQUIRED = {"id": int, "argv": list, "env": dict, "cwd": str, "uid": int, "gid"
              "rlimits": list, "system": list, "mounts": list}
 
 
-def check_request(request):
-    """The request's shape; raises ValueError with what is wrong."""
+def check_request(request, steps=True):
+    """The request's shape (its mount steps' too unless `steps` is false: the
+    executor checked them when it built them); raises ValueError with what is wrong."""
     if not isinstance(request, dict):
         raise ValueError("a request is a JSON object")
     for key, kind in _REQUIRED.items():
@@ -468,7 +476,8 @@ def check_request(request):
         if not (isinstance(limit, list) and len(limit) == 3
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in limit)):
             raise ValueError("rlimits are [resource, soft, hard] integer triples")
-    check_steps(request["system"] + request["mounts"])
+    if steps:
+        check_steps(request["system"] + request["mounts"])
 
 
 def check_steps(steps):
@@ -645,7 +654,8 @@ class Launcher:
             self.poll.unregister(fd)
             os.close(fd)
             del self.runs[pid]
-            self.send({"pid": pid, "exit": status, "rusage": list(usage)})
+            if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == REPORTED):
+                self.send({"pid": pid, "exit": status, "rusage": list(usage)})
             return
 
     def kill_all(self):

@@ -153,15 +153,17 @@ class NamespaceLauncher:
             raise ExecutionError(f"the namespace launcher did not start: {error!r}",
                                  code="E3405", details={"sandbox": "namespaces"}) from error
 
-    async def start_run(self, request: dict[str, Any], fds: list[int]) -> RunHandle:
+    async def start_run(self, request: dict[str, Any], fds: list[int], *,
+                        steps_checked: bool = False) -> RunHandle:
         """Send one run request (its `id` is set here) with its stdin, stdout and
         stderr straight to a PID 1 the launcher prepared, with detached copies of
-        the host paths it binds (launcher_program.detached_trees). Raises
+        the host paths it binds (launcher_program.detached_trees). `steps_checked`:
+        its mount steps were checked when built (run_request). Raises
         ExecutionError E3405 for a malformed request or one that cannot be sent."""
         handle = RunHandle(next(self._ids))
         request = request | {"id": handle.run_id}
         try:
-            launcher_program.check_request(request)
+            launcher_program.check_request(request, steps=not steps_checked)
             if len(fds) < 3:
                 raise ValueError("a request carries stdin, stdout and stderr")
         except ValueError as error:
@@ -299,15 +301,17 @@ class NamespaceLauncher:
             prepared.drop()
 
     def _exited(self, message: dict[str, Any]) -> None:
-        """The first report wins: the PID 1's own (the tool's status, by run id), or
-        the launcher's (by pid: the PID 1's status, when it was killed), which comes
-        last and closes the run's books."""
+        """The first report closes the run's books: the PID 1's own (the tool's
+        status, by run id; the launcher then sends none), or the launcher's (by pid:
+        the PID 1's status, when it was killed or failed before its report)."""
         if "pid" in message:
             handle = self._pids.pop(int(message["pid"]), None)
             if handle is not None:
                 self._runs.pop(handle.run_id, None)
         else:
-            handle = self._runs.get(message.get("id"))  # type: ignore[arg-type]
+            handle = self._runs.pop(message.get("id"), None)  # type: ignore[arg-type]
+            if handle is not None:
+                self._pids.pop(handle.pid, None)
         if handle is not None and not handle.exited.done():
             handle.end(int(message["exit"]), resource.struct_rusage(message["rusage"]))
 

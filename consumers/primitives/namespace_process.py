@@ -86,7 +86,7 @@ async def spawn_namespaced(argv: tuple[str, ...], env: dict[str, str], run_dir: 
             ours.append(read_end if reading else write_end)
             theirs.append(write_end if reading else read_end)
         launcher = current_launcher()
-        handle = await launcher.start_run(request, theirs)
+        handle = await launcher.start_run(request, theirs, steps_checked=True)
     except BaseException:
         for fd in ours:
             os.close(fd)

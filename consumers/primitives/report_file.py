@@ -6,10 +6,12 @@ resumes one (`TOOLEXEC_CHECKPOINT_FILE`), and puts the helper module `toolexec_t
 on `PYTHONPATH`. Where they live:
 - on the host (rlimits, Landlock): in `.toolexec/` of the run directory, which the
   tool may write anyway;
-- under bubblewrap the run directory is a tmpfs inside the sandbox, so they are
-  made in a host folder beside it and each bound at the same place inside: the report
-  file read-write, the others read-only. Only that one file is writable, and its size
-  is held by the run's file-size limit.
+- under bubblewrap and the namespace launcher the run directory is a tmpfs inside
+  the sandbox, so they are made in a private folder of the executor process (one for
+  all runs: the helper module once, and each run's report and checkpoint file, named
+  at random and removed when the run is over) and each bound at the same place
+  inside: the report file read-write, the others read-only. Only that one file is
+  writable, and its size is held by the run's file-size limit.
 
 The executor opens the report file before the tool starts (O_NOFOLLOW) and reads that
 open file: a tool replacing or linking the name reaches nothing else. While the tool
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -63,49 +66,76 @@ class ReportChannel:
     env: dict[str, str]
     binds: list[tuple[Path, Path]]
     reader: ReportReader
-    _host_folder: Path | None = None
+    _own_files: tuple[Path, ...] = ()
 
     def close(self) -> None:
         self.reader.close()
-        if self._host_folder is not None:
-            run_directory.remove_tree(self._host_folder)
+        for path in self._own_files:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
-def open_channel(run_dir: RunDirectory, sandbox: str, work_root: Path,
+def open_channel(run_dir: RunDirectory, sandbox: str, reports: Path,
                  resume_state: bytes | None) -> ReportChannel:
-    """Make the report files of a run in `run_dir` (see the module docstring)."""
+    """Make the report files of a run in `run_dir` (see the module docstring); under
+    bubblewrap and the namespace launcher in `reports`, a private folder of this
+    process (`shared_folder`) holding the helper module once and each run's own
+    report (and checkpoint) file, removed when the run is over."""
     inside = run_dir.path / FOLDER
-    if sandbox in run_directory.FRESH_ROOT_SANDBOXES:
-        host = run_directory.make_workdir(work_root)  # a fresh 0700 folder, ours
-        host_folder: Path | None = host
-    else:
-        host, host_folder = inside, None
-        host.mkdir(mode=0o700)
+    fresh_root = sandbox in run_directory.FRESH_ROOT_SANDBOXES
+    own: list[Path] = []
     try:
-        (host / HELPER_FOLDER).mkdir()
-        shutil.copyfile(HELPER_SOURCE, host / HELPER_FOLDER / HELPER_SOURCE.name)
-        descriptor = os.open(host / REPORT_NAME,
+        if fresh_root:
+            name = secrets.token_hex(8)
+            report, checkpoint = reports / f"{name}.jsonl", reports / f"{name}.checkpoint.json"
+            helper = reports / HELPER_SOURCE.name
+        else:
+            inside.mkdir(mode=0o700)
+            (inside / HELPER_FOLDER).mkdir()
+            report, checkpoint = inside / REPORT_NAME, inside / CHECKPOINT_NAME
+            helper = inside / HELPER_FOLDER / HELPER_SOURCE.name
+            shutil.copyfile(HELPER_SOURCE, helper)
+        descriptor = os.open(report,
                              os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                              0o666)
+        own.append(report)
         os.fchmod(descriptor, 0o666)  # the sandbox's uid appends to it (umask aside)
         env = {"TOOLEXEC_REPORT_FILE": str(inside / REPORT_NAME),
                "PYTHONPATH": str(inside / HELPER_FOLDER)}
-        binds = [(host / REPORT_NAME, inside / REPORT_NAME),
-                 (host / HELPER_FOLDER / HELPER_SOURCE.name,
-                  inside / HELPER_FOLDER / HELPER_SOURCE.name)]
+        binds = [(report, inside / REPORT_NAME),
+                 (helper, inside / HELPER_FOLDER / HELPER_SOURCE.name)]
         if resume_state is not None:
-            (host / CHECKPOINT_NAME).write_bytes(resume_state)
-            os.chmod(host / CHECKPOINT_NAME, 0o644)
+            own.append(checkpoint)
+            checkpoint.write_bytes(resume_state)
+            os.chmod(checkpoint, 0o644)
             env["TOOLEXEC_CHECKPOINT_FILE"] = str(inside / CHECKPOINT_NAME)
-            binds.append((host / CHECKPOINT_NAME, inside / CHECKPOINT_NAME))
-        if host_folder is not None:
-            os.chmod(host_folder, 0o755)
-            os.chmod(host / HELPER_FOLDER, 0o755)
+            binds.append((checkpoint, inside / CHECKPOINT_NAME))
     except BaseException:
-        if host_folder is not None:
-            run_directory.remove_tree(host_folder)
+        if fresh_root:
+            for path in own:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
         raise
-    return ReportChannel(env, binds, ReportReader(descriptor), host_folder)
+    return ReportChannel(env, binds, ReportReader(descriptor),
+                         tuple(own) if fresh_root else ())
+
+
+def shared_folder(root: Path) -> Path:
+    """This process's folder for the report files of fresh-root runs, made in `root`
+    (a private folder of this process) on first use with the helper module in it."""
+    folder = root / "reports"
+    if not folder.is_dir():
+        staging = root / f".reports-{secrets.token_hex(4)}"
+        staging.mkdir(mode=0o755)
+        shutil.copyfile(HELPER_SOURCE, staging / HELPER_SOURCE.name)
+        os.chmod(staging / HELPER_SOURCE.name, 0o644)
+        try:
+            os.rename(staging, folder)
+        except OSError:  # made meanwhile (another event loop of this process)
+            run_directory.remove_tree(staging)
+            if not folder.is_dir():
+                raise
+    return folder
 
 
 def tool_environment(env: dict[str, str], channel: ReportChannel) -> dict[str, str]:

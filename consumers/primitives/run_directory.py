@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -71,7 +70,9 @@ def in_sandbox(store: ContentStore, files: Sequence[ToolFile], work_root: Path,
                cwd_parts: tuple[str, ...], trees: ToolTrees) -> RunDirectory:
     """A run directory that exists only inside the sandbox (see the module docstring)."""
     tree = trees.lease(store, files)
-    path = work_root / f"run-{secrets.token_hex(5)}"
+    # the same path for every run: each run's is a tmpfs in a mount namespace of its
+    # own, and a fixed path lets the shared part of its request be reused (run_request)
+    path = work_root / "run"
     return RunDirectory(path, path.joinpath(*cwd_parts), tree, tree.joinpath(*cwd_parts),
                         tree, lambda: trees.release(tree))
 

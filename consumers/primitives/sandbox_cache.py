@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from consumers.primitives.file_store import ContentStore, file_sha256
+from consumers.primitives.run_request import RequestCache
 from domain.model import ToolFile
 
 _KEEP_TREES = 64
@@ -229,7 +230,8 @@ _PREFIX = "toolexec-sandbox-"
 
 class SandboxCache:
     """This process's EtcView and ToolTrees, in one private folder removed at exit
-    (or, after a kill, by the next process that makes one: `remove_orphans`)."""
+    (or, after a kill, by the next process that makes one: `remove_orphans`), and the
+    shared parts of the namespace launcher's requests (run_request)."""
 
     def __init__(self, etc_entries: Sequence[str]) -> None:
         remove_orphans(Path(tempfile.gettempdir()))
@@ -238,6 +240,7 @@ class SandboxCache:
         trees = self.root / "trees"
         trees.mkdir(mode=0o700)
         self.trees = ToolTrees(trees)
+        self.requests = RequestCache()
         atexit.register(shutil.rmtree, self.root, True)
 
 

@@ -30,6 +30,7 @@ import structlog
 from consumers.primitives import bubblewrap, egress_relay, landlock
 from consumers.primitives.egress_proxy import EgressSession
 from consumers.primitives.run_directory import RunDirectory
+from consumers.primitives.run_request import PartsKey, checked, program_identity
 from consumers.primitives.sandbox_cache import shared_cache
 from consumers.primitives.sandbox_uids import UidPool, shared_pool
 from domain.errors import ExecutionError
@@ -156,19 +157,23 @@ def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
                 binds: tuple[tuple[Path, Path], ...]) -> dict[str, Any]:
     """The launcher's request for this run, without argv, env and rlimits (added
     when it is sent): bubblewrap's mount plan, what every run shows (`system`, made
-    ahead by the launcher) apart from the run's own part (`mounts`). The report files are bound by path,
-    as bubblewrap does (from a fresh 0700 host folder of ours): a bind from an fd
-    opened in the executor's mount namespace is refused (EINVAL) in the run's."""
+    ahead by the launcher) apart from the run's own part (`mounts`), built once per
+    tool tree, settings and limits (run_request) but for the report files, which are
+    bound by path, as bubblewrap does (from a fresh 0700 host folder of ours): a bind
+    from an fd opened in the executor's mount namespace is refused (EINVAL) in the
+    run's."""
     if launch.uid is None:
         raise OSError("the namespaces sandbox runs as root only")
-    etc = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).etc
-    confinement = bubblewrap.Confinement(
-        uid=launch.uid, disk_bytes=disk_quota(plan.limits, policy), protected=protected,
-        files=run_dir.files, etc_view=etc.path, etc_binds=etc.refresh(), run_binds=binds)
-    steps = bubblewrap.run_mounts(run_dir.path, run_dir.cwd, program, path, confinement)
-    return {"system": [list(step) for step in bubblewrap.system_mounts(confinement)],
-            "mounts": [list(step) for step in steps], "cwd": str(run_dir.cwd), "uid": launch.uid,
-            "gid": launch.uid}
+    cache = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES)
+    key = PartsKey(
+        files=run_dir.files, workdir=run_dir.path, cwd=run_dir.cwd, program=program, path=path,
+        found=program_identity(program, path), policy=policy, limits=plan.limits,
+        protected=protected, etc_view=cache.etc.path, etc_binds=cache.etc.refresh(),
+        links=bubblewrap.merged_usr_links())
+    parts = cache.requests.parts(key)
+    own = checked([list(step) for step in bubblewrap.run_bind_mounts(run_dir.path, binds)])
+    return {"system": parts.system, "mounts": [*parts.head, *own, *parts.tail],
+            "cwd": str(run_dir.cwd), "uid": launch.uid, "gid": launch.uid}
 
 
 def _abandon(launch: Launch) -> None:

@@ -35,7 +35,13 @@ from consumers.primitives.exit_status import (
 )
 from consumers.primitives.file_store import ContentStore, relative_parts
 from consumers.primitives.namespace_process import spawn_namespaced
-from consumers.primitives.report_file import ReportChannel, follow, open_channel, tool_environment
+from consumers.primitives.report_file import (
+    ReportChannel,
+    follow,
+    open_channel,
+    shared_folder,
+    tool_environment,
+)
 from consumers.primitives.run_directory import (
     FRESH_ROOT_SANDBOXES,
     RunDirectory,
@@ -103,7 +109,7 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
         run_dir = _run_directory(sandbox, store, plan, work_root, cwd_parts)
         env = environment(plan, run_dir.path)
         if session is not None:
-            channel = open_channel(run_dir, sandbox, work_root, session.resume_state)
+            channel = open_channel(run_dir, sandbox, _reports_folder(), session.resume_state)
             env = tool_environment(env, channel)
         launch = prepare_launch(sandbox, plan, run_dir, env["PATH"], policy,
                                 binds=channel.binds if channel is not None else ())
@@ -136,6 +142,11 @@ def _run_directory(sandbox: str, store: ContentStore, plan: SubprocessPlan, work
         trees = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).trees
         return in_sandbox(store, plan.files, work_root, cwd_parts, trees)
     return on_host(store, plan.files, work_root, cwd_parts)
+
+
+def _reports_folder() -> Path:
+    """Where fresh-root runs' report files are made (report_file.shared_folder)."""
+    return shared_folder(shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).root)
 
 
 def narrowed(plan: SubprocessPlan, policy: SandboxPolicy) -> SubprocessPlan:

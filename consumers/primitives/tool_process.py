@@ -48,6 +48,8 @@ EXIT_POLL_SECONDS = 0.005
 REAP_GRACE_SECONDS = 5.0
 _READ_SIZE = 65536
 _PIPE_GRACE_SECONDS = 1.0
+_EXIT_READS = 8
+"""Reads per pipe at the exit (a writer still alive is left to the pipe's reader)."""
 
 
 @functools.cache
@@ -210,6 +212,23 @@ class ToolProcess:
         if not drain_into(pipe, capture):
             self._close_pipe(pipe)
 
+    def _read_pipes_now(self) -> None:
+        """At the tool's exit its pipes usually hold their last bytes and end of
+        file already: read them here rather than in further rounds of the event loop
+        (a pipe still held open by another process is left to its reader)."""
+        for pipe, capture in ((self._popen.stdout, self.stdout),
+                              (self._popen.stderr, self.stderr)):
+            if pipe is None or pipe.closed:
+                continue
+            for _ in range(_EXIT_READS):
+                chunk = read_chunk(pipe)
+                if chunk is None:
+                    break
+                if not chunk:
+                    self._close_pipe(pipe)
+                    break
+                capture.feed(chunk)
+
     def _close_pipe(self, pipe: Any) -> None:
         if pipe.closed:
             return
@@ -259,9 +278,11 @@ class ToolProcess:
         self._set_exited(status, usage)
 
     def _set_exited(self, status: int | None, usage: Any) -> None:
-        """Record the end (the first one wins) and wake `wait` at once."""
+        """Record the end (the first one wins), read what the pipes hold now and
+        wake `wait` at once."""
         if not self._exited.done():
             self._exited.set_result((status, usage))
+            self._read_pipes_now()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -320,16 +341,21 @@ class ToolProcess:
 
 def drain_into(pipe: Any, capture: Capture) -> bool:
     """Read what a non-blocking pipe holds into `capture`; False at end of file."""
-    try:
-        chunk = os.read(pipe.fileno(), _READ_SIZE)
-    except BlockingIOError:
-        return True
-    except OSError:
-        chunk = b""
+    chunk = read_chunk(pipe)
     if chunk:
         capture.feed(chunk)
-        return True
-    return False
+    return chunk is None or bool(chunk)
+
+
+def read_chunk(pipe: Any) -> bytes | None:
+    """One read of a non-blocking pipe: its bytes, b"" at end of file (or a read
+    error), None when it holds nothing now."""
+    try:
+        return os.read(pipe.fileno(), _READ_SIZE)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 def max_rss(usage: Any) -> int | None:

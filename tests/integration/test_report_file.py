@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from consumers.primitives import bubblewrap, landlock
+from consumers.primitives import bubblewrap, landlock, namespace_launcher
 from consumers.primitives.file_store import ContentStore
+from consumers.primitives.report_file import HELPER_SOURCE, shared_folder
+from consumers.primitives.sandbox_cache import shared_cache
 from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.checkpoints import CheckpointError
 from domain.model import PrimitiveOutcome, SubprocessPlan, ToolFile
@@ -23,10 +25,15 @@ from domain.tool_reports import Checkpoint, Progress, Report
 
 pytestmark = pytest.mark.integration
 
-SANDBOXES = [
-    "rlimits",
+FRESH_ROOTS = [
+    pytest.param("namespaces", marks=pytest.mark.skipif(not namespace_launcher.usable(),
+                                                        reason="the launcher needs root")),
     pytest.param("bwrap", marks=pytest.mark.skipif(bubblewrap.bwrap_binary() is None,
                                                    reason="bubblewrap not installed")),
+]
+SANDBOXES = [
+    "rlimits",
+    *FRESH_ROOTS,
     pytest.param("landlock", marks=pytest.mark.skipif(not landlock.available(),
                                                       reason="no Landlock here")),
 ]
@@ -86,6 +93,30 @@ async def test_a_resumed_run_reads_its_last_state(tmp_path: Path, sandbox: str) 
     outcome = await run(tmp_path, REPORTING_TOOL, session, sandbox)
     assert outcome.ok, outcome
     assert json.loads(outcome.stdout) == {"resumed": {"done": 2}}
+
+
+@pytest.mark.parametrize("sandbox", FRESH_ROOTS)
+async def test_a_fresh_root_runs_report_files_leave_nothing_behind_and_the_helper_is_read_only(
+        tmp_path: Path, sandbox: str) -> None:
+    session = RecordingSession(resume_state=b'{"done": 1}')
+    outcome = await run(tmp_path, """
+        import json, os
+        import toolexec_tool
+        try:
+            open(toolexec_tool.__file__, "a").write("# changed")
+            helper = "written"
+        except OSError:
+            helper = "read-only"
+        toolexec_tool.progress(0.5, "half")
+        print(json.dumps({"helper": helper, "resumed": toolexec_tool.last_checkpoint()}))
+    """, session, sandbox)
+    assert outcome.ok, (outcome.error, outcome.stderr)
+    assert json.loads(outcome.stdout) == {"helper": "read-only", "resumed": {"done": 1}}
+    assert [report.message for report in session.received
+            if isinstance(report, Progress)] == ["half"]
+    folder = shared_folder(shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).root)
+    assert sorted(path.name for path in folder.iterdir()) == [HELPER_SOURCE.name]
+    assert HELPER_SOURCE.read_bytes() == (folder / HELPER_SOURCE.name).read_bytes()
 
 
 async def test_a_refused_checkpoint_stops_the_tool(tmp_path: Path) -> None:
