@@ -549,22 +549,30 @@ class Launcher:
 
     def handle(self, data, flags):
         """A `prepare` message: {"prepare": its id, "system": the mounts every run
-        shows, "spares": how many to keep out from now on (optional, 1 to MAX_SPARES)}."""
+        shows, "spares": how many to keep out from now on (optional, 1 to MAX_SPARES)};
+        or {"spares": n} alone: fewer (or more) spares from now on, none cloned now
+        (the executor drops the surplus it holds)."""
         prepare_id = None
         try:
             message = json.loads(data)
             prepare_id = message.get("prepare") if isinstance(message, dict) else None
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise ValueError("the message was truncated")
-            if not isinstance(prepare_id, int) or not isinstance(message.get("system"), list):
+            only_spares = isinstance(message, dict) and set(message) == {"spares"}
+            if not only_spares and (not isinstance(prepare_id, int)
+                                    or not isinstance(message.get("system"), list)):
                 raise ValueError("a message is {\"prepare\": id, \"system\": [steps]}")
             spares = message.get("spares", max(1, self.wanted))
             if not isinstance(spares, int) or isinstance(spares, bool) \
                     or not 1 <= spares <= MAX_SPARES:
                 raise ValueError(f"spares must be an integer from 1 to {MAX_SPARES}")
-            check_steps(message["system"])
+            if not only_spares:
+                check_steps(message["system"])
         except ValueError as error:
             self.send({"id": prepare_id, "error": f"malformed request: {error}", "code": "E3405"})
+            return
+        if only_spares:
+            self.wanted = spares
             return
         self.next_system = message["system"]
         self.wanted = spares

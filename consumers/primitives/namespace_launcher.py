@@ -46,6 +46,9 @@ _BUFFER_BYTES = launcher_program.MAX_MESSAGE
 _READY_SECONDS = 30.0
 _RECEIVE_BYTES = 65536
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; not in the socket module
+SPARES_REVIEW_SECONDS = 5.0
+"""While more than one spare PID 1 is wanted, how often the number is brought down to
+the most runs seen in flight at once since the last review (at least one)."""
 
 
 @dataclass
@@ -116,6 +119,9 @@ class NamespaceLauncher:
         self._spares: list[_Prepared] = []
         self._spares_wanted = 1
         self._in_flight = 0
+        self._peak_in_flight = 0
+        self._review: asyncio.TimerHandle | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._wanted: str | None = None
         # the runs waiting for a PID 1, oldest first: prepare id -> (system key, future)
         self._preparing: dict[int, tuple[str, asyncio.Future[_Prepared]]] = {}
@@ -189,6 +195,7 @@ class NamespaceLauncher:
                 handle.pid, handle.pidfd = prepared.pid, prepared.pidfd
                 self._runs[handle.run_id] = self._pids[handle.pid] = handle
                 self._in_flight += 1
+                self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
                 handle.exited.add_done_callback(self._ended)
                 return handle
         finally:
@@ -210,6 +217,7 @@ class NamespaceLauncher:
             return self._spares.pop(0)
         if self._in_flight > 0 and self._wanted == key:
             self._spares_wanted = min(self._spares_wanted + 1, launcher_program.MAX_SPARES)
+            self._review_later()
         self._wanted = key
         prepare_id = next(self._ids)
         asked: asyncio.Future[_Prepared] = self._loop.create_future()
@@ -227,6 +235,35 @@ class NamespaceLauncher:
 
     def _ended(self, _exited: asyncio.Future[Any]) -> None:
         self._in_flight -= 1
+
+    def _review_later(self) -> None:
+        if self._review is None and self.alive:
+            self._review = self._loop.call_later(SPARES_REVIEW_SECONDS, self._review_spares)
+
+    def _review_spares(self) -> None:
+        """Spares grow with runs side by side (`_prepared_for`) and shrink back here:
+        to the most runs in flight at once since the last review, at least one. The
+        launcher is told first (it stops replacing them), then the surplus held here
+        is dropped, oldest first."""
+        self._review = None
+        if not self.alive:
+            return
+        wanted = max(1, min(self._spares_wanted, self._peak_in_flight))
+        self._peak_in_flight = self._in_flight
+        if wanted < self._spares_wanted:
+            self._spares_wanted = wanted
+            task = self._loop.create_task(self._send(json.dumps({"spares": wanted}).encode()))
+            self._background.add(task)
+            task.add_done_callback(self._sent)
+            while len(self._spares) > wanted:
+                self._spares.pop(0).drop()
+        if self._spares_wanted > 1:
+            self._review_later()
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("sandbox.launcher_message_lost", error=str(task.exception()))
 
     async def _send(self, message: bytes) -> None:
         while True:
@@ -296,7 +333,10 @@ class NamespaceLauncher:
                 for dead in [spare for spare in self._spares if spare.dead()]:
                     self._spares.remove(dead)
                     dead.drop()
-            self._spares.append(prepared)
+            if len(self._spares) >= self._spares_wanted:
+                prepared.drop()  # cloned before the launcher heard of fewer wanted
+            else:
+                self._spares.append(prepared)
         else:
             prepared.drop()
 
@@ -325,6 +365,9 @@ class NamespaceLauncher:
         if not self.alive:
             return
         self.alive = False
+        if self._review is not None:
+            self._review.cancel()
+            self._review = None
         if not self._loop.is_closed():
             self._loop.remove_reader(self._socket.fileno())
         self._socket.close()

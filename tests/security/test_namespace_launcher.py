@@ -341,6 +341,33 @@ async def test_runs_side_by_side_get_more_pid1s_cloned_ahead_up_to_the_bound(
     assert current_launcher().pid == launcher
 
 
+async def test_spares_cloned_for_a_burst_are_retired_once_runs_go_one_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(namespace_launcher, "SPARES_REVIEW_SECONDS", 0.3)
+    first = await _run(tmp_path, "print('one')")
+    assert first.ok, first.error
+    launcher = current_launcher().pid
+    for _ in range(3):
+        outcomes = await asyncio.gather(*(_run(tmp_path, f"print({n})") for n in range(6)))
+        assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    await asyncio.to_thread(until, lambda: len(_children(launcher)) > 1,
+                            "more than one PID 1 cloned ahead")
+
+    async def one_spare_left() -> bool:
+        outcome = await _run(tmp_path, "print('alone')")  # one at a time: one spare wanted
+        assert outcome.ok and outcome.stdout == b"alone\n", outcome.error
+        return await asyncio.to_thread(lambda: len(_children(launcher)) == 1)
+
+    for _ in range(600):
+        if await one_spare_left():
+            break
+        await asyncio.sleep(0.2)
+    assert len(_children(launcher)) == 1, "the spares of the burst are still there"
+    outcome = await _run(tmp_path, "print('still served')")
+    assert outcome.ok and outcome.stdout == b"still served\n", outcome.error
+    assert current_launcher().pid == launcher
+
+
 @pytest.mark.parametrize("spares", [0, launcher_program.MAX_SPARES + 1, True, "8", None])
 async def test_a_prepare_asking_for_a_bad_number_of_spares_is_refused(
         tmp_path: Path, spares: Any) -> None:
