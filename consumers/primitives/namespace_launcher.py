@@ -18,6 +18,7 @@ PR_SET_PDEATHSIG) and ends without a status, and the next run starts a new launc
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import functools
@@ -45,6 +46,8 @@ log = structlog.get_logger(__name__)
 _BUFFER_BYTES = launcher_program.MAX_MESSAGE
 _READY_SECONDS = 30.0
 _RECEIVE_BYTES = 65536
+_MAX_RECEIVED_FDS = 2
+_FD_SIZE = array.array("i").itemsize
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; not in the socket module
 SPARES_REVIEW_SECONDS = 5.0
 """While more than one spare PID 1 is wanted, how often the number is brought down to
@@ -285,7 +288,7 @@ class NamespaceLauncher:
     def _receive(self) -> None:
         while True:
             try:
-                data, fds, _flags, _address = socket.recv_fds(self._socket, _RECEIVE_BYTES, 2)
+                data, fds = _receive_fds(self._socket)
             except BlockingIOError:
                 return
             except OSError:
@@ -316,8 +319,6 @@ class NamespaceLauncher:
         """A PID 1 handed out, asked for or a spare: it goes to the run that has
         waited longest for one of its `system` (whichever PID 1 comes first), else
         it is kept as a spare when it serves what was last asked for."""
-        for fd in fds:  # received without close-on-exec: never into another program
-            os.set_inheritable(fd, False)
         prepared = _Prepared(int(message["prepared"]), fds[0], socket.socket(fileno=fds[1]),
                              str(message["system"]))
         prepared.inbox.setblocking(False)
@@ -397,6 +398,18 @@ class NamespaceLauncher:
         reaped later, as any Popen dropped while running)."""
         if self.alive:
             self._died()
+
+
+def _receive_fds(channel: socket.socket) -> tuple[bytes, list[int]]:
+    """One message and the fds it carries, received close-on-exec (never into another
+    program). socket.recv_fds of Python 3.11 drops its flags, hence recvmsg here."""
+    data, ancillary, _flags, _address = channel.recvmsg(
+        _RECEIVE_BYTES, socket.CMSG_LEN(_MAX_RECEIVED_FDS * _FD_SIZE), socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % _FD_SIZE])
+    return data, list(fds)
 
 
 def _refused(message: str) -> ExecutionError:

@@ -44,9 +44,8 @@ class NamespacedProcess(ToolProcess):
     def __init__(self, handle: RunHandle, pipes: _Pipes, limits: ResourceLimits,
                  launcher_rss: int | None) -> None:
         self._handle = handle
-        super().__init__(pipes, limits)  # type: ignore[arg-type]
         # the tool is forked from the small launcher, not from this process
-        self.inherited_rss = launcher_rss
+        super().__init__(pipes, limits, launcher_rss)  # type: ignore[arg-type]
 
     def _watch_exit(self) -> int | None:
         # called at once by the launcher's socket reader: no round through the loop

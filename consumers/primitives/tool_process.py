@@ -34,6 +34,7 @@ import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from consumers.primitives.run_directory import RunDirectory
@@ -151,13 +152,17 @@ class Capture:
 class ToolProcess:
     """One running child: its pipes on event-loop readers, its exit on a pidfd."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], limits: ResourceLimits) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], limits: ResourceLimits,
+                 inherited_rss: int | None | EllipsisType = ...) -> None:
+        """`inherited_rss`: the peak RSS of the process the tool was forked from
+        (this one's by default)."""
         self._loop = asyncio.get_running_loop()
         self._popen = popen
         self.pid = popen.pid
         self.stdout = Capture(limits.stdout_max_bytes)
         self.stderr = Capture(limits.stderr_max_bytes)
-        self.inherited_rss = max_rss(resource.getrusage(resource.RUSAGE_SELF))
+        self.inherited_rss = max_rss(resource.getrusage(resource.RUSAGE_SELF)) \
+            if isinstance(inherited_rss, EllipsisType) else inherited_rss
         self._exited: asyncio.Future[tuple[int | None, Any]] = self._loop.create_future()
         self._waiter: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] = self._loop.create_future()
