@@ -44,7 +44,7 @@ from typing import Any, Literal, Protocol
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
-from sqlalchemy import BigInteger, String, and_, bindparam, case, insert, or_, select, update
+from sqlalchemy import BigInteger, Integer, String, and_, bindparam, case, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -69,9 +69,6 @@ VERIFY_SECONDS = 5.0
 OnDivergence = Literal["rebuild", "refuse"]
 FETCH_OPTIONS = frozenset({"fetch_max_wait_ms", "fetch_max_bytes", "max_partition_fetch_bytes"})
 """Consumer options a runner takes from its caller (a rebuild fetches larger batches)."""
-OFFSET_UPDATES_KEPT = 256
-"""Offset UPDATE statements a runner keeps, one per set of (model, partition) places a
-batch moved (a rebuild worker or the live runner meets a few dozen)."""
 LAG_SAMPLES = 100_000
 """Most recent per-record lags a runner keeps (seconds from a record's log timestamp to
 the commit of the batch that applied it)."""
@@ -192,7 +189,7 @@ class ProjectionRunner:
         self._partitions: list[TopicPartition] = []
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
         self._passed: dict[TopicPartition, int] = {}
-        self._offset_updates: dict[tuple[tuple[str, TopicPartition], ...], Any] = {}
+        self._offset_updates: dict[int, Any] = {}
         self._moved = asyncio.Condition()
         self._reader_waits = asyncio.Event()
         self._fold_interval = fold_interval
@@ -636,12 +633,11 @@ class ProjectionRunner:
                  for name, by_tp in ends.items()
                  for tp, end in by_tp.items() if self._positions.get((name, tp)) is None]
         if moving:
-            statement = self._offsets_update(tuple((name, tp) for name, tp, _, _ in moving))
             values: dict[str, Any] = {}
             for i, (name, tp, expected, end) in enumerate(moving):
-                values[f"x{i}"], values[f"e{i}"] = expected, end
-                values[f"f{i}"] = prints[name].get(tp)
-            result = await conn.execute(statement, values)
+                values.update({f"c{i}": name, f"t{i}": tp.topic, f"p{i}": tp.partition,
+                               f"x{i}": expected, f"e{i}": end, f"f{i}": prints[name].get(tp)})
+            result = await conn.execute(self._offsets_update(len(moving)), values)
             if result.rowcount != len(moving):
                 raise OffsetConflict(f"offsets of {self.name} moved under this runner")
         if first:
@@ -650,31 +646,29 @@ class ProjectionRunner:
             except IntegrityError as error:
                 raise OffsetConflict(f"offsets of {self.name} appeared under it") from error
 
-    def _offsets_update(self, places: tuple[tuple[str, TopicPartition], ...]) -> Any:
-        """The UPDATE moving the offsets of `places` (read model, partition), with the
-        expected offset, the new one and the fingerprint of each as parameters `x<i>`,
-        `e<i>` and `f<i>`. Built once per set of places and kept: building the
-        expression anew for every batch had been a fifth of the live runner's CPU,
-        and the same statement object reuses its compiled form."""
-        statement = self._offset_updates.get(places)
+    def _offsets_update(self, count: int) -> Any:
+        """The UPDATE moving the offsets of `count` places (read model, partition): the
+        i-th place's consumer, topic, partition, expected offset, new offset and
+        fingerprint are the parameters `c<i>`, `t<i>`, `p<i>`, `x<i>`, `e<i>`, `f<i>`.
+        Built once per count and kept: building the expression anew for every batch
+        had been a fifth of the live runner's CPU, and the same statement object
+        reuses its compiled form."""
+        statement = self._offset_updates.get(count)
         if statement is not None:
             return statement
         table = projection_offsets
-
-        def place(name: str, tp: TopicPartition) -> Any:
-            return and_(table.c.consumer == name, table.c.topic == tp.topic,
-                        table.c.partition == tp.partition)
-
+        places = [and_(table.c.consumer == bindparam(f"c{i}", type_=String),
+                       table.c.topic == bindparam(f"t{i}", type_=String),
+                       table.c.partition == bindparam(f"p{i}", type_=Integer))
+                  for i in range(count)]
         statement = update(table).where(or_(*(
-            and_(place(name, tp), table.c.next_offset == bindparam(f"x{i}"))
-            for i, (name, tp) in enumerate(places)))).values(
-                next_offset=case(*((place(name, tp), bindparam(f"e{i}", type_=BigInteger))
-                                   for i, (name, tp) in enumerate(places))),
-                last_record=case(*((place(name, tp), bindparam(f"f{i}", type_=String))
-                                   for i, (name, tp) in enumerate(places))))
-        if len(self._offset_updates) >= OFFSET_UPDATES_KEPT:
-            self._offset_updates.clear()
-        self._offset_updates[places] = statement
+            and_(place, table.c.next_offset == bindparam(f"x{i}", type_=BigInteger))
+            for i, place in enumerate(places)))).values(
+                next_offset=case(*((place, bindparam(f"e{i}", type_=BigInteger))
+                                   for i, place in enumerate(places))),
+                last_record=case(*((place, bindparam(f"f{i}", type_=String))
+                                   for i, place in enumerate(places))))
+        self._offset_updates[count] = statement
         return statement
 
     async def _seek_to_stored(self) -> None:
