@@ -44,7 +44,18 @@ from typing import Any, Literal, Protocol
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
-from sqlalchemy import BigInteger, Integer, String, and_, bindparam, case, insert, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    case,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
