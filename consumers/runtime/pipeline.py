@@ -210,8 +210,10 @@ class Pipeline:
                 await asyncio.sleep(RECOVERY_RETRY_SECONDS)
                 continue
             self._broker_state(None)
-            if fetched or self.runs.active:
+            if fetched:
                 self._pacer.busy()
+            elif self.runs.active:
+                self._pacer.in_flight()
             else:
                 self._pacer.update()
             for tp, records in fetched.items():
@@ -291,6 +293,7 @@ class Pipeline:
         def finish() -> None:
             progress.finish(offset)
             self._commit_soon()
+            self._pacer.busy()  # a producer waiting for this answer may send the next one
         return finish
 
     def _dead_letter(self, record: Any, error: ErrorInfo) -> None:
