@@ -73,11 +73,6 @@ VIEWS_IDLE_WAIT_MS = 200
 """The views (registry, circuits, policies) answer read-your-writes waits: a resolver's
 catch-up for a new tool may wait up to half their idle fetch wait (Tansu answers a
 waiting fetch at half its wait once records are there), so keep it short."""
-REQUESTS_WAIT_CEILING_MS = 4
-"""The pipeline's requests consumer: while its runs are in flight and no request
-arrives, its fetch wait lengthens from the profile's busy wait up to this; a request
-arriving, or an answer going out (a producer waiting for it sends the next request),
-makes it short again."""
 CIRCUITS_WAIT_MS = 100
 """The circuits step is off the invocation's path: a moderate fetch wait while busy
 (a breaker opens at most this much later)."""
@@ -338,14 +333,12 @@ class Stack:
         return {tp.partition: offset for tp, offset in ends.items()}
 
     def _new_pacer(self, *, busy_ms: int | None = None, idle_ms: int | None = None,
-                   idle_floor_ms: int = 0, ceiling_ms: int | None = None) -> FetchPacer:
-        """A pacer on the profile's waits: at least `busy_ms` while busy (lengthening up
-        to `ceiling_ms` while nothing arrives); while idle at most `idle_ms` and at
-        least `idle_floor_ms`."""
+                   idle_floor_ms: int = 0) -> FetchPacer:
+        """A pacer on the profile's waits: at least `busy_ms` while busy; while idle at
+        most `idle_ms` and at least `idle_floor_ms`."""
         short, long = fetch_waits(self.settings)
         pacer = FetchPacer(short if busy_ms is None else max(short, busy_ms),
-                           max(long if idle_ms is None else min(long, idle_ms), idle_floor_ms),
-                           ceiling_ms=ceiling_ms)
+                           max(long if idle_ms is None else min(long, idle_ms), idle_floor_ms))
         self._pacers.append(pacer)
         return pacer
 
@@ -488,5 +481,5 @@ class Stack:
                         signer=self._signer, verifier=self.verifier,
                         group=f"{self.group_prefix}.pipeline", consumer_options=options,
                         client_options=kafka_client_options(self.settings),
-                        pacer=self._new_pacer(ceiling_ms=REQUESTS_WAIT_CEILING_MS), max_in_flight=self.execute_workers,
+                        pacer=self._new_pacer(), max_in_flight=self.execute_workers,
                         observe=self._observe)

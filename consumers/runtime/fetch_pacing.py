@@ -7,18 +7,10 @@ consumer and as much for the broker while idle; 500 ms -> ~0 %). A `FetchPacer` 
 a consumer on the short wait while it is busy and for `linger` seconds after, then
 moves it to the long wait. Against Kafka, which answers a waiting fetch as soon as
 records arrive, both can simply be the same.
-
-With a `ceiling_ms`, the busy wait also lengthens while work is in flight but nothing
-new arrives: it doubles every `grow_seconds` up to the ceiling and is short again at
-the next `busy()`. An empty fetch costs the consumer and Tansu a few hundred
-microseconds of CPU each (measured: a consumer on a 1 ms wait costs ~12 % of a core
-and Tansu ~10 %), and a pipeline running a tool for 30 ms would otherwise poll for
-its next request some 25 times meanwhile.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,25 +31,19 @@ class FetchPacer:
     """Moves one consumer between a short (busy) and a long (idle) fetch wait."""
 
     def __init__(self, short_ms: int, long_ms: int, *, linger: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 ceiling_ms: int | None = None, grow_seconds: float = 0.005) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.short_ms = short_ms
         self.long_ms = max(long_ms, short_ms)
-        self.ceiling_ms = min(max(ceiling_ms or short_ms, short_ms), self.long_ms)
         self.linger = linger
-        self.grow_seconds = grow_seconds
         self._clock = clock
         self._consumer: Any = None
         self._busy_until = 0.0
-        self._busy_ms = short_ms
-        self._busy_since = 0.0
-        self._growth: asyncio.TimerHandle | None = None
         self._current: int | None = None
 
     @property
     def wait_ms(self) -> int:
         """The wait the consumer should use now."""
-        return self._busy_ms if self._clock() < self._busy_until else self.long_ms
+        return self.short_ms if self._clock() < self._busy_until else self.long_ms
 
     def attach(self, consumer: Any) -> None:
         """Pace `consumer` (started idle)."""
@@ -66,33 +52,9 @@ class FetchPacer:
         self.update()
 
     def busy(self) -> None:
-        """Work arrived: the short wait, for `linger` more seconds (lengthening from
-        there while nothing else arrives, with a ceiling)."""
-        now = self._clock()
-        self._busy_until = now + self.linger
-        self._busy_ms = self.short_ms
-        self._busy_since = now
-        if self.ceiling_ms > self.short_ms and self._growth is None:
-            self._growth = asyncio.get_running_loop().call_later(self.grow_seconds, self._grow)
-        self.update()
-
-    def in_flight(self) -> None:
-        """Work is in flight but nothing new arrived: stay busy (at the wait reached)."""
+        """Work arrived or is in flight: stay on the short wait for `linger` more seconds."""
         self._busy_until = self._clock() + self.linger
         self.update()
-
-    def _grow(self) -> None:
-        """Double the busy wait if nothing arrived for `grow_seconds` (else wait more)."""
-        self._growth = None
-        quiet = self._clock() - self._busy_since
-        if quiet >= self.grow_seconds:
-            self._busy_ms = min(self._busy_ms * 2, self.ceiling_ms)
-            self._busy_since = self._clock()
-            self.update()
-            quiet = 0.0
-        if self._busy_ms < self.ceiling_ms:
-            self._growth = asyncio.get_running_loop().call_later(
-                self.grow_seconds - quiet, self._grow)
 
     def update(self) -> None:
         """Apply the wait for now (call it now and then while idle)."""

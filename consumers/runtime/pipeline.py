@@ -210,10 +210,8 @@ class Pipeline:
                 await asyncio.sleep(RECOVERY_RETRY_SECONDS)
                 continue
             self._broker_state(None)
-            if fetched:
+            if fetched or self.runs.active:
                 self._pacer.busy()
-            elif self.runs.active:
-                self._pacer.in_flight()
             else:
                 self._pacer.update()
             for tp, records in fetched.items():
@@ -293,7 +291,6 @@ class Pipeline:
         def finish() -> None:
             progress.finish(offset)
             self._commit_soon()
-            self._pacer.busy()  # a producer waiting for this answer may send the next one
         return finish
 
     def _dead_letter(self, record: Any, error: ErrorInfo) -> None:
