@@ -171,8 +171,8 @@ class HttpPrimitive:
     async def _send(self, request: _Request, plan: HttpPlan,
                     started: float) -> PrimitiveOutcome:
         url = request.url
-        if _is_address(url.host or ""):  # a literal address skips the resolver
-            await resolve_checked(url.host or "", _port(url), self._allowed)
+        if _is_address(url.host or ""):  # a literal address skips aiohttp's resolver
+            check_addresses([(url.host or "").strip("[]")], self._allowed, host=url.host or "")
         try:
             async with asyncio.timeout(plan.timeout_seconds):
                 async with self._shared_session().request(

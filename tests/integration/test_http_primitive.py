@@ -235,6 +235,26 @@ async def test_loopback_is_refused_without_the_operators_allowance(
     assert server.requests == []
 
 
+async def test_a_literal_address_is_checked_without_a_lookup(
+        http: HttpPrimitive, default_http: HttpPrimitive, server: Server,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An address in the URL is its own answer: checked as it is, with no lookup (a
+    lookup is a thread hop per request), and still refused where the rules say so."""
+    lookups: list[str] = []
+
+    async def no_lookup(host: str, *args: Any, **kwargs: Any) -> Any:
+        lookups.append(host)
+        raise OSError("no lookup expected")
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", no_lookup)
+    allowed = await http.run(get(server, "/x"), {}, secrets=secrets)
+    refused = await default_http.run(get(server, "/y"), {}, secrets=secrets)
+    assert allowed.ok, allowed
+    assert refused.error is not None and refused.error["code"] == "E3406", refused
+    assert [r.target for r in server.requests] == ["/x"]
+    assert lookups == []
+
+
 async def test_the_operators_allowance_opens_exactly_its_networks(server: Server) -> None:
     elsewhere = HttpPrimitive(allowed_networks=("127.0.0.2/32",))
     try:

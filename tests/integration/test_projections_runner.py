@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import delete, func, select, update
@@ -22,10 +22,10 @@ from projections.catalog import read_models
 from projections.database import migrate
 from projections.queries import invocation_status, list_circuits, search_tools, show_tool
 from projections.rebuild import rebuild
-from projections.runner import ProjectionRunner
+from projections.runner import OffsetConflict, ProjectionRunner, stored_offsets
 from projections.search import migration_managed
 from projections.store import Changes, ReadModel, Record
-from projections.tables import audit_log, invocations, metadata
+from projections.tables import audit_log, invocations, metadata, projection_offsets
 from tests.projection_db import *  # noqa: F403 - fixtures
 from tests.projection_db import run_to_end, snapshot
 from tests.projection_events import at, captoken, circuit, invocation, lifecycle, published
@@ -163,6 +163,40 @@ async def test_a_reader_waiting_ends_a_runner_s_pause_between_folds(
         await runner.stop()
     async with engine.connect() as conn:
         assert await invocation_status(conn, "late-1") is not None
+
+
+async def test_offsets_move_only_while_they_hold_what_the_runner_read(
+        engine: AsyncEngine) -> None:
+    """A batch moves its offsets only if every one still holds what this runner read
+    (another runner or a rebuild moved them otherwise): a stale place makes the whole
+    batch roll back, the places the runner read right included."""
+    models = read_models()
+    runner = ProjectionRunner(engine, [models["invocations"], models["audit"]], "127.0.0.1:9")
+    a0, a1 = TopicPartition("a", 0), TopicPartition("a", 1)
+
+    async def write(ends: dict[str, dict[TopicPartition, int]]) -> None:
+        prints = {name: {tp: f"print-{end}" for tp, end in by_tp.items()}
+                  for name, by_tp in ends.items()}
+        async with engine.begin() as conn:
+            await runner._write_offsets(conn, ends, prints)
+        runner._positions.update({(name, tp): end for name, by_tp in ends.items()
+                                  for tp, end in by_tp.items()})
+
+    await write({"invocations": {a0: 5, a1: 7}, "audit": {a0: 5}})  # first positions
+    for end in (9, 12):  # the same places again: the statement is reused
+        await write({"invocations": {a0: end, a1: end + 1}, "audit": {a0: end}})
+    await write({"invocations": {a1: 20}})  # fewer places
+    assert await stored_offsets(engine, "invocations") == {("a", 0): 12, ("a", 1): 20}
+    assert await stored_offsets(engine, "audit") == {("a", 0): 12}
+
+    runner._positions[("audit", a0)] = 11  # what another runner had moved it from
+    with pytest.raises(OffsetConflict):
+        await write({"invocations": {a0: 30, a1: 31}, "audit": {a0: 30}})
+    assert await stored_offsets(engine, "invocations") == {("a", 0): 12, ("a", 1): 20}
+    assert await stored_offsets(engine, "audit") == {("a", 0): 12}
+    async with engine.connect() as conn:
+        prints = set((await conn.execute(select(projection_offsets.c.last_record))).scalars())
+    assert prints == {"print-12", "print-20"}
 
 
 async def test_read_side_queries_answer_from_the_tables(
