@@ -22,7 +22,7 @@ import pytest_asyncio
 
 from contracts.envelope import Envelope
 from domain.model import ToolSource
-from tests.waiting import process_gone
+from tests.waiting import WAIT, process_gone
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
@@ -56,7 +56,7 @@ def _serve_example(transport: str) -> Iterator[int]:
     port = _free_port()
     process = subprocess.Popen([sys.executable, str(EXAMPLES / "text_mcp" / "server.py"),
                                 transport, str(port)], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT
     while True:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
