@@ -67,10 +67,15 @@ class Bench:
     def tail(self) -> str:
         return "\n".join(self.lines)[-3000:]
 
-    def kill(self) -> None:
+    def stop(self) -> None:
+        """End it if it still runs: SIGTERM first, so that it stops what it started."""
         if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,7 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     try:
         assert bench.exit_code() == 0, bench.tail()
     finally:
-        bench.kill()
+        bench.stop()
     yield json.loads(document.read_text())
 
 
@@ -126,7 +131,7 @@ def test_unknown_scenario_is_bad_usage() -> None:
     try:
         assert bench.exit_code() == 2
     finally:
-        bench.kill()
+        bench.stop()
     assert "unknown scenario" in bench.tail()
 
 
@@ -168,5 +173,5 @@ def test_a_terminated_bench_stops_the_stacks_and_brokers_it_started(tmp_path: Pa
         bench.process.send_signal(signal.SIGTERM)
         assert bench.exit_code() == 143, bench.tail()
     finally:
-        bench.kill()
+        bench.stop()
     until(lambda: not _processes_under(tmp_path), "every process the bench started to end")
