@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import WAIT
+from tests.waiting import START_WAIT, WAIT
 from toolexec.broker_control import stop_broker
 from toolexec.settings import Settings
 
@@ -33,7 +33,7 @@ def toolexec(*args: str, cwd: Path, timeout: float = WAIT,
 
 
 def start_up(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
-             timeout: float = WAIT) -> subprocess.Popen[str]:
+             timeout: float = START_WAIT) -> subprocess.Popen[str]:
     """`toolexec up ARGS` in `cwd`, returned once it has written its runtime file (the
     bound only fails an `up` that hangs: a loaded machine starts it slowly)."""
     process = subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", *args], cwd=cwd,

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 WAIT = 120.0
+START_WAIT = 300.0
+"""For a process such as `toolexec up` to start: at load 20+ on 2 cores one took over
+120 s (its broker, supervisor, migrations and consumers all start)."""
 
 
 def until(predicate: Any, what: str, timeout: float = WAIT, interval: float = 0.2) -> Any:

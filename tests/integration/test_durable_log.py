@@ -31,7 +31,8 @@ from tests.waiting import WAIT, until
 from toolexec.broker_control import read_state, stop_broker
 from toolexec.settings import Settings
 
-pytestmark = pytest.mark.integration
+# each test starts `up` twice or more (up to START_WAIT each on a loaded machine)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 # rlimits: the tools reach the test's gate on the host's loopback (no network namespace)
 ENV = {"TOOLEXEC_SANDBOX": "rlimits"}
@@ -122,8 +123,7 @@ class System:
     def start(self) -> None:
         # start_up waits for the runtime file: not the one a killed `up` left behind
         (self.cwd / ".toolexec" / "runtime.json").unlink(missing_ok=True)
-        self.process = start_up(self.cwd, "--tools", str(REPO / "examples" / "tools"), env=ENV,
-                                timeout=WAIT)
+        self.process = start_up(self.cwd, "--tools", str(REPO / "examples" / "tools"), env=ENV)
         url = json.loads((self.cwd / ".toolexec" / "runtime.json").read_text())["gateway_url"]
         self.http = httpx.Client(base_url=url, timeout=WAIT)
 
@@ -281,7 +281,7 @@ def test_the_log_and_the_read_models_survive(system: System, tmp_path: Path,
     assert set(projections.values()) == {"running"}, projections
 
 
-@pytest.mark.timeout(HELD_TIMEOUT + LEASE_GRACE_SECONDS + 4 * WAIT)  # SIGKILL: the lease
+@pytest.mark.timeout(1200 + HELD_TIMEOUT + LEASE_GRACE_SECONDS)  # SIGKILL: the lease too
 @pytest.mark.parametrize("kind", ["sigterm", "sigkill", "cold"])
 def test_every_invocation_in_flight_at_the_fault_ends_with_exactly_one_terminal_event(
         system: System, tmp_path: Path, kind: str) -> None:
@@ -317,10 +317,10 @@ def test_read_models_pointed_at_a_foreign_log_are_refused_and_reported(
     system.close_http()
     rows = invocation_rows(database)
 
-    other = System(tmp_path / "other")  # its own state directory, so its own log
+    other = System(tmp_path / "other", system.gate)  # its own state directory, so its own log
     other.cwd.mkdir()
     other_env = {**ENV, "TOOLEXEC_DATABASE_URL": f"sqlite:///{database}"}
-    process = start_up(other.cwd, env=other_env, timeout=WAIT)
+    process = start_up(other.cwd, env=other_env)
     try:
         url = json.loads((other.cwd / ".toolexec" / "runtime.json").read_text())["gateway_url"]
         with httpx.Client(base_url=url, timeout=WAIT) as http:
