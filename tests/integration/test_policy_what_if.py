@@ -16,7 +16,8 @@ import pytest
 from tests.cli_process import REPO, start_up, stop, toolexec
 from tests.waiting import WAIT
 
-pytestmark = [pytest.mark.integration, pytest.mark.security]
+# its module fixture starts `up` and runs invocations: at load 20 that outlasted 300 s
+pytestmark = [pytest.mark.integration, pytest.mark.security, pytest.mark.timeout(900)]
 
 AUTH = {"TOOLEXEC_REQUIRE_AUTH": "true"}
 ADA, BOB = "did:example:ada", "did:example:bob"
