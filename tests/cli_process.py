@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import START_WAIT, WAIT
 from toolexec.broker_control import stop_broker
 from toolexec.settings import Settings
 
@@ -24,7 +25,7 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def toolexec(*args: str, cwd: Path, timeout: float = 120,
+def toolexec(*args: str, cwd: Path, timeout: float = WAIT,
              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`toolexec ARGS` in `cwd`; returns the finished process (stdout, stderr as text)."""
     return subprocess.run([sys.executable, "-m", "toolexec.cli", *args], cwd=cwd,
@@ -32,8 +33,9 @@ def toolexec(*args: str, cwd: Path, timeout: float = 120,
 
 
 def start_up(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
-             timeout: float = 60) -> subprocess.Popen[str]:
-    """`toolexec up ARGS` in `cwd`, returned once it has written its runtime file."""
+             timeout: float = START_WAIT) -> subprocess.Popen[str]:
+    """`toolexec up ARGS` in `cwd`, returned once it has written its runtime file (the
+    bound only fails an `up` that hangs: a loaded machine starts it slowly)."""
     process = subprocess.Popen([sys.executable, "-m", "toolexec.cli", "up", *args], cwd=cwd,
                                env=clean_env(env), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)

@@ -4,10 +4,14 @@ being asserted (conditions normally hold much sooner)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 WAIT = 120.0
+START_WAIT = 300.0
+"""For a process such as `toolexec up` to start: at load 20+ on 2 cores one took over
+120 s (its broker, supervisor, migrations and consumers all start)."""
 
 
 def until(predicate: Any, what: str, timeout: float = WAIT, interval: float = 0.2) -> Any:
@@ -19,6 +23,25 @@ def until(predicate: Any, what: str, timeout: float = WAIT, interval: float = 0.
         if value:
             return value
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(interval)
+
+
+def until_progressing(predicate: Any, what: str, progress: Callable[[], Hashable],
+                      stall: float, interval: float = 0.2) -> Any:
+    """Poll `predicate()` until it returns a truthy value; that value. For work of no
+    fixed length that reports its progress: fails naming `what` only when `progress()`
+    (a count of lines, a stage) has not changed for `stall` seconds, which is a hang
+    however busy the machine is."""
+    seen, since = progress(), time.monotonic()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        now = progress()
+        if now != seen:
+            seen, since = now, time.monotonic()
+        assert time.monotonic() - since < stall, \
+            f"no progress for {stall:.0f} s (last: {seen!r}): {what}"
         time.sleep(interval)
 
 

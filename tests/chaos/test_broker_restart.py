@@ -21,6 +21,7 @@ from domain.errors import ToolexecError
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.log_reading import terminal_event_ids
 from tests.s3_store import s3_store, tansu_s3_env
+from tests.waiting import WAIT
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
 from toolexec.stack import TOPIC_PARTITIONS
@@ -78,7 +79,7 @@ async def test_broker_restart_mid_burst_finishes_or_reports_every_invocation(
                             await asyncio.sleep(0.05)
                     before_restart = {i for i, t in burst.items() if t.done()}
                     restart = asyncio.create_task(broker.restart(downtime=DOWNTIME))
-                    async with asyncio.timeout(30):
+                    async with asyncio.timeout(WAIT):
                         while broker.running:
                             await asyncio.sleep(0.05)
                     during = {i: invoke(i, OUTAGE_TIMEOUT) for i in new_ids(DURING_OUTAGE)}
@@ -90,7 +91,7 @@ async def test_broker_restart_mid_burst_finishes_or_reports_every_invocation(
                 terminals = await terminal_event_ids(broker.bootstrap, set(results))
             finally:
                 process.send_signal(signal.SIGTERM)
-                process.wait(timeout=30)
+                process.wait(timeout=WAIT)
 
     outcomes = Counter(outcome(r) for r in results.values())
     assert not [o for o in outcomes if o.startswith("raised")], outcomes

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode
+from tests.waiting import WAIT
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
@@ -111,7 +112,7 @@ class CircuitLog:
         finally:
             await consumer.stop()
 
-    async def wait_for(self, count: int, timeout: float = 15) -> list[Envelope]:
+    async def wait_for(self, count: int, timeout: float = WAIT) -> list[Envelope]:
         async with asyncio.timeout(timeout):
             while len(self.events) < count:
                 self._arrived.clear()
@@ -135,7 +136,7 @@ async def following(log: CircuitLog) -> AsyncIterator[CircuitLog]:
 
 async def view_shows(stack: Stack, service_id: str, state: str, since: datetime) -> None:
     """Wait until the stack's circuit view has folded the transition seen on the topic."""
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(WAIT):
         while not (stack.circuits.state(service_id).state == state
                    and stack.circuits.state(service_id).since == since):
             await asyncio.sleep(0.01)

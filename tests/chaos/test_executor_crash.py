@@ -12,6 +12,7 @@ import pytest
 
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.log_reading import terminal_event_ids
+from tests.waiting import WAIT
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
 from toolexec.stack import TOPIC_PARTITIONS
@@ -43,7 +44,7 @@ async def test_kill_9_mid_burst_loses_nothing_and_runs_nothing_twice(tmp_path: P
                 results = await asyncio.gather(*tasks)
         finally:
             process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+            process.wait(timeout=WAIT)
         outcomes = Counter(r.type if r.type == "tool.invoke.completed" else r.data.error.code
                            for r in results)
         assert set(outcomes) <= {"tool.invoke.completed", "E3404"}, outcomes

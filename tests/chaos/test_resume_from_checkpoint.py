@@ -24,7 +24,7 @@ from domain.checkpoints import state_hash
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.cli_process import toolexec
 from tests.log_reading import invocation_events, terminal_event_ids
-from tests.waiting import until
+from tests.waiting import WAIT, until
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
 from toolexec.stack import TOPIC_PARTITIONS
@@ -91,7 +91,7 @@ async def test_kill_9_mid_run_resumes_from_the_last_checkpoint(tmp_path: Path) -
             verified = toolexec("audit", "verify", "--json", cwd=tmp_path, env=env)
         finally:
             process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+            process.wait(timeout=WAIT)
     # every step done exactly once
     steps = [line.split()[1] for line in ledger.read_text().splitlines()]
     assert Counter(steps) == {str(step): 1 for step in range(STEPS)}

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from contracts import topics
 from contracts.kafka_binding import UndecodableRecord, decode
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
+from tests.waiting import WAIT
 from toolexec import keys
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
@@ -161,7 +162,7 @@ async def test_every_request_resumes_from_the_log_after_a_kill_9_mid_burst(
                 results = await asyncio.gather(*tasks)
         finally:
             process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+            process.wait(timeout=WAIT)
         assert len(at_fault.ended()) < len(ids)  # the kill fell in the middle of the burst
         await assert_each_resumed_once(broker.bootstrap, ids, results, ledger, at_fault)
 
@@ -197,5 +198,5 @@ async def test_every_request_resumes_once_when_partitions_move_from_a_stalled_re
             for process in (first, second):
                 if process is not None:
                     process.send_signal(signal.SIGTERM)
-                    process.wait(timeout=30)
+                    process.wait(timeout=WAIT)
         await assert_each_resumed_once(broker.bootstrap, ids, results, ledger, at_fault)

@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from contracts.fact_signature import FactVerifier
+from tests.waiting import START_WAIT
 
 TOOLS = Path(__file__).parent / "tools"
 
@@ -55,7 +56,7 @@ def start_up(bootstrap: str, state: Path, *, log: IO[bytes] | None = None,
 
 async def wait_until_up(process: subprocess.Popen[bytes], state: Path) -> None:
     """Until `up` wrote its runtime file; fails if it exited first."""
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(START_WAIT):
         while not (state / "runtime.json").exists():
             assert process.poll() is None, "toolexec up exited"
             await asyncio.sleep(0.1)

@@ -28,6 +28,7 @@ from tests.handlers.conftest import (
     pipeline_deps,
 )
 from tests.handlers.test_steps import seal_variant
+from tests.waiting import WAIT
 
 
 class MovingClock:
@@ -103,7 +104,7 @@ async def test_a_waiting_call_holds_no_slot_and_runs_once_approved() -> None:
     assert harness.of("inv-wait", "tool.execution.started") == []
 
     harness.runs.decide(_decision(harness, "inv-wait"))
-    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(waiting, WAIT)
     assert harness.terminal("inv-wait").type == "tool.invoke.completed"
     kinds = [e.type for e in harness.of("inv-wait") if e.type != "tool.invoke.requested"]
     assert kinds[:3] == ["tool.chain.resolved", "tool.permission.decided",
@@ -115,13 +116,13 @@ async def test_a_deny_and_an_approval_of_another_call_end_it_before_any_attempt(
     harness = _guarded_harness()
     denied = await _waiting(harness, "inv-deny")
     harness.runs.decide(_decision(harness, "inv-deny", "deny"))
-    await asyncio.wait_for(denied, 5)
+    await asyncio.wait_for(denied, WAIT)
     assert harness.terminal("inv-deny").data.error.code == "E3208"
 
     other = await _waiting(harness, "inv-other-call")
     harness.runs.decide(_decision(harness, "inv-other-call",
                                   approved_hash="sha256:" + "0" * 64))
-    await asyncio.wait_for(other, 5)
+    await asyncio.wait_for(other, WAIT)
     failed = harness.terminal("inv-other-call").data
     assert failed.error.code == "E3210" and failed.stage == "authorize"
     assert harness.runner.plans == []
@@ -133,7 +134,7 @@ async def test_only_the_first_decision_counts() -> None:
     first, second = _decision(harness, "inv-first", "deny"), _decision(harness, "inv-first")
     harness.runs.decide(first)
     harness.runs.decide(second)
-    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(waiting, WAIT)
     assert harness.terminal("inv-first").data.error.code == "E3208"
 
 
@@ -141,7 +142,7 @@ async def test_a_cancel_while_waiting_ends_it_cancelled() -> None:
     harness = _guarded_harness()
     waiting = await _waiting(harness, "inv-cancel")
     await harness.cancel("inv-cancel", reason="changed my mind")
-    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(waiting, WAIT)
     assert harness.terminal("inv-cancel").data.error.code == "E3703"
 
 
@@ -167,7 +168,7 @@ async def test_a_resumed_run_waits_again_and_honours_a_decision_read_back() -> N
     resumed = asyncio.create_task(again.run(request, InvocationFacts.of(again.of("inv-resume"))))
     await asyncio.sleep(0)
     again.runs.decide(_decision(again, "inv-resume"))
-    await asyncio.wait_for(resumed, 5)
+    await asyncio.wait_for(resumed, WAIT)
     assert again.terminal("inv-resume").type == "tool.invoke.completed"
     assert again.of("inv-resume", "tool.chain.resolved") == harness.of(
         "inv-resume", "tool.chain.resolved")  # no step done twice
@@ -176,7 +177,7 @@ async def test_a_resumed_run_waits_again_and_honours_a_decision_read_back() -> N
 async def test_a_shutdown_stops_a_waiting_run_leaving_its_approval_request() -> None:
     harness = _guarded_harness()
     waiting = await _waiting(harness, "inv-drain")
-    await asyncio.wait_for(harness.runs.drain(), 5)  # a shutdown does not wait for a person
+    await asyncio.wait_for(harness.runs.drain(), WAIT)  # a shutdown does not wait for a person
     await asyncio.gather(waiting, return_exceptions=True)
     assert waiting.done()
     assert [e.type for e in harness.of("inv-drain")][-1] == "tool.approval.requested"
@@ -199,7 +200,7 @@ async def test_a_flood_of_forged_decisions_cannot_push_out_the_real_one(rsa_key)
     assert all(r is not None for r in refusals)  # each one dead-lettered with its code
 
     assert harness.runs.decide(_decision(harness, "inv-flood", token=approver)) is None
-    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(waiting, WAIT)
     assert harness.terminal("inv-flood").type == "tool.invoke.completed"
 
 
@@ -209,7 +210,7 @@ async def test_a_backdated_decision_read_after_the_expiry_is_E3209() -> None:
     waiting = await _waiting(harness, "inv-backdated")
     moving.now = FIXED_NOW + timedelta(seconds=120)  # the expiry passed, unanswered
     harness.runs.decide(_decision(harness, "inv-backdated", time=FIXED_NOW))  # "in time"
-    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(waiting, WAIT)
     failed = harness.terminal("inv-backdated").data
     assert failed.error.code == "E3209" and failed.error.details["late_decision"]
 
@@ -222,7 +223,7 @@ async def test_a_decision_read_in_time_counts_though_the_run_checks_it_later() -
     harness.runs.decide(_decision(harness, "inv-read-in-time",
                                   time=FIXED_NOW + timedelta(days=1)))  # its own time: no matter
     moving.now = FIXED_NOW + timedelta(seconds=120)  # before the run wakes up to check it
-    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(waiting, WAIT)
     assert harness.terminal("inv-read-in-time").type == "tool.invoke.completed"
 
 
@@ -241,7 +242,7 @@ async def test_a_decision_read_in_time_stays_in_time_across_a_restart() -> None:
     waiting = await _waiting(harness, "inv-restart")
     asyncio.create_task(harness.request("py_echo", {"text": "y"}, version_range="1.0.0",
                                         invocation_id="inv-blocker"))
-    await asyncio.wait_for(harness.runner.running.wait(), 5)  # holds the only slot
+    await asyncio.wait_for(harness.runner.running.wait(), WAIT)  # holds the only slot
     moving.now = FIXED_NOW + timedelta(seconds=30)
     harness.runs.decide(_decision(harness, "inv-restart"))  # read in time...
     await _until_on_log(harness, "inv-restart", "tool.approval.received")
@@ -259,6 +260,6 @@ async def test_a_decision_read_in_time_stays_in_time_across_a_restart() -> None:
     resumed = asyncio.create_task(again.run(request, InvocationFacts.of(again.of("inv-restart"))))
     await asyncio.sleep(0)
     again.runs.decide(again.of("inv-restart", "tool.approval.decided")[0])  # read again
-    await asyncio.wait_for(resumed, 5)
+    await asyncio.wait_for(resumed, WAIT)
     assert again.terminal("inv-restart").type == "tool.invoke.completed"
     assert len(again.of("inv-restart", "tool.approval.received")) == 1

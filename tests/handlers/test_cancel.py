@@ -7,6 +7,7 @@ import asyncio
 from domain.model import PrimitiveOutcome
 from tests.handlers.conftest import Harness
 from tests.handlers.test_steps import seal_variant
+from tests.waiting import WAIT
 
 
 def _retrying_echo(harness: Harness, attempts: int = 3) -> str:
@@ -19,7 +20,7 @@ def _retrying_echo(harness: Harness, attempts: int = 3) -> str:
 async def _start(harness: Harness, invocation: str, **kwargs) -> asyncio.Task[str]:
     task = asyncio.create_task(harness.request("py_echo", {"text": "x"},
                                                invocation_id=invocation, **kwargs))
-    await asyncio.wait_for(harness.runner.running.wait(), 5)
+    await asyncio.wait_for(harness.runner.running.wait(), WAIT)
     return task
 
 
@@ -28,7 +29,7 @@ async def test_cancel_of_a_running_attempt_interrupts_it_and_fails_with_E3703(
     harness.runner.blocking = True
     task = await _start(harness, "inv-running")
     await harness.cancel("inv-running", reason="user asked")
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, WAIT)
     assert harness.runner.interrupted == 1
     finished = harness.of("inv-running", "tool.execution.finished")
     assert [(f.data.outcome, f.data.error.code, f.data.final) for f in finished] == [
@@ -62,7 +63,7 @@ async def test_cancel_during_an_attempt_stops_the_retries(harness: Harness) -> N
     harness.runner.blocking = True
     task = await _start(harness, "inv-retry", version_range=version)
     await harness.cancel("inv-retry")
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, WAIT)
     assert len(harness.runner.plans) == 1
     assert harness.terminal("inv-retry").data.error.code == "E3703"
 
@@ -75,9 +76,9 @@ async def test_cancel_during_the_retry_backoff_runs_no_further_attempt(
     harness.sleeps_block = True
     task = asyncio.create_task(harness.request("py_echo", {"text": "x"}, version_range=version,
                                                invocation_id="inv-backoff"))
-    await asyncio.wait_for(harness.backing_off.wait(), 5)
+    await asyncio.wait_for(harness.backing_off.wait(), WAIT)
     await harness.cancel("inv-backoff")
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, WAIT)
     assert len(harness.runner.plans) == 1
     finished = harness.of("inv-backoff", "tool.execution.finished")
     assert [(f.data.attempt, f.data.final) for f in finished] == [(1, False)]

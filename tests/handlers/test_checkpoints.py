@@ -21,6 +21,7 @@ from domain.integrity import seal
 from domain.model import PrimitiveOutcome
 from domain.tool_reports import Checkpoint, Progress
 from tests.handlers.conftest import TOOLS, Harness, build_harness
+from tests.waiting import WAIT
 from toolexec.sources import load_source
 
 OK = PrimitiveOutcome(ok=True, stdout=b'{"echo": "x", "keys": 1}', exit_code=0)
@@ -195,9 +196,9 @@ async def test_a_resumed_attempt_can_be_cancelled(harness: Harness) -> None:
 
     harness.runner.run = blocking  # type: ignore[method-assign]
     running = asyncio.create_task(harness.redeliver(request))
-    await asyncio.wait_for(resumed.wait(), 10)
+    await asyncio.wait_for(resumed.wait(), WAIT)
     await harness.cancel(invocation)
-    await asyncio.wait_for(running, 10)
+    await asyncio.wait_for(running, WAIT)
     assert harness.terminal(invocation).data.error.code == "E3703"
 
 

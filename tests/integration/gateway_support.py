@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from tests.cli_process import REPO, start_up, stop, toolexec
+from tests.waiting import WAIT
 
 TEST_TOOLS = Path(__file__).parent / "tools"
 EXAMPLES = REPO / "examples" / "tools"
@@ -105,8 +106,9 @@ def refused_api_tool(tool_id: str, service_id: str) -> dict[str, Any]:
     }
 
 
-def wait_until(predicate: Any, timeout: float = 20, interval: float = 0.1) -> Any:
-    """Poll `predicate()` until it returns a truthy value; that value."""
+def wait_until(predicate: Any, timeout: float = WAIT, interval: float = 0.1) -> Any:
+    """Poll `predicate()` until it returns a truthy value; that value (the bound only
+    fails a hang, see tests/waiting.py)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -33,6 +33,7 @@ from tests.integration.gateway_support import (
     running_gateway,
     wait_until,
 )
+from tests.waiting import WAIT
 from toolexec.client import InvocationClient
 
 pytestmark = pytest.mark.integration
@@ -94,7 +95,7 @@ def _invoke(gateway: RunningGateway, tool_id: str, parameters: dict[str, Any]) -
     return accepted.json()["invocation_id"]
 
 
-def _pending(gateway: RunningGateway, invocation_id: str, timeout: float = 30) -> dict:
+def _pending(gateway: RunningGateway, invocation_id: str, timeout: float = WAIT) -> dict:
     token = _approver(gateway)
 
     def listed() -> dict | None:
@@ -108,7 +109,7 @@ def _ended(gateway: RunningGateway, invocation_id: str, token: str) -> dict:
         body = gateway.http.get(f"/v1/invocations/{invocation_id}",
                                 headers=bearer(token)).json()
         return body if body["status"] in ("completed", "failed", "cancelled") else None
-    return wait_until(view, timeout=60)
+    return wait_until(view)
 
 
 def _audit_types(gateway: RunningGateway, invocation_id: str) -> list[str]:
@@ -335,9 +336,9 @@ def test_a_cedar_permit_requires_approval_for_a_parameter_pattern_decided_over_m
 
     def waiting_call() -> tuple[str, dict] | None:  # the policy reaches the pipeline soon
         invocation_id = _invoke(gateway, "py_echo", {"text": "twice", "times": 2})
-        view = wait_until(lambda: _waiting_or_ended(gateway, invocation_id), timeout=30)
+        view = wait_until(lambda: _waiting_or_ended(gateway, invocation_id))
         return (invocation_id, view) if view["status"] == "waiting" else None
-    invocation_id, row = wait_until(waiting_call, timeout=60)
+    invocation_id, row = wait_until(waiting_call, timeout=2 * WAIT)
     assert row["reasons"] == ["echo-needs-a-person: py_echo calls are reviewed"]
     plain = _invoke(gateway, "py_echo", {"text": "once"})  # no `times`: no approval
     assert _ended(gateway, plain, _agent(gateway))["status"] == "completed"
@@ -421,7 +422,7 @@ def test_a_restart_while_waiting_waits_again_and_honours_the_approval(tmp_path: 
         url = json.loads((tmp_path / ".toolexec" / "runtime.json").read_text())["gateway_url"]
         with httpx.Client(base_url=url, timeout=60) as http:
             second = RunningGateway(tmp_path, up, url, http, env)
-            row = _pending(second, invocation_id, timeout=60)
+            row = _pending(second, invocation_id)
             sent = _decide(second, invocation_id, _approver(second), decision="approve")
             assert sent.status_code == 202, sent.text
             assert sent.json()["approved_hash"] == row["call_hash"]

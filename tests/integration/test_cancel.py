@@ -57,7 +57,7 @@ def _ended(gateway: RunningGateway, invocation_id: str) -> dict:
     def view() -> dict | None:
         body = gateway.http.get(f"/v1/invocations/{invocation_id}").json()
         return body if body["status"] in ("completed", "failed", "cancelled") else None
-    return wait_until(view, timeout=30)
+    return wait_until(view)
 
 
 def _terminal_events(gateway: RunningGateway, invocation_id: str) -> list[dict]:

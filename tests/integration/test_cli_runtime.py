@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_process import REPO, start_up, stop, toolexec
+from tests.waiting import WAIT
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +82,7 @@ def test_up_serves_runs_and_publishes_then_stops_cleanly(running_up) -> None:
     assert json.loads(refused.stdout)[0]["error"]["code"] == "E3105"
 
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 0
+    assert process.wait(timeout=WAIT) == 0
     assert not (cwd / ".toolexec" / "runtime.json").exists()
     os.kill(info["broker_pid"], 0)  # the embedded broker keeps the log for the next `up`
     stopped = toolexec("broker", "stop", "--json", cwd=cwd)

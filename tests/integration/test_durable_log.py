@@ -9,9 +9,11 @@ import json
 import os
 import shutil
 import signal
+import socketserver
 import sqlite3
 import subprocess
 import textwrap
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,7 @@ import httpx
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from domain.claims import LEASE_GRACE_SECONDS
 from tests.cli_process import REPO, start_up, stop, toolexec
 from tests.integration.test_durable_log_restore import read_log
 from tests.log_reading import terminal_event_ids
@@ -28,15 +31,21 @@ from tests.waiting import WAIT, until
 from toolexec.broker_control import read_state, stop_broker
 from toolexec.settings import Settings
 
-pytestmark = pytest.mark.integration
+# each test starts `up` twice or more (up to START_WAIT each on a loaded machine)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
+# rlimits: the tools reach the test's gate on the host's loopback (no network namespace)
 ENV = {"TOOLEXEC_SANDBOX": "rlimits"}
 FAST, IN_FLIGHT = 16, 4
-SLEEP_IN_FLIGHT = 6
+HELD_TIMEOUT = 120
+"""napper's attempt timeout: a held run must reach the fault within it (it normally
+takes seconds), and after a SIGKILL the restarted `up` ends a run left in flight only
+once its claim's lease (this timeout + LEASE_GRACE_SECONDS) has run out."""
 
 
 def napper(directory: Path) -> Path:
-    """A tool published with `toolexec publish`: sleeps `seconds`, echoes `text`."""
+    """A tool published with `toolexec publish`: echoes `text`; given a `gate` (a
+    loopback port), only once the test holding that gate opens it."""
     tool = directory / "napper"
     tool.mkdir(parents=True)
     (tool / "tool.yaml").write_text(textwrap.dedent("""\
@@ -44,24 +53,57 @@ def napper(directory: Path) -> Path:
         version: "1.0.0"
         tool_type: script
         executor: python_runtime
-        description: Sleeps a while, then echoes its text.
+        description: Echoes its text, once its gate (if it has one) opens.
         config:
           entrypoint: main.py
         parameters:
           type: object
           properties:
             text: {type: string}
-            seconds: {type: number, minimum: 0}
+            gate: {type: integer, minimum: 1, maximum: 65535}
           required: [text]
-        timeout_default: 60
-        """))
+        """) + f"timeout_default: {HELD_TIMEOUT}\n")
     (tool / "main.py").write_text(textwrap.dedent("""\
-        import json, sys, time
+        import json, socket, sys
         params = json.load(sys.stdin)
-        time.sleep(params.get("seconds", 0))
+        if params.get("gate"):
+            # (a bound, so that a run orphaned by a killed `up` never waits forever)
+            with socket.create_connection(("127.0.0.1", params["gate"]), timeout=900) as gate:
+                gate.sendall(params["text"].encode() + b"\\n")
+                gate.recv(1)  # the gate answers (or closes) when the test opens it
         print(json.dumps({"echo": params["text"]}))
         """))
     return tool
+
+
+class Gate:
+    """A loopback server the test holds: each tool run that connects waits until
+    `open()` (a run held there is in flight for as long as the test needs, however
+    slowly the machine starts it)."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.arrived: list[str] = []
+        gate = self
+
+        class Hold(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                gate.arrived.append(self.rfile.readline().decode().strip())
+                gate.opened.wait()
+                self.wfile.write(b"go\n")
+
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Hold)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def close(self) -> None:
+        self.open()  # runs still held (e.g. orphans of a killed `up`) end
+        self._server.shutdown()
+        self._server.server_close()
 
 
 @dataclass
@@ -69,6 +111,7 @@ class System:
     """`toolexec up` in `cwd` and an HTTP client on its gateway."""
 
     cwd: Path
+    gate: Gate
     process: subprocess.Popen[str] | None = None
     http: httpx.Client | None = None
     invocations: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -80,10 +123,9 @@ class System:
     def start(self) -> None:
         # start_up waits for the runtime file: not the one a killed `up` left behind
         (self.cwd / ".toolexec" / "runtime.json").unlink(missing_ok=True)
-        self.process = start_up(self.cwd, "--tools", str(REPO / "examples" / "tools"), env=ENV,
-                                timeout=WAIT)
+        self.process = start_up(self.cwd, "--tools", str(REPO / "examples" / "tools"), env=ENV)
         url = json.loads((self.cwd / ".toolexec" / "runtime.json").read_text())["gateway_url"]
-        self.http = httpx.Client(base_url=url, timeout=60)
+        self.http = httpx.Client(base_url=url, timeout=WAIT)
 
     def close_http(self) -> None:
         if self.http is not None:
@@ -95,15 +137,24 @@ class System:
         assert state is not None and state.bootstrap
         return state.bootstrap
 
-    def invoke(self, text: str, seconds: float) -> str:
+    def invoke(self, text: str, held: bool) -> str:
+        """Invoke napper asynchronously; `held` runs wait at the gate."""
         assert self.http is not None
+        parameters: dict[str, Any] = {"text": text, **({"gate": self.gate.port} if held else {})}
         answer = self.http.post("/v1/tools/invoke", json={
-            "tool_id": "napper", "parameters": {"text": text, "seconds": seconds},
-            "execution_mode": "async"})
+            "tool_id": "napper", "parameters": parameters, "execution_mode": "async"})
         assert answer.status_code == 202, answer.text
         invocation_id = answer.json()["invocation_id"]
-        self.invocations[invocation_id] = {"text": text, "seconds": seconds}
+        self.invocations[invocation_id] = parameters
         return invocation_id
+
+    def terminate(self) -> None:
+        """SIGTERM `up` with the held runs in flight, then open the gate: `up` waits
+        for its runs to end before it exits."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        self.gate.open()
+        assert self.process.wait(timeout=WAIT) == 0
 
     def status(self, invocation_id: str) -> dict[str, Any]:
         assert self.http is not None
@@ -117,13 +168,14 @@ class System:
 
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[System]:
-    running = System(tmp_path / "project")
+    running = System(tmp_path / "project", Gate())
     running.cwd.mkdir()
     yield running
     running.close_http()
     if running.process is not None:
         stop(running.process)
     stop_broker(running.settings)
+    running.gate.close()
 
 
 async def raw_log(bootstrap: str) -> list[tuple[Any, ...]]:
@@ -150,24 +202,19 @@ def archived_through(system: System, records: list[tuple[Any, ...]]) -> bool:
 
 
 def prepare(system: System, tmp_path: Path) -> tuple[list[str], list[str]]:
-    """Publish napper, invoke it 20 times, `IN_FLIGHT` of them still running; the fast
-    ones have completed and every record so far is archived."""
+    """Publish napper, invoke it 20 times, `IN_FLIGHT` of them held running at the
+    gate (until the test opens it); the fast ones have completed."""
     system.start()
     published = system.cli("publish", str(napper(tmp_path / "sources")), "--json")
     assert published.returncode == 0, published.stderr
     until(lambda: system.http.get("/v1/tools/napper").status_code == 200, "napper registered")
-    fast = [system.invoke(f"fast {n}", 0) for n in range(FAST)]
-    slow = [system.invoke(f"slow {n}", SLEEP_IN_FLIGHT) for n in range(IN_FLIGHT)]
+    fast = [system.invoke(f"fast {n}", held=False) for n in range(FAST)]
+    slow = [system.invoke(f"slow {n}", held=True) for n in range(IN_FLIGHT)]
     until(lambda: all(system.status(i)["status"] == "completed" for i in fast),
           "the fast invocations completed")
-    seen: set[str] = set()  # each one seen running once: on a busy machine a poll
-    # round can be slow enough to never find all four running in the same one
-
-    def all_seen_running() -> bool:
-        seen.update(i for i in slow if i not in seen and system.status(i)["status"] == "running")
-        return len(seen) == len(slow)
-
-    until(all_seen_running, "the slow invocations running")
+    until(lambda: len(system.gate.arrived) == IN_FLIGHT, "the slow runs at the gate")
+    until(lambda: all(system.status(i)["status"] == "running" for i in slow),
+          "the slow invocations running")
     return fast, slow
 
 
@@ -176,17 +223,16 @@ def fault(system: System, kind: str, tmp_path: Path) -> None:
     assert system.process is not None
     system.close_http()
     if kind == "sigterm":
-        system.process.send_signal(signal.SIGTERM)
-        assert system.process.wait(timeout=60) == 0
+        system.terminate()
     elif kind == "sigkill":
         state = read_state(system.settings.state_dir)
         assert state is not None
         for pid in (system.process.pid, state.data["broker_pid"], state.supervisor_pid):
             os.kill(pid, signal.SIGKILL)
-        system.process.wait(timeout=30)
+        system.process.wait(timeout=WAIT)
+        system.gate.open()  # the killed `up`'s orphaned runs end, unseen
     else:  # stop everything, then start from a copy of the state directory alone
-        system.process.send_signal(signal.SIGTERM)
-        assert system.process.wait(timeout=60) == 0
+        system.terminate()
         stopped = system.cli("broker", "stop", "--json")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         moved = tmp_path / "restored"
@@ -235,6 +281,7 @@ def test_the_log_and_the_read_models_survive(system: System, tmp_path: Path,
     assert set(projections.values()) == {"running"}, projections
 
 
+@pytest.mark.timeout(1200 + HELD_TIMEOUT + LEASE_GRACE_SECONDS)  # SIGKILL: the lease too
 @pytest.mark.parametrize("kind", ["sigterm", "sigkill", "cold"])
 def test_every_invocation_in_flight_at_the_fault_ends_with_exactly_one_terminal_event(
         system: System, tmp_path: Path, kind: str) -> None:
@@ -245,9 +292,16 @@ def test_every_invocation_in_flight_at_the_fault_ends_with_exactly_one_terminal_
         found = asyncio.run(terminal_event_ids(system.bootstrap(), set(slow)))
         return found if len(found) == len(slow) else {}
 
-    terminals = until(ended, "a terminal event for every invocation in flight", timeout=90)
+    terminals = until(ended, "a terminal event for every invocation in flight",
+                      timeout=HELD_TIMEOUT + LEASE_GRACE_SECONDS + WAIT)
     assert {i: len(terminals[i]) for i in slow} == dict.fromkeys(slow, 1)
-    assert {system.status(i)["status"] for i in slow} <= {"completed", "failed"}
+    ends = {i: system.status(i) for i in slow}
+    if kind == "sigkill":  # the executor died with them: the outcome is unknown
+        assert {e["status"] for e in ends.values()} == {"failed"}, ends
+        assert {e["error"]["code"] for e in ends.values()} == {"E3404"}, ends
+    else:  # `up` waited for its runs before it stopped
+        assert {i: e["result"] for i, e in ends.items()} == {
+            i: {"echo": system.invocations[i]["text"]} for i in slow}
 
 
 def invocation_rows(database: Path) -> int:
@@ -259,24 +313,23 @@ def test_read_models_pointed_at_a_foreign_log_are_refused_and_reported(
         system: System, tmp_path: Path) -> None:
     fast, _ = prepare(system, tmp_path)
     database = system.cwd / ".toolexec" / "toolexec.db"
-    system.process.send_signal(signal.SIGTERM)
-    assert system.process.wait(timeout=60) == 0
+    system.terminate()
     system.close_http()
     rows = invocation_rows(database)
 
-    other = System(tmp_path / "other")  # its own state directory, so its own log
+    other = System(tmp_path / "other", system.gate)  # its own state directory, so its own log
     other.cwd.mkdir()
     other_env = {**ENV, "TOOLEXEC_DATABASE_URL": f"sqlite:///{database}"}
-    process = start_up(other.cwd, env=other_env, timeout=WAIT)
+    process = start_up(other.cwd, env=other_env)
     try:
         url = json.loads((other.cwd / ".toolexec" / "runtime.json").read_text())["gateway_url"]
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with httpx.Client(base_url=url, timeout=WAIT) as http:
             health = http.get("/health")
             consumers = health.json()["checks"]["consumers"]["consumers"]
             old = http.get(f"/v1/invocations/{fast[0]}")
     finally:
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=WAIT)
         stop_broker(other.settings)
 
     assert health.status_code == 503 and health.json()["status"] == "degraded"
@@ -291,9 +344,9 @@ def test_read_models_pointed_at_a_foreign_log_are_refused_and_reported(
 def test_read_models_whose_log_lost_records_rebuild_from_it_loudly(
         system: System, tmp_path: Path) -> None:
     fast, slow = prepare(system, tmp_path)
+    system.gate.open()
     until(lambda: all(system.status(i)["status"] == "completed" for i in slow), "all done")
-    system.process.send_signal(signal.SIGTERM)
-    assert system.process.wait(timeout=60) == 0
+    system.terminate()
     system.close_http()
     assert system.cli("broker", "stop").returncode == 0
     # The log loses the second half of the requests' and the facts' partitions (as a
@@ -342,7 +395,7 @@ def _stop_and_read(system: System) -> tuple[str, str]:
     assert system.process is not None
     system.close_http()
     system.process.send_signal(signal.SIGTERM)
-    out, err = system.process.communicate(timeout=60)
+    out, err = system.process.communicate(timeout=WAIT)
     system.process = None
     return out, err
 
@@ -350,8 +403,7 @@ def _stop_and_read(system: System) -> tuple[str, str]:
 def test_read_models_older_than_their_log_are_refused_until_rebuilt(
         system: System, tmp_path: Path) -> None:
     fast, _ = prepare(system, tmp_path)
-    system.process.send_signal(signal.SIGTERM)
-    assert system.process.wait(timeout=60) == 0
+    system.terminate()
     system.close_http()
     assert system.cli("broker", "stop").returncode == 0
     # As after an upgrade from a memory-only log: the log is gone, and the read models

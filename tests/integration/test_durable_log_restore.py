@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from tests.waiting import WAIT
 from toolexec.embedded_broker import EmbeddedBroker
 from toolexec.log_archive import LogArchive, Skip
 from toolexec.log_archiver import LogArchiver
@@ -31,12 +32,13 @@ async def read_log(bootstrap: str, topics: dict[str, int]) -> list[tuple[Any, ..
         for tp in tps:
             await consumer.seek_to_beginning(tp)
         seen: list[tuple[Any, ...]] = []
-        idle = 0
-        while idle < 3:
+        remaining = set(tps)  # until each is read up to the high watermark its fetches
+        while remaining:  # report (not "nothing came for a while": a busy machine is slow)
             fetched = await consumer.getmany(timeout_ms=300)
-            idle = 0 if fetched else idle + 1
             seen += [(tp.topic, tp.partition, r.offset, r.key, r.value, tuple(r.headers),
                       r.timestamp) for tp, records in fetched.items() for r in records]
+            remaining = {tp for tp in remaining if consumer.highwater(tp) is None
+                         or await consumer.position(tp) < consumer.highwater(tp)}
         return sorted(seen, key=lambda r: (r[0], r[1], r[2]))
     finally:
         await consumer.stop()
@@ -74,7 +76,7 @@ async def archived(tmp_path: Path, bootstrap: str) -> LogArchive:
             await consumer.getmany(timeout_ms=100)
         ends = {(tp.topic, tp.partition): consumer.highwater(tp) or 0 for tp in tps}
         await consumer.stop()
-        assert await archiver.wait_archived(ends, timeout=30)
+        assert await archiver.wait_archived(ends, timeout=WAIT)
         await archiver.archive_groups()
     finally:
         await archiver.stop()
@@ -179,7 +181,7 @@ async def test_topics_created_later_are_archived_too(tmp_path: Path) -> None:
             # Tansu creates a topic on first use (four partitions)
             await producer.send_and_wait("toolexec.requests", b"r", partition=2)
             await producer.stop()
-            assert await archiver.wait_archived({("toolexec.requests", 2): 1}, timeout=30)
+            assert await archiver.wait_archived({("toolexec.requests", 2): 1}, timeout=WAIT)
         finally:
             await archiver.stop()
     assert archive.topics() == {"toolexec.requests": 4}

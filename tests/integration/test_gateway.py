@@ -88,7 +88,7 @@ def test_async_invoke_answers_202_and_polling_reaches_completed(gateway) -> None
         seen.append(view.json()["status"])
         return view.json() if view.json()["status"] in ("completed", "failed") else None
 
-    final = wait_until(finished, timeout=30)
+    final = wait_until(finished)
     assert final["status"] == "completed", final
     assert final["result"] == {"slept": 1}
     assert set(seen) <= STATUSES

@@ -21,6 +21,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.cli_process import REPO, clean_env, start_up, stop
+from tests.waiting import WAIT
 from toolexec.usecases.authoring import source_integrity
 
 pytestmark = [pytest.mark.integration]
@@ -54,7 +55,7 @@ def http_gateway(workdir: Path) -> Iterator[str]:
                                 "--port", str(port), "--tools", str(EXAMPLES)],
                                cwd=workdir, env=clean_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + WAIT
     while True:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:

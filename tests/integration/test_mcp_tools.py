@@ -22,7 +22,7 @@ import pytest_asyncio
 
 from contracts.envelope import Envelope
 from domain.model import ToolSource
-from tests.waiting import process_gone
+from tests.waiting import WAIT, process_gone
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
@@ -56,7 +56,7 @@ def _serve_example(transport: str) -> Iterator[int]:
     port = _free_port()
     process = subprocess.Popen([sys.executable, str(EXAMPLES / "text_mcp" / "server.py"),
                                 transport, str(port)], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT
     while True:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
@@ -249,7 +249,7 @@ async def test_server_dying_during_a_call_fails_it_with_E3404(client: Invocation
 
     call = asyncio.create_task(client.invoke("text_long_pause", {"seconds": 20},
                                              progress=progress))
-    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.wait_for(started.wait(), WAIT)
     await asyncio.sleep(0.5)  # from execution.started to the server: a few ms
     os.kill(pid, signal.SIGKILL)
     event = await call
@@ -267,9 +267,9 @@ async def test_cancelled_call_ends_with_E3703_and_the_server_serves_the_next_one
     call = asyncio.create_task(client.invoke(
         "text_long_pause", {"seconds": 25}, invocation_id=invocation_id,
         progress=lambda e: started.set() if e.type == "tool.execution.started" else None))
-    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.wait_for(started.wait(), WAIT)
     await client.cancel(invocation_id, "no longer needed")
-    event = await asyncio.wait_for(call, 20)
+    event = await asyncio.wait_for(call, WAIT)  # the pause (25 s) would end it completed
     assert event.type == "tool.invoke.failed", event.data
     assert event.data.error.code == "E3703"
     after = _completed(await client.invoke("text_word_count", {"text": "a b"}))

@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode
+from tests.waiting import WAIT
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
@@ -219,7 +220,7 @@ async def _find_deadletter(bootstrap: str, key: bytes) -> Any:
                                 auto_offset_reset="earliest")
     await consumer.start()
     try:
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(WAIT):
             while True:
                 batch = await consumer.getmany(timeout_ms=500)
                 for records in batch.values():

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from tests.cli_process import REPO, start_up, stop, toolexec
+from tests.waiting import WAIT
 
-pytestmark = [pytest.mark.integration, pytest.mark.security]
+# its module fixture starts `up` and runs invocations: at load 20 that outlasted 300 s
+pytestmark = [pytest.mark.integration, pytest.mark.security, pytest.mark.timeout(900)]
 
 AUTH = {"TOOLEXEC_REQUIRE_AUTH": "true"}
 ADA, BOB = "did:example:ada", "did:example:bob"
@@ -87,7 +89,7 @@ def recorded(cwd: Path) -> dict[str, str]:
                        token(cwd, ADA, "--tool", "hello"), cwd=cwd, env=AUTH)
     assert json.loads(refused.stdout)["error"]["code"] == "E3204"  # a token deny: stands
     (cwd / "rules-candidate.cedar").write_text(CANDIDATE)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:  # the audit model folds shortly after each reply
         listed = {c["invocation_id"] for c in what_if(
             cwd, "test", str(cwd / "rules-candidate.cedar"), "--set", "rules")["changes"]}

@@ -29,6 +29,7 @@ from projections.tables import audit_log, invocations, metadata, projection_offs
 from tests.projection_db import *  # noqa: F403 - fixtures
 from tests.projection_db import run_to_end, snapshot
 from tests.projection_events import at, captoken, circuit, invocation, lifecycle, published
+from tests.waiting import WAIT
 from toolexec.embedded_broker import ensure_topics
 
 pytestmark = [pytest.mark.integration]
@@ -154,7 +155,7 @@ async def test_a_reader_waiting_ends_a_runner_s_pause_between_folds(
     await runner.start()
     try:
         assert await runner.wait_caught_up(60)
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(WAIT):
             while not runner.pausing:
                 await asyncio.sleep(0.05)
         await _produce(kafka_bootstrap, log_prefix, invocation("late-1", "grep", start=90))
@@ -252,7 +253,7 @@ async def test_runner_killed_mid_batch_resumes_without_duplicate_or_gap(
                                 batch_size=batch)
     await crashing.open()
     with pytest.raises(_Crash):
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(WAIT):
             while True:
                 await crashing.step()
     await crashing.close()
@@ -289,7 +290,7 @@ async def test_runner_cancelled_inside_a_transaction_resumes_cleanly(
     runner = ProjectionRunner(engine, Hanging(model, limit=30), kafka_bootstrap,  # type: ignore[arg-type]
                               batch_size=20)
     await runner.start()
-    await asyncio.wait_for(entered.wait(), 30)
+    await asyncio.wait_for(entered.wait(), WAIT)
     await runner.stop()
     await run_to_end(ProjectionRunner(engine, model, kafka_bootstrap, batch_size=20))
     async with engine.connect() as conn:

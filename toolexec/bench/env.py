@@ -29,7 +29,10 @@ SCRIPT_TOOL = "bench_noop"
 API_TOOL = "bench_api"
 SCRIPT_PARAMS = {"text": "ping"}
 API_PARAMS = {"word": "ping"}
-CHILD_START_SECONDS = 60.0
+HANG_SECONDS = 600.0
+"""The bound of every wait on the bench's own processes and calls (starting, reading
+back, an invocation): it ends a hang, not a slow run on a loaded machine."""
+CHILD_START_SECONDS = HANG_SECONDS
 CHILD_STOP_SECONDS = 15.0
 
 _NOOP_MAIN = """import json

@@ -18,10 +18,11 @@ from aiokafka import AIOKafkaConsumer
 
 from contracts import topics
 from contracts.envelope import Envelope
+from toolexec.bench.env import HANG_SECONDS
 from toolexec.bench.report import Figure, percentile
 from toolexec.log_reading import events_to
 
-READ_BACK_SECONDS = 60.0
+READ_BACK_SECONDS = HANG_SECONDS
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from toolexec.bench.clients import ShardedClients
 from toolexec.bench.env import (
     API_PARAMS,
     API_TOOL,
+    HANG_SECONDS,
     SCRIPT_PARAMS,
     SCRIPT_TOOL,
     BenchEnvironment,
@@ -153,7 +154,7 @@ def pipeline_call(env: BenchEnvironment, tool_id: str, params: dict[str, Any],
 
     async def call() -> bool:
         produced = time.time()
-        terminal = await client.invoke(tool_id, params, timeout=60.0)
+        terminal = await client.invoke(tool_id, params, timeout=HANG_SECONDS)
         ok = terminal.type == "tool.invoke.completed"
         if ok and durations is not None:
             durations.append(terminal.data.duration_ms / 1000)

@@ -20,15 +20,21 @@ from types import TracebackType
 
 import httpx
 
-from toolexec.bench.env import SCRIPT_PARAMS, SCRIPT_TOOL, BenchEnvironment, processes_cpu
+from toolexec.bench.env import (
+    HANG_SECONDS,
+    SCRIPT_PARAMS,
+    SCRIPT_TOOL,
+    BenchEnvironment,
+    processes_cpu,
+)
 from toolexec.bench.env import script_plan as build_script_plan
 from toolexec.bench.pipeline import OVERHEAD_TARGET_MS, DirectSpawn, sequential
 from toolexec.bench.report import Figure, ScenarioResult, latency_figures, percentile
 from toolexec.broker_control import stop_broker
 from toolexec.settings import Settings
 
-UP_START_SECONDS = 90.0
-UP_STOP_SECONDS = 30.0
+UP_START_SECONDS = HANG_SECONDS
+UP_STOP_SECONDS = 120.0
 IDLE_SETTLE_SECONDS = 5.0
 IDLE_TARGET_PERCENT = 5.0
 
@@ -44,6 +50,8 @@ class UpProcess:
 
     async def __aenter__(self) -> UpProcess:
         state = self.root / "up-state"
+        # an `up` of an earlier scenario killed on its way out leaves its runtime file
+        (state / "runtime.json").unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLEXEC_")}
         env.update(TOOLEXEC_STATE_DIR=str(state), TOOLEXEC_TOOLS_DIR=str(self.root / "none"),
                    TOOLEXEC_USER_TOOLS_DIR="", TOOLEXEC_LOG_LEVEL="WARNING")
@@ -104,7 +112,7 @@ async def gateway_overhead(env: BenchEnvironment, *, calls: int,
     """Scenario 1b: sequential sync invokes through `up`'s HTTP gateway vs direct spawns."""
     direct = DirectSpawn(build_script_plan(env.tools_dir), env.root)
     async with UpProcess(env.root, env.tools_dir) as up, \
-            httpx.AsyncClient(base_url=up.gateway_url, timeout=60.0) as http:
+            httpx.AsyncClient(base_url=up.gateway_url, timeout=HANG_SECONDS) as http:
 
         async def invoke() -> bool:
             response = await http.post("/v1/tools/invoke", json={
