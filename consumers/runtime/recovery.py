@@ -82,7 +82,7 @@ class LogReader:
             consumer = self._consumer
             consumer.assign([tp])
             begin = (await consumer.beginning_offsets([tp]))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
+            end = await self._end(tp, begin)
             point = await self._last_resume_point(tp, begin, end)
             floor = max(point.facts_floor, begin) if point is not None else begin
             recovered = Recovered(point.low_water if point is not None else 0, end)
@@ -109,8 +109,29 @@ class LogReader:
 
     async def end_offset(self, tp: TopicPartition) -> int:
         """The end offset of any partition (e.g. of the requests topic)."""
-        async with self._lock:
-            return (await self._consumer.end_offsets([tp]))[tp]
+        try:
+            async with self._lock, asyncio.timeout(self._read_timeout):
+                self._consumer.assign([tp])
+                begin = (await self._consumer.beginning_offsets([tp]))[tp]
+                return await self._end(tp, begin)
+        finally:
+            self._consumer.pause(*self._consumer.assignment())
+
+    async def _end(self, tp: TopicPartition, begin: int) -> int:
+        """The offset after the last record of assigned partition `tp` (lock held).
+        Tansu answers ListOffsets(latest) with the last batch's base offset + 1, short
+        of the end when that batch holds several records (facts produced together):
+        the last batch is fetched and its records and the fetch's high watermark
+        give the end."""
+        consumer = self._consumer
+        listed = (await consumer.end_offsets([tp]))[tp]
+        if listed <= begin:
+            return listed
+        consumer.seek(tp, listed - 1)
+        records: list[ConsumerRecord] = []
+        while not records:
+            records = (await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)).get(tp, [])
+        return max(listed, records[-1].offset + 1, consumer.highwater(tp) or 0)
 
     async def _last_resume_point(self, tp: TopicPartition, begin: int,
                                  end: int) -> ResumePoint | None:
