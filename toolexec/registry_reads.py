@@ -84,10 +84,15 @@ async def published_versions(bootstrap: str, limits: PublicationLimits,
             while pending:
                 batches = await consumer.getmany(timeout_ms=int(POLL_SECONDS * 1000))
                 for tp, records in batches.items():
+                    if tp not in pending:  # fetched before it was paused
+                        continue
                     for record in records:
-                        if record.offset < pending.get(tp, 0):
-                            _fold(view, record)
-                    if tp in pending and await consumer.position(tp) >= pending[tp]:
+                        _fold(view, record)
+                    # Tansu's end offset is the last batch's base offset + 1, short of
+                    # the end when several publications went out together: the fetch's
+                    # high watermark says where the last batch ends
+                    end = max(pending[tp], consumer.highwater(tp) or 0)
+                    if await consumer.position(tp) >= end:
                         del pending[tp]
                         consumer.pause(tp)
     finally:
