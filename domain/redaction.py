@@ -212,8 +212,8 @@ def _redact_short_text(text: str) -> tuple[str, int]:
 
 
 _INERT_SHAPES: Final = re.compile(
-    r"[A-Za-z0-9_-]*[A-Za-z_][A-Za-z0-9_-]*|[A-Za-z0-9_-]{38,}"
-    r"|[0-9a-f]{20,}(?:\.[0-9a-f]{20,})+")
+    r"[0-9-]*+[A-Za-z_][A-Za-z0-9_-]*+|[A-Za-z0-9_-]{38,}+"
+    r"|[0-9a-f]{20,}+(?:\.[0-9a-f]{20,}+)++")
 """Text no rule of `_RULES` can change: one run of ``[A-Za-z0-9_-]`` (ids, hex and
 base64url digests, signatures) with a letter or ``_`` in it or longer than 37, and
 lower-case hex runs of 20 or more joined by dots (a fact's signed digest set). Why:
@@ -223,7 +223,9 @@ SSN, IPv4 and NANP phone rules refuse a word character, ``.`` or ``-`` before a
 match, so they can match only from the text's start, and what they match (digits
 and separators, 37 characters at most, or 1-3 digits before a dot) does not fit
 the first run. Keep in step with `_RULES` (tests/unit/test_redaction.py runs every
-rule over generated text of these shapes)."""
+rule over generated text of these shapes). Written with possessive repeats, so that
+text of no such shape is refused without backtracking (a fact's `sigset`: 2.8 µs
+with ``[A-Za-z0-9_-]*[A-Za-z_]...``, 0.8 µs so)."""
 
 
 def _redact_text(text: str) -> tuple[str, int]:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -155,6 +157,22 @@ def test_text_of_an_inert_shape_is_one_no_rule_changes(text: str) -> None:
         return
     assert _every_pattern(text) == (text, 0)
     assert _apply_rules(text) == (text, 0)
+
+
+_INERT_SHAPES_PLAINLY = re.compile(
+    r"[A-Za-z0-9_-]*[A-Za-z_][A-Za-z0-9_-]*|[A-Za-z0-9_-]{38,}"
+    r"|[0-9a-f]{20,}(?:\.[0-9a-f]{20,})+")
+"""`_INERT_SHAPES` as first written (backtracking): the possessive spelling must
+accept exactly the same text."""
+
+
+@settings(max_examples=1000, deadline=None)
+@given(text=st.from_regex(_INERT_SHAPES_PLAINLY, fullmatch=True)
+       | st.text(_RUN + ".:@ é", max_size=60) | st.text(_HEX + ".", max_size=90)
+       | st.text("0123456789-", max_size=45))
+def test_the_inert_shapes_are_those_of_the_plain_pattern(text: str) -> None:
+    assert (_INERT_SHAPES.fullmatch(text) is None) == (
+        _INERT_SHAPES_PLAINLY.fullmatch(text) is None)
 
 
 @pytest.mark.parametrize("text", [
