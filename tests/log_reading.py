@@ -15,7 +15,7 @@ from contracts import topics
 from contracts.envelope import Envelope, new_envelope
 from contracts.events import InvokeRequested
 from contracts.fact_signature import FactSigner, FactVerifier
-from contracts.kafka_binding import encode, send_event
+from contracts.kafka_binding import KafkaRecord, encode, send_event
 from domain.errors import ToolexecError
 from toolexec.log_reading import events_to
 
@@ -103,3 +103,20 @@ async def request_on_the_log(bootstrap: str, invocation_id: str) -> None:
                     return
     finally:
         await consumer.stop()
+
+
+async def send_as_one_batch(bootstrap: str, topic: str, records: list[KafkaRecord],
+                            partition: int = 0) -> None:
+    """Produce `records` to `partition` of `topic` as one record batch (as a producer
+    sends records produced together)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        batch = producer.create_batch()
+        for record in records:
+            assert batch.append(key=record.key, value=record.value, timestamp=None,
+                                headers=list(record.headers)) is not None
+        batch.close()
+        await (await producer.send_batch(batch, topic, partition=partition))
+    finally:
+        await producer.stop()

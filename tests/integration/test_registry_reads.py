@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from contracts.kafka_binding import encode
 from contracts.topics import REGISTRY
 from domain.publication_limits import PublicationLimits
+from tests.log_reading import send_as_one_batch
 from toolexec.publishing import publish_event
 from toolexec.registry_reads import published_versions
 from toolexec.sources import load_source
@@ -46,18 +46,7 @@ async def test_publications_sent_together_are_all_seen(kafka_bootstrap: str,
     events = [publish_event(load_source(_tool(tmp_path, tool_id)), now=now)
               for tool_id in tools]
     assert {event.type for event in events} == {"tool.published"}
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        batch = producer.create_batch()
-        for event in events:
-            record = encode(event)
-            assert batch.append(key=record.key, value=record.value, timestamp=None,
-                                headers=list(record.headers)) is not None
-        batch.close()
-        await (await producer.send_batch(batch, REGISTRY, partition=0))
-    finally:
-        await producer.stop()
+    await send_as_one_batch(kafka_bootstrap, REGISTRY, [encode(event) for event in events])
 
     view = await published_versions(kafka_bootstrap, PublicationLimits())
     assert [tool_id for tool_id in tools if view.get(tool_id, "1.0.0") is None] == []
