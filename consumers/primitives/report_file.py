@@ -26,7 +26,7 @@ import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,9 +70,7 @@ class ReportChannel:
 
     def close(self) -> None:
         self.reader.close()
-        for path in self._own_files:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        _remove(self._own_files)
 
 
 def open_channel(run_dir: RunDirectory, sandbox: str, reports: Path,
@@ -112,12 +110,15 @@ def open_channel(run_dir: RunDirectory, sandbox: str, reports: Path,
             binds.append((checkpoint, inside / CHECKPOINT_NAME))
     except BaseException:
         if fresh_root:
-            for path in own:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+            _remove(own)
         raise
     return ReportChannel(env, binds, ReportReader(descriptor),
                          tuple(own) if fresh_root else ())
+
+
+def _remove(paths: Iterable[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def shared_folder(root: Path) -> Path:
