@@ -3,6 +3,7 @@ being asserted (conditions normally hold much sooner)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -24,6 +25,19 @@ def until(predicate: Any, what: str, timeout: float = WAIT, interval: float = 0.
             return value
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
         time.sleep(interval)
+
+
+async def eventually(predicate: Callable[[], Any], what: str, timeout: float = WAIT,
+                     interval: float = 0.01) -> Any:
+    """`until` for asyncio tests: polls without blocking the loop, whose own tasks may
+    be what makes the condition hold."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        await asyncio.sleep(interval)
 
 
 def until_progressing(predicate: Any, what: str, progress: Callable[[], Hashable],

@@ -28,7 +28,7 @@ from tests.handlers.conftest import (
     pipeline_deps,
 )
 from tests.handlers.test_steps import seal_variant
-from tests.waiting import WAIT
+from tests.waiting import WAIT, eventually
 
 
 class MovingClock:
@@ -87,11 +87,9 @@ async def _waiting(harness: Harness, invocation_id: str,
                    token: str | None = None) -> asyncio.Task[str]:
     task = asyncio.create_task(harness.request("py_echo", {"text": "x"}, version_range="2.0.0",
                                                invocation_id=invocation_id, token=token))
-    for _ in range(200):
-        if harness.of(invocation_id, "tool.approval.requested"):
-            return task
-        await asyncio.sleep(0.01)
-    raise AssertionError("no approval was requested")
+    await eventually(lambda: harness.of(invocation_id, "tool.approval.requested"),
+                     "an approval is requested")
+    return task
 
 
 async def test_a_waiting_call_holds_no_slot_and_runs_once_approved() -> None:
@@ -228,11 +226,7 @@ async def test_a_decision_read_in_time_counts_though_the_run_checks_it_later() -
 
 
 async def _until_on_log(harness: Harness, invocation_id: str, event_type: str) -> None:
-    for _ in range(500):
-        if harness.of(invocation_id, event_type):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no {event_type} on the log")
+    await eventually(lambda: harness.of(invocation_id, event_type), f"{event_type} on the log")
 
 
 async def test_a_decision_read_in_time_stays_in_time_across_a_restart() -> None:

@@ -22,7 +22,7 @@ import pytest_asyncio
 
 from contracts.envelope import Envelope
 from domain.model import ToolSource
-from tests.waiting import WAIT, process_gone
+from tests.waiting import WAIT, eventually, process_gone
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
@@ -180,10 +180,7 @@ async def test_other_tools_of_the_same_server_share_its_process(
 async def test_killed_server_is_restarted_by_the_next_call(client: InvocationClient) -> None:
     before = _completed(await client.invoke("text_word_count", {"text": "a b"}))
     os.kill(before["pid"], signal.SIGKILL)
-    for _ in range(200):
-        if process_gone(before["pid"]):
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: process_gone(before["pid"]), "the killed server exits")
     after = _completed(await client.invoke("text_word_count", {"text": "a b c"}))
     assert after["words"] == 3
     assert after["pid"] != before["pid"]

@@ -19,6 +19,7 @@ from consumers.primitives.file_store import ContentStore
 from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.errors import ExecutionError, IntegrityMismatch
 from domain.model import PrimitiveOutcome, ResourceLimits, SubprocessPlan, ToolFile
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -153,11 +154,7 @@ async def test_timeout_kills_the_whole_process_group(run: Any) -> None:
     assert outcome.error is not None and outcome.error["code"] == "E3402"
     pids = [int(p) for p in outcome.stderr.decode().split("pids", 1)[1].split()]
     assert len(pids) == 2
-    for _ in range(100):
-        if all(_gone(pid) for pid in pids):
-            break
-        await asyncio.sleep(0.02)
-    assert all(_gone(pid) for pid in pids)
+    await eventually(lambda: all(_gone(pid) for pid in pids), "the tool and its child are gone")
 
 
 async def test_grandchildren_do_not_outlive_a_successful_run(run: Any) -> None:
@@ -169,11 +166,7 @@ async def test_grandchildren_do_not_outlive_a_successful_run(run: Any) -> None:
     """
     outcome = await run(python_plan(tool))
     pid = int(result_of(outcome))
-    for _ in range(100):
-        if _gone(pid):
-            break
-        await asyncio.sleep(0.02)
-    assert _gone(pid)
+    await eventually(lambda: _gone(pid), "the grandchild is gone")
 
 
 async def test_memory_hog_is_E3403(run: Any) -> None:
