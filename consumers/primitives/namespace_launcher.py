@@ -356,10 +356,6 @@ class NamespaceLauncher:
         if handle is not None and not handle.exited.done():
             handle.end(int(message["exit"]), resource.struct_rusage(message["rusage"]))
 
-    def _forget(self, handle: RunHandle) -> None:
-        self._runs.pop(handle.run_id, None)
-        self._pids.pop(handle.pid, None)
-
     def _died(self) -> None:
         """End of file: the launcher is gone. Its runs are killed and end without a
         status; the next run starts a new launcher."""

@@ -44,8 +44,12 @@ class NamespacedProcess(ToolProcess):
     def __init__(self, handle: RunHandle, pipes: _Pipes, limits: ResourceLimits,
                  launcher_rss: int | None) -> None:
         self._handle = handle
+        self._launcher_rss = launcher_rss
+        super().__init__(pipes, limits)  # type: ignore[arg-type]
+
+    def _parent_rss(self) -> int | None:
         # the tool is forked from the small launcher, not from this process
-        super().__init__(pipes, limits, launcher_rss)  # type: ignore[arg-type]
+        return self._launcher_rss
 
     def _watch_exit(self) -> int | None:
         # called at once by the launcher's socket reader: no round through the loop
@@ -74,7 +78,8 @@ async def spawn_namespaced(argv: tuple[str, ...], env: dict[str, str], run_dir: 
     assert launch.request is not None
     if any("\0" in text for text in (*argv, *env, *env.values())):
         raise ExecutionError("the argv or environment holds a NUL character", code="E3401")
-    require_executable(argv[0], env["PATH"], run_dir.lookup)  # the launcher would say 127
+    if not launch.program_found:  # the launcher would say 127
+        require_executable(argv[0], env["PATH"], run_dir.lookup)
     request = launch.request | {"argv": list(argv), "env": env,
                                 "rlimits": [list(limit) for limit in rlimits]}
     ours: list[int] = []

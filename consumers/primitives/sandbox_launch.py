@@ -57,6 +57,9 @@ class Launch:
     uid: int | None = None
     egress: EgressSession | None = None
     request: dict[str, Any] | None = None
+    program_found: bool = False
+    """The program, a bare name, was found on PATH as an executable file while the
+    request was made (no second lookup before it is sent)."""
     _pool: UidPool | None = None
 
     def spawned(self) -> None:
@@ -165,9 +168,11 @@ def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
     if launch.uid is None:
         raise OSError("the namespaces sandbox runs as root only")
     cache = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES)
+    found = program_identity(program, path)
+    launch.program_found = found is not None and "/" not in program  # which() found it
     key = PartsKey(
         files=run_dir.files, workdir=run_dir.path, cwd=run_dir.cwd, program=program, path=path,
-        found=program_identity(program, path), policy=policy, limits=plan.limits,
+        found=found, policy=policy, limits=plan.limits,
         protected=protected, etc_view=cache.etc.path, etc_binds=cache.etc.refresh(),
         links=bubblewrap.merged_usr_links())
     parts = cache.requests.parts(key)

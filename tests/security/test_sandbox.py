@@ -64,6 +64,19 @@ async def test_a_tool_holds_no_descriptor_but_its_standard_streams(
     assert outcome.stdout == b"[0, 1, 2, 3]\n"  # 3: the listing's own
 
 
+async def test_output_larger_than_its_pipes_is_read_whole(tmp_path: Path, sandbox: str) -> None:
+    # its pipes are watched only after a quiet start (tool_process): a tool that
+    # fills them is read to its end all the same
+    outcome = await _run(tmp_path, sandbox, """
+        import sys
+        for _ in range(48):
+            sys.stdout.write("o" * 65536)
+            sys.stderr.write("e" * 65536)
+    """, limits=ResourceLimits(stdout_max_bytes=1 << 23, stderr_max_bytes=1 << 23))
+    assert outcome.ok, outcome.error
+    assert outcome.stdout == b"o" * 48 * 65536 and outcome.stderr == b"e" * 48 * 65536
+
+
 async def test_reading_etc_shadow_fails(tmp_path: Path, sandbox: str) -> None:
     outcome = await _run(tmp_path, sandbox, "print(open('/etc/shadow').read())")
     assert not outcome.ok and outcome.error["code"] == "E3401"
