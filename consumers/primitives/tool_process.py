@@ -14,15 +14,10 @@ Popen uses vfork. The Landlock sandbox pays that fork on purpose: its child sets
 rlimits and enters its ruleset there (`Launch.entry`), which is cheaper than a wrapper.
 
 The hot path avoids helper threads: the process is spawned with `subprocess.Popen`
-(as asyncio itself does), its exit is watched through a pidfd and reaped with
-`wait4`, which also yields the child's resource usage, and its pipes are read by
-event-loop readers that keep at most the configured number of bytes (and discard the
-rest, so the child never blocks). Those readers are armed only `QUIET_START_SECONDS`
-after the spawn (each pipe enlarged to `PIPE_BYTES` where the kernel allows): a
-short run's output, its pipes' ends of file and its exit then cost the event loop
-one round, at the exit, where the pipes are read (each piece of output, each end of
-file would otherwise be a round of its own on the run's path); a longer run's pipes
-are read as they fill, so a tool never waits on a full pipe for longer than that. At the leader's exit (while it is still a zombie, so its pid
+(as asyncio itself does), its pipes are read by event-loop readers that keep at most
+the configured number of bytes (and discard the rest, so the child never blocks), and
+its exit is watched through a pidfd and reaped with `wait4`, which also yields the
+child's resource usage. At the leader's exit (while it is still a zombie, so its pid
 cannot have been reused) and on timeout or cancellation the whole process group is
 killed with SIGKILL, so grandchildren never outlive the run.
 """
@@ -31,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
 import os
 import resource
@@ -54,14 +48,8 @@ EXIT_POLL_SECONDS = 0.005
 REAP_GRACE_SECONDS = 5.0
 _READ_SIZE = 65536
 _PIPE_GRACE_SECONDS = 1.0
-QUIET_START_SECONDS = 0.1
-"""How long after the spawn the pipes are left to fill before readers watch them."""
-PIPE_BYTES = 1 << 20
-"""What each output pipe is asked to hold (F_SETPIPE_SZ; the default, 64 KiB, stays
-where the kernel refuses: pipe-max-size, or an unprivileged user's pipe pages)."""
-_EXIT_READS = PIPE_BYTES // _READ_SIZE + 1
-"""Reads per pipe at the exit: a full pipe and its end of file (a writer still
-alive is left to the pipe's reader)."""
+_EXIT_READS = 8
+"""Reads per pipe at the exit (a writer still alive is left to the pipe's reader)."""
 
 
 @functools.cache
@@ -175,11 +163,8 @@ class ToolProcess:
         self._drained: asyncio.Future[None] = self._loop.create_future()
         self._open_pipes = 0
         self._stdin_rest = memoryview(b"")
-        self._readers: list[tuple[Any, Capture]] = []
         self._watch_pipe(popen.stdout, self.stdout)
         self._watch_pipe(popen.stderr, self.stderr)
-        self._arming: asyncio.TimerHandle | None = self._loop.call_later(
-            QUIET_START_SECONDS, self._arm_readers)
         self._pidfd = self._watch_exit()
 
     def _parent_rss(self) -> int | None:
@@ -225,21 +210,8 @@ class ToolProcess:
     def _watch_pipe(self, pipe: Any, capture: Capture) -> None:
         fd = pipe.fileno()
         os.set_blocking(fd, False)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self._open_pipes += 1
-        self._readers.append((pipe, capture))
-
-    def _arm_readers(self) -> None:
-        """Read the pipes as they fill from now on (the quiet start is over, or the
-        exit left a pipe open: a process outside the run still holds it)."""
-        if self._arming is not None:
-            self._arming.cancel()
-            self._arming = None
-        for pipe, capture in self._readers:
-            if not pipe.closed:
-                self._loop.add_reader(pipe.fileno(), self._read, pipe, capture)
-        self._readers = []
+        self._loop.add_reader(fd, self._read, pipe, capture)
 
     def _read(self, pipe: Any, capture: Capture) -> None:
         if not drain_into(pipe, capture):
@@ -316,7 +288,6 @@ class ToolProcess:
         if not self._exited.done():
             self._exited.set_result((status, usage))
             self._read_pipes_now()
-            self._arm_readers()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -366,10 +337,6 @@ class ToolProcess:
         group. The exit watcher stays armed until the child is reaped."""
         if not self._exited.done():
             self.kill_group()
-        if self._arming is not None:
-            self._arming.cancel()
-            self._arming = None
-        self._readers = []
         self._close_stdin()
         for pipe in (self._popen.stdout, self._popen.stderr):
             if pipe is not None:

@@ -65,8 +65,8 @@ async def test_a_tool_holds_no_descriptor_but_its_standard_streams(
 
 
 async def test_output_larger_than_its_pipes_is_read_whole(tmp_path: Path, sandbox: str) -> None:
-    # its pipes are watched only after a quiet start (tool_process): a tool that
-    # fills them is read to its end all the same
+    # a tool that fills both pipes is read to its end (the exit's reads and the
+    # pipes' readers together)
     outcome = await _run(tmp_path, sandbox, """
         import sys
         for _ in range(48):
