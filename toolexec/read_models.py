@@ -44,9 +44,9 @@ hundreds of times a second. While records flow the runner folds at most every
 `PROJECTION_FOLD_SECONDS` unless it is behind or a reader waits, so its busy wait
 matches that interval (20 ms made 3-4 fetches per sequential invocation, most of
 them answered empty while the runner paused between folds). A read-your-writes wait
-(`wait_caught_up`) moves the runner to its busy wait at once; records already on
-the log answer a fetch at once whatever its wait. An idle runner's loop also turns
-only this often (records that arrive end its wait at once)."""
+(`wait_caught_up`) moves the runner to its busy wait and ends a pause between folds
+at once. An idle runner's loop also turns only this often (records that arrive end
+its wait at once)."""
 
 PROJECTION_FOLD_SECONDS = 0.1
 """While nobody waits to read their writes, the runner folds a batch at most this
