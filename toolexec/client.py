@@ -270,10 +270,15 @@ class InvocationClient:
 
         The pipeline stops the invocation if it has not ended yet (it then ends with
         `tool.invoke.failed` E3703); a cancel of an ended invocation changes nothing.
-        Raises `InvocationNotDelivered` (E3001) when the broker does not take it in time."""
-        return await self.command(InvokeCancelRequested(
+        Raises `InvocationNotDelivered` (E3001) when the broker does not take it in time.
+        A cancel of an invocation whose partition the local pipeline owns is applied
+        there as soon as the broker has it, without waiting for the pipeline's fetch."""
+        envelope = await self.command(InvokeCancelRequested(
             invocation_id=invocation_id, reason=reason, requested_by=requested_by),
             timeout=timeout)
+        if self._pipeline is not None and self._local_partition(invocation_id) is not None:
+            self._pipeline.cancel(invocation_id, reason)
+        return envelope
 
     async def command(self, data: Any, *, token: str | None = None,
                       timeout: float = 30.0) -> Envelope:

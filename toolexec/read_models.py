@@ -35,14 +35,18 @@ from toolexec.state_files import ensure_state_dir
 
 log = structlog.get_logger(__name__)
 
-PROJECTION_BUSY_WAIT_MS = 20
+PROJECTION_BUSY_WAIT_MS = 100
 PROJECTION_IDLE_WAIT_MS = 250
 """The projection runner's fetch waits while records flow and while idle. Read models
 are eventually consistent and nobody waits hop by hop on them; on a broker that holds
 every fetch for the full wait (Tansu), a short wait would make the runner poll
-hundreds of times a second. A read-your-writes wait (`wait_caught_up`) moves the
-runner to its busy wait at once. An idle runner's loop also turns only this often
-(records that arrive end its wait at once)."""
+hundreds of times a second. While records flow the runner folds at most every
+`PROJECTION_FOLD_SECONDS` unless it is behind or a reader waits, so its busy wait
+matches that interval (20 ms made 3-4 fetches per sequential invocation, most of
+them answered empty while the runner paused between folds). A read-your-writes wait
+(`wait_caught_up`) moves the runner to its busy wait and ends a pause between folds
+at once. An idle runner's loop also turns only this often (records that arrive end
+its wait at once)."""
 
 PROJECTION_FOLD_SECONDS = 0.1
 """While nobody waits to read their writes, the runner folds a batch at most this

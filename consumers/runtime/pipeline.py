@@ -193,7 +193,13 @@ class Pipeline:
         record = encode(request)
         self._start(request, progress, RecordRef(topics.REQUESTS, partition, offset, record.key,
                                                  record.value, record.headers),
-                    InvocationFacts())
+                    InvocationFacts(), handed_over=True)
+
+    def cancel(self, invocation_id: str, reason: str | None) -> None:
+        """Apply a local producer's acknowledged cancel now (its copy read from the
+        log later changes nothing more): a run handed over in memory does not keep
+        the consumer on its short fetch wait, so the copy may be read only later."""
+        self.runs.cancel(invocation_id, reason)
 
     # -- consuming --------------------------------------------------------------------
 
@@ -210,10 +216,7 @@ class Pipeline:
                 await asyncio.sleep(RECOVERY_RETRY_SECONDS)
                 continue
             self._broker_state(None)
-            if fetched or self.runs.active:
-                self._pacer.busy()
-            else:
-                self._pacer.update()
+            news = False
             for tp, records in fetched.items():
                 progress = self._progress.get(tp.partition)
                 if progress is None:
@@ -221,25 +224,32 @@ class Pipeline:
                         consumer.seek(tp, records[0].offset)
                     continue  # else revoked meanwhile: its new owner reads them
                 for record in records:
-                    self._on_record(progress, record)
+                    news = self._on_record(progress, record) or news
                 self._forget_recovered(progress)
+            if news or self.runs.active_from_log:
+                self._pacer.busy()
+            else:
+                self._pacer.update()
             if fetched:
                 self._commit_soon()
             await self.runs.wait_below(self._max_in_flight * 4)
 
-    def _on_record(self, progress: PartitionProgress, record: Any) -> None:
+    def _on_record(self, progress: PartitionProgress, record: Any) -> bool:
+        """Act on one record; False when it was only the log's copy of a request
+        handed over here (news from the log keep the consumer on its short wait)."""
         kind = header_type(record.headers)
         offset = record.offset
         if kind == REQUESTED:
             if progress.take(offset):
                 self._on_request(progress, record)
-            return
+                return True
+            return False
         progress.skip(offset)
         try:
             event = decode(record.key, record.value, record.headers)
         except UndecodableRecord as bad:
             self._dead_letter(record, bad.error)
-            return
+            return True
         if event.type == CANCEL_REQUESTED:
             self.runs.cancel(event.data.invocation_id, event.data.reason)
         elif event.type == APPROVAL_DECIDED:
@@ -251,6 +261,7 @@ class Pipeline:
                 code="E3004", message=f"{event.type} is not a command; producers may write "
                 f"only {sorted(topics.COMMAND_TYPES)} to {topics.REQUESTS}",
                 details={"type": event.type}))
+        return True
 
     def _on_request(self, progress: PartitionProgress, record: Any) -> None:
         offset = record.offset
@@ -279,13 +290,17 @@ class Pipeline:
                     facts)
 
     def _start(self, request: Envelope, progress: PartitionProgress, source: RecordRef,
-               facts: InvocationFacts) -> None:
-        """Run `request`, read from (or handed over at) `source`."""
+               facts: InvocationFacts, *, handed_over: bool = False) -> None:
+        """Run `request`, read from (or handed over at) `source`. Only a request read
+        from the log keeps the consumer on its short fetch wait: more may follow it
+        there, while a local producer's requests and cancels need no fetch at all."""
         offset = source.offset
         fact_log = DeliveringFactLog(PartitionFactLog(self._producer, progress, self._signer,
                                                       observe=self._observe))
-        self.runs.start(request, fact_log, facts, source, self._finisher(progress, offset))
-        self._pacer.busy()
+        self.runs.start(request, fact_log, facts, source, self._finisher(progress, offset),
+                        handed_over=handed_over)
+        if not handed_over:
+            self._pacer.busy()
 
     def _finisher(self, progress: PartitionProgress, offset: int) -> Callable[[], None]:
         def finish() -> None:

@@ -78,6 +78,8 @@ class Run:
     """Waiting for an approver: holds no slot, does not count as active."""
     partition: int | None = None
     """The requests partition of its request, once started."""
+    handed_over: bool = False
+    """Started from a local producer's hand-over rather than read from the log."""
     tool_id: str | None = None
     """The tool its request asks for, once started (whose approvers may decide)."""
 
@@ -130,6 +132,12 @@ class InvocationRuns:
         for an approver left out."""
         return sum(1 for run in self._runs.values() if run.task is not None and not run.waiting)
 
+    @property
+    def active_from_log(self) -> int:
+        """Active runs whose request was read from the log (not handed over in memory)."""
+        return sum(1 for run in self._runs.values()
+                   if run.task is not None and not run.waiting and not run.handed_over)
+
     def expect(self, invocation_id: str, listener: Listener | None = None
                ) -> asyncio.Future[Envelope]:
         """A future of `invocation_id`'s terminal event, for a local producer about to
@@ -151,9 +159,11 @@ class InvocationRuns:
                 run.done.cancel()
 
     def start(self, request: Envelope, fact_log: FactLog, facts: InvocationFacts,
-              source: RecordRef, on_done: Callable[[], None]) -> Run:
+              source: RecordRef, on_done: Callable[[], None], *,
+              handed_over: bool = False) -> Run:
         """Run `request` (resuming from `facts`) unless a run of it exists already,
-        which it then joins; `on_done` is called once the terminal event is on the log."""
+        which it then joins; `on_done` is called once the terminal event is on the log.
+        `handed_over`: the request came from a local producer, not from the log."""
         invocation_id = request.data.invocation_id
         run = self._runs.get(invocation_id)
         if run is None:
@@ -163,6 +173,7 @@ class InvocationRuns:
         run.partition = source.partition
         run.tool_id = request.data.tool_id
         if run.task is None:
+            run.handed_over = handed_over
             if self._observe is not None:
                 self._observe(request)
             run.task = asyncio.create_task(
