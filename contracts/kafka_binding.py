@@ -204,7 +204,7 @@ def _guarded(decoder: Decoder, key: Any, value: Any, headers: Any) -> Envelope:
             raise UndecodableRecord("record key is not bytes")
         if value is not None and not isinstance(value, _BYTES):
             raise UndecodableRecord("record value is not bytes")
-        if isinstance(headers, Mapping):
+        if type(headers) is not list and isinstance(headers, Mapping):  # list: no ABC check
             headers = headers.items()
         # An empty key is no key (some clients send b"" for None): fall back to the header.
         return decoder(bytes(key) if key else None, bytes(value or b""), headers)
