@@ -17,7 +17,7 @@ import base64
 import binascii
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -27,7 +27,7 @@ from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
 
 from contracts import topics
-from contracts.envelope import Envelope
+from contracts.envelope import Envelope, checked_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import EVENT_MODELS, EventData, dataschema_uri
 
@@ -60,6 +60,10 @@ _ENVELOPE_ATTRIBUTES: Final = frozenset(
     {"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "dataschema",
      "correlationid", "causationid", "partitionkey"}
 )
+WRITTEN_EXTENSIONS: Final = frozenset(_KNOWN_HEADERS.values()) - _ENVELOPE_ATTRIBUTES
+"""The extensions toolexec writes (``captoken``, ``traceparent``, the signature's...)."""
+_WRITTEN_EXTENSIONS: Final = WRITTEN_EXTENSIONS
+_FIELD_NAMES: Final = tuple(f.name for f in fields(Envelope))
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +204,7 @@ def _guarded(decoder: Decoder, key: Any, value: Any, headers: Any) -> Envelope:
             raise UndecodableRecord("record key is not bytes")
         if value is not None and not isinstance(value, _BYTES):
             raise UndecodableRecord("record value is not bytes")
-        if isinstance(headers, Mapping):
+        if type(headers) is not list and isinstance(headers, Mapping):  # list: no ABC check
             headers = headers.items()
         # An empty key is no key (some clients send b"" for None): fall back to the header.
         return decoder(bytes(key) if key else None, bytes(value or b""), headers)
@@ -383,15 +387,26 @@ def _envelope(attrs: dict[str, Any], data: Any) -> Envelope:
     extensions = ({} if attrs.keys() <= _ENVELOPE_ATTRIBUTES  # most records have none
                   else {n: v for n, v in attrs.items() if n not in _ENVELOPE_ATTRIBUTES})
     try:
-        return Envelope(
-            id=_required(attrs, "id"), type=event_type, source=_required(attrs, "source"),
-            subject=attrs.get("subject"), time=_time(attrs.get("time")),
-            data=_validate(model, data), correlationid=_required(attrs, "correlationid"),
-            causationid=attrs.get("causationid"), partitionkey=_required(attrs, "partitionkey"),
-            extensions=extensions,
-        )
+        values = (_required(attrs, "id"), event_type, _required(attrs, "source"),
+                  attrs.get("subject"), _time(attrs.get("time")), _validate(model, data),
+                  _required(attrs, "correlationid"), attrs.get("causationid"),
+                  _required(attrs, "partitionkey"), extensions)
+        if _plain(values[3]) and _plain(values[7]) and _plain_extensions(extensions):
+            return checked_envelope(*values)  # every check of `Envelope` made above
+        return Envelope(**dict(zip(_FIELD_NAMES, values, strict=True)))
     except ValueError as exc:
         raise UndecodableRecord(str(exc)[:500]) from exc
+
+
+def _plain(optional: Any) -> bool:
+    """None or a non-empty `str`: what `Envelope` takes for `subject`, `causationid`."""
+    return optional is None or (type(optional) is str and optional != "")
+
+
+def _plain_extensions(extensions: dict[str, Any]) -> bool:
+    """Only extensions toolexec writes (names `Envelope` allows), each text."""
+    return not extensions or (extensions.keys() <= _WRITTEN_EXTENSIONS
+                              and all(type(v) is str for v in extensions.values()))
 
 
 def _required(attrs: Mapping[str, Any], name: str) -> str:
@@ -417,7 +432,8 @@ def _validate(model: type[EventData], data: Any) -> EventData:
         if isinstance(data, bytes):
             if not data:
                 raise UndecodableRecord("event has no data", type=model.EVENT_TYPE)
-            return model.model_validate_json(data)
+            # the validator itself: `model_validate_json` adds ~2 µs of Python
+            return model.__pydantic_validator__.validate_json(data)
         if not isinstance(data, dict):
             raise UndecodableRecord("event data is not a JSON object", type=model.EVENT_TYPE)
         return model.model_validate(data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -12,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts import topics
-from contracts.envelope import Envelope, derived_event_id, new_envelope
+from contracts import kafka_binding, topics
+from contracts.envelope import Envelope, derived_event_id, envelope_problems, new_envelope
 from contracts.errors import ErrorInfo
 from contracts.events import (
     EVENT_MODELS,
@@ -51,6 +52,7 @@ from contracts.events import (
 from contracts.kafka_binding import (
     CONTENT_TYPE_HEADER,
     STRUCTURED_CONTENT_TYPE,
+    WRITTEN_EXTENSIONS,
     KafkaRecord,
     UndecodableRecord,
     decode,
@@ -513,3 +515,78 @@ def test_a_stored_document_reads_back_as_the_event_and_as_the_sdk_reads_it(
     structured = [(CONTENT_TYPE_HEADER, STRUCTURED_CONTENT_TYPE.encode())]
     assert decode_with_sdk(None, document, structured) == env
     assert from_document(encode_structured(env).value) == env
+
+
+# --- the decoder's own checks stand in for `Envelope`'s -------------------------------
+
+written_values = st.sampled_from([b"", b"\x00", b"\xff\xfe", b"x" * 3, b"Upper", b"1.0",
+                                  b"tool.invoke.requested", b"not a time",
+                                  b"2025-01-01T00:00:00", b"sig.Ext"]) | st.binary(max_size=12)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_decoded_envelopes_are_the_envelopes_the_full_checks_build(data: st.DataObject) -> None:
+    """Hostile records of the shape toolexec writes (empty or NUL values, bytes that are
+    not UTF-8, extensions signed facts carry, headers repeated, dropped or unknown): the
+    decoder, which builds a plain envelope without `Envelope`'s checks, refuses the same
+    records with the same E3004 error and decodes the others to the same envelopes as
+    when every envelope is built by `Envelope(...)` (which checks every field)."""
+    env = envelope_of(data.draw(st.sampled_from(SAMPLES)), subject="s",
+                      extensions=data.draw(st.dictionaries(
+                          st.sampled_from(["traceparent", "tracestate", "sigkid", "sigset",
+                                           "sig", "captoken"]), st.text(max_size=5),
+                          max_size=3)))
+    record = encode(env)
+    headers = list(record.headers)
+    for _ in range(data.draw(st.integers(0, 3))):
+        index = data.draw(st.integers(0, len(headers) - 1))
+        name = data.draw(st.sampled_from([headers[index][0], "ce_subject", "ce_causationid",
+                                          "ce_sig", "ce_Ext", "ce_bad-name", "toolexec-resume"]))
+        value = data.draw(written_values)
+        action = data.draw(st.sampled_from(["value", "rename", "add", "drop"]))
+        if action == "value":
+            headers[index] = (headers[index][0], value)
+        elif action == "rename":
+            headers[index] = (name, headers[index][1])
+        elif action == "add":
+            headers.append((name, value))
+        else:
+            del headers[index]
+    value = data.draw(st.sampled_from([record.value, b'{"x": 1}']))
+    assert outcome(record.key, value, headers) == with_every_check(record.key, value, headers)
+
+
+@pytest.mark.parametrize("header", ["ce_subject", "ce_causationid", "ce_sig", "ce_traceparent"])
+def test_an_empty_optional_attribute_is_refused_as_every_check_refuses_it(header: str) -> None:
+    record = encode(envelope_of(SAMPLES[8], subject="s", extensions={"traceparent": "t",
+                                                                    "sig": "x"}))
+    headers = [(name, b"" if name == header else raw) for name, raw in record.headers]
+    refused = outcome(record.key, record.value, headers)
+    assert refused == with_every_check(record.key, record.value, headers)
+    assert isinstance(refused, ErrorInfo) == (header != "ce_traceparent" and header != "ce_sig")
+
+
+def outcome(key: bytes, value: bytes, headers: list) -> Envelope | ErrorInfo:
+    try:
+        decoded = decode(key, value, headers)
+    except UndecodableRecord as bad:
+        return bad.error
+    assert envelope_problems(decoded) == []
+    return decoded
+
+
+def with_every_check(key: bytes, value: bytes, headers: list) -> Envelope | ErrorInfo:
+    def checked(*values: object) -> Envelope:
+        return Envelope(**dict(zip([f.name for f in dataclasses.fields(Envelope)], values,
+                                   strict=True)))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kafka_binding, "checked_envelope", checked)
+        return outcome(key, value, headers)
+
+
+def test_the_extensions_toolexec_writes_are_extensions_an_envelope_allows() -> None:
+    for name in WRITTEN_EXTENSIONS:
+        env = envelope_of(SAMPLES[8], extensions={name: "v"})
+        assert envelope_problems(env) == []
