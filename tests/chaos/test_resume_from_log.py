@@ -108,6 +108,13 @@ async def mid_burst(bootstrap: str, ids: list[str]) -> LogSnapshot:
             await asyncio.sleep(0.05)
 
 
+async def taken_over(bootstrap: str, ids: list[str], at_fault: LogSnapshot) -> None:
+    """Until invocations of the burst end that had not ended at the fault."""
+    async with asyncio.timeout(WAIT):
+        while len((await snapshot(bootstrap, ids)).ended()) <= len(at_fault.ended()):
+            await asyncio.sleep(0.1)
+
+
 def issue(tmp_path: Path) -> tuple[keys.KeyPair, str]:
     pair = keys.ensure_dev_keys(tmp_path / "issuer")
     token = keys.issue_token(keys.load_private_key(pair.private), subject="did:example:ada",
@@ -188,9 +195,10 @@ async def test_every_request_resumes_once_when_partitions_move_from_a_stalled_re
                 at_fault = await snapshot(broker.bootstrap, ids)
                 second = start_secured_up(broker.bootstrap, states[1], pair.public, redis_url)
                 await wait_until_up(second, states[1])
-                # The second replica takes every partition, then the first comes back
-                # and the group rebalances once more.
-                await asyncio.sleep(5)
+                # The second replica takes the partitions (it ends invocations while
+                # the first is stopped), then the first comes back and the group
+                # rebalances once more.
+                await taken_over(broker.bootstrap, ids, at_fault)
                 first.send_signal(signal.SIGCONT)
                 results = await asyncio.gather(*tasks)
         finally:

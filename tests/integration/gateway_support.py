@@ -67,7 +67,7 @@ def running_gateway(cwd: Path, *args: str,
                        env=env)
     try:
         url = json.loads((cwd / ".toolexec" / "runtime.json").read_text())["gateway_url"]
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with httpx.Client(base_url=url, timeout=WAIT) as http:
             yield RunningGateway(cwd, process, url, http, env)
     finally:
         stop(process)

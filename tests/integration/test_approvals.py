@@ -420,7 +420,7 @@ def test_a_restart_while_waiting_waits_again_and_honours_the_approval(tmp_path: 
     up = start_up(tmp_path, *args, env=env)
     try:
         url = json.loads((tmp_path / ".toolexec" / "runtime.json").read_text())["gateway_url"]
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with httpx.Client(base_url=url, timeout=WAIT) as http:
             second = RunningGateway(tmp_path, up, url, http, env)
             row = _pending(second, invocation_id)
             sent = _decide(second, invocation_id, _approver(second), decision="approve")
