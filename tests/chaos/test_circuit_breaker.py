@@ -194,7 +194,7 @@ async def test_failing_service_trips_the_breaker_and_recovers_through_half_open(
                 await stack.publish(publish_event(source, now=now))
 
             async def call() -> Envelope:
-                return await client.invoke("flaky_api", {}, timeout=60)
+                return await client.invoke("flaky_api", {}, timeout=WAIT)
 
             # The service fails: after failure_threshold failures the breaker opens.
             for _ in range(FAILURE_THRESHOLD):

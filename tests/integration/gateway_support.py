@@ -73,7 +73,7 @@ def running_gateway(cwd: Path, *args: str,
         stop(process)
 
 
-def interrupt(process: subprocess.Popen[str], timeout: float = 30) -> int:
+def interrupt(process: subprocess.Popen[str], timeout: float = WAIT) -> int:
     """Ctrl-C the process; its exit code."""
     process.send_signal(signal.SIGINT)
     return process.wait(timeout=timeout)

@@ -153,7 +153,7 @@ async def test_one_supervisor_per_state_directory(settings: Settings) -> None:
     broker = await ensure_broker(settings)
     second = subprocess.run(
         [sys.executable, "-m", "toolexec.broker_supervisor", "--state-dir",
-         str(settings.state_dir)], capture_output=True, text=True, timeout=60)
+         str(settings.state_dir)], capture_output=True, text=True, timeout=WAIT)
 
     assert second.returncode == 3
     assert f"pid {broker.supervisor_pid}" in second.stderr
