@@ -28,9 +28,11 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def toolexec(*args: str, cwd: Path, timeout: float = WAIT,
+def toolexec(*args: str, cwd: Path, timeout: float = START_WAIT,
              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`toolexec ARGS` in `cwd`; returns the finished process (stdout, stderr as text)."""
+    """`toolexec ARGS` in `cwd`; returns the finished process (stdout, stderr as text).
+    The bound only fails a hang: at load 20 on 2 cores even `--help` took 30 s, and a
+    command that talks to the broker several times took over 120 s."""
     return subprocess.run([sys.executable, "-m", "toolexec.cli", *args], cwd=cwd,
                           env=clean_env(env), capture_output=True, text=True, timeout=timeout)
 

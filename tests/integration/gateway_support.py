@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from tests.cli_process import REPO, start_up, stop, toolexec
-from tests.waiting import WAIT
+from tests.waiting import START_WAIT, WAIT
 
 TEST_TOOLS = Path(__file__).parent / "tools"
 EXAMPLES = REPO / "examples" / "tools"
@@ -67,7 +67,8 @@ def running_gateway(cwd: Path, *args: str,
                        env=env)
     try:
         url = json.loads((cwd / ".toolexec" / "runtime.json").read_text())["gateway_url"]
-        with httpx.Client(base_url=url, timeout=WAIT) as http:
+        # a synchronous invoke starts the tool's process: as slow as starting `up`
+        with httpx.Client(base_url=url, timeout=START_WAIT) as http:
             yield RunningGateway(cwd, process, url, http, env)
     finally:
         stop(process)
