@@ -27,7 +27,7 @@ LONG_SLEEPER = {
     "tool_id": "long_sleeper", "version": "1.0.0", "tool_type": "script",
     "executor": "python_runtime",
     "description": "The sleeper tool (a grandchild and a long sleep) with a long timeout.",
-    "config": {"entrypoint": "main.py"}, "timeout_default": 60,
+    "config": {"entrypoint": "main.py"}, "timeout_default": START_WAIT,
     "parameters": {"type": "object", "properties": {"pidfile": {"type": "string"}},
                    "required": ["pidfile"]},
 }
