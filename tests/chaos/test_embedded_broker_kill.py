@@ -22,7 +22,7 @@ import pytest
 
 from tests.cli_process import clean_env
 from tests.log_reading import terminal_event_ids
-from tests.waiting import WAIT, until
+from tests.waiting import START_WAIT, WAIT, until
 from toolexec.broker_control import read_state, stop_broker
 from toolexec.settings import Settings
 
@@ -86,7 +86,8 @@ def up(tmp_path: Path) -> Iterator[Up]:
         process = _start(tmp_path, sink)
     try:
         runtime = tmp_path / ".toolexec" / "runtime.json"
-        until(lambda: runtime.exists() or process.poll() is not None, "up started")
+        until(lambda: runtime.exists() or process.poll() is not None, "up started",
+              timeout=START_WAIT)
         assert process.poll() is None, stderr.read_text()
         url = json.loads(runtime.read_text())["gateway_url"]
         with httpx.Client(base_url=url, timeout=WAIT) as http:
@@ -155,7 +156,7 @@ def test_a_killed_broker_is_restarted_with_its_log_while_reads_keep_answering(up
     assert len(outage_log) < 20_000, f"{len(outage_log)} bytes of log in the outage"
 
     until(lambda: up.broker()["incarnation"] == 2 and up.broker()["status"] == "ready",
-          "the broker restarted")
+          "the broker restarted", timeout=START_WAIT)  # a process start, as up's
     until(lambda: up.http.get("/health").status_code == 200, "healthy again")
     assert not zombie(tansu)
     assert up.broker()["bootstrap"] == broker["bootstrap"]
@@ -185,7 +186,7 @@ def test_invocations_in_flight_when_the_broker_dies_end_once_it_is_back(up: Up) 
     gate.touch()  # the runs end during the outage or after it
 
     until(lambda: up.broker()["incarnation"] == 2 and up.broker()["status"] == "ready",
-          "the broker restarted")
+          "the broker restarted", timeout=START_WAIT)  # a process start, as up's
     until(lambda: all(up.http.get(f"/v1/invocations/{i}").json()["status"] == "completed"
                       for i in ids), "every invocation in flight completed")
     bootstrap = up.broker()["bootstrap"]

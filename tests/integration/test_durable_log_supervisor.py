@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.cli_process import toolexec
 from tests.integration.test_durable_log_restore import read_log
+from tests.waiting import START_WAIT, WAIT
 from toolexec.broker_control import (
     BrokerState,
     BrokerUnavailable,
@@ -31,7 +32,6 @@ from toolexec.settings import Settings
 pytestmark = pytest.mark.integration
 
 TOPICS = {"orders": 2}
-WAIT = 60.0  # bounds a hang; the conditions below normally hold within a second or two
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ async def settings(tmp_path: Path) -> AsyncIterator[Settings]:
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(WAIT):
+    async with asyncio.timeout(START_WAIT):  # some conditions are a broker (re)starting
         while not condition():
             await asyncio.sleep(0.05)
     assert condition(), what

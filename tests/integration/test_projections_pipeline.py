@@ -21,7 +21,7 @@ from projections.queries import invocation_status, search_tools
 from projections.rebuild import rebuild
 from projections.tables import audit_log
 from tests.projection_db import _fresh_postgres, postgres_server_url, snapshot  # noqa: F401
-from tests.waiting import WAIT
+from tests.waiting import START_WAIT, WAIT
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.read_models import SIGNED_TOPICS, ReadModels, fact_verifier, start_read_models
@@ -79,7 +79,7 @@ async def _cli(stack: Stack, *args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "toolexec.cli", *args, env=env, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    stdout, _ = await asyncio.wait_for(process.communicate(), WAIT)
+    stdout, _ = await asyncio.wait_for(process.communicate(), START_WAIT)  # as toolexec()
     assert process.returncode is not None
     return process.returncode, stdout.decode()
 
