@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from contracts import topics
 from contracts.kafka_binding import UndecodableRecord, decode
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
-from tests.waiting import WAIT
+from tests.waiting import START_WAIT, WAIT
 from toolexec import keys
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
@@ -100,7 +100,7 @@ async def snapshot(bootstrap: str, ids: list[str]) -> LogSnapshot:
 
 async def mid_burst(bootstrap: str, ids: list[str]) -> LogSnapshot:
     """Until some invocations of the burst ended and more are still on their way."""
-    async with asyncio.timeout(180):
+    async with asyncio.timeout(START_WAIT):
         while True:
             found = await snapshot(bootstrap, ids)
             if ENDED_BEFORE_THE_FAULT <= len(found.ended()) <= len(ids) - ENDED_BEFORE_THE_FAULT:
@@ -126,7 +126,7 @@ def invoke_all(client: InvocationClient, ids: list[str], token: str,
                ledger: Path) -> list[asyncio.Task]:
     return [asyncio.create_task(client.invoke(
         "append_id", {"id": i, "ledger": str(ledger)}, invocation_id=i, token=token,
-        timeout=300)) for i in ids]
+        timeout=3 * START_WAIT)) for i in ids]
 
 
 async def assert_each_resumed_once(bootstrap: str, ids: list[str], results: list,
