@@ -17,6 +17,7 @@ from contracts.events import InvokeRequested
 from contracts.fact_signature import FactSigner, FactVerifier
 from contracts.kafka_binding import KafkaRecord, encode, send_event
 from domain.errors import ToolexecError
+from tests.waiting import WAIT
 from toolexec.log_reading import events_to
 
 TERMINAL = ("tool.invoke.completed", "tool.invoke.failed")
@@ -97,7 +98,7 @@ async def request_on_the_log(bootstrap: str, invocation_id: str) -> None:
                                 auto_offset_reset="earliest", fetch_max_wait_ms=100)
     await consumer.start()
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(WAIT):
             async for record in consumer:
                 if record.key == invocation_id.encode():
                     return

@@ -21,7 +21,7 @@ from domain.errors import ToolexecError
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.log_reading import terminal_event_ids
 from tests.s3_store import s3_store, tansu_s3_env
-from tests.waiting import WAIT
+from tests.waiting import START_WAIT, WAIT
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
 from toolexec.stack import TOPIC_PARTITIONS
@@ -74,7 +74,7 @@ async def test_broker_restart_mid_burst_finishes_or_reports_every_invocation(
                         return [str(uuid.uuid4()) for _ in range(count)]
 
                     burst = {i: invoke(i) for i in new_ids(BURST)}
-                    async with asyncio.timeout(120):
+                    async with asyncio.timeout(START_WAIT):
                         while sum(t.done() for t in burst.values()) < BURST // 5:
                             await asyncio.sleep(0.05)
                     before_restart = {i for i, t in burst.items() if t.done()}

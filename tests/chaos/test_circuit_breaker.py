@@ -1,5 +1,9 @@
 """An external HTTP service failing 100% trips its breaker; recovery goes through
-half-open (spec 12.5.1, issue 6 chaos test 1). Real broker, real HTTP server."""
+half-open (spec 12.5.1, issue 6 chaos test 1). Real broker, real HTTP server.
+
+The breaker's timeout is an hour of the stack's clock, which the test moves past it:
+the breaker turns half-open when the test says, never because a busy machine took
+longer than the timeout over the calls the test makes while it is open."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from contracts import topics
 from contracts.envelope import Envelope
 from contracts.kafka_binding import UndecodableRecord, decode
 from tests.waiting import WAIT
+from toolexec import stack as stack_module
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.settings import Settings
@@ -30,7 +35,7 @@ pytestmark = pytest.mark.chaos
 
 FAILURE_THRESHOLD = 3
 SUCCESS_THRESHOLD = 2
-TIMEOUT_SECONDS = 2
+TIMEOUT_SECONDS = 3600
 
 
 @dataclass
@@ -147,8 +152,25 @@ def half_open_at(opened: Envelope) -> datetime:
     return opened.data.since + timedelta(seconds=TIMEOUT_SECONDS, milliseconds=100)
 
 
-async def sleep_until(moment: datetime) -> None:
-    await asyncio.sleep(max(0.0, (moment - datetime.now(UTC)).total_seconds()))
+@dataclass
+class ShiftedClock:
+    """The stack's clock: the real time plus a shift that only the test makes."""
+
+    shift: timedelta = timedelta()
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.shift
+
+    def move_to(self, moment: datetime) -> None:
+        """From now on the clock reads `moment` or later."""
+        self.shift = max(self.shift, moment - datetime.now(UTC))
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> ShiftedClock:
+    shifted = ShiftedClock()
+    monkeypatch.setattr(stack_module, "utc_now", shifted)
+    return shifted
 
 
 def failure_of(event: Envelope) -> tuple[str, str]:
@@ -157,7 +179,7 @@ def failure_of(event: Envelope) -> tuple[str, str]:
 
 
 async def test_failing_service_trips_the_breaker_and_recovers_through_half_open(
-        tmp_path: Path) -> None:
+        tmp_path: Path, clock: ShiftedClock) -> None:
     service_id = f"flaky-{uuid.uuid4().hex[:8]}"
     flaky = FlakyService()
     settings = Settings(state_dir=tmp_path, tools_dir=tmp_path / "none", user_tools_dir=None,
@@ -172,7 +194,7 @@ async def test_failing_service_trips_the_breaker_and_recovers_through_half_open(
                 await stack.publish(publish_event(source, now=now))
 
             async def call() -> Envelope:
-                return await client.invoke("flaky_api", {}, timeout=60)
+                return await client.invoke("flaky_api", {}, timeout=WAIT)
 
             # The service fails: after failure_threshold failures the breaker opens.
             for _ in range(FAILURE_THRESHOLD):
@@ -189,10 +211,10 @@ async def test_failing_service_trips_the_breaker_and_recovers_through_half_open(
                 assert failure_of(refused) == ("E3501", "execute")
                 assert refused.data.error.details["service_id"] == service_id
             assert flaky.requests == FAILURE_THRESHOLD
-            assert datetime.now(UTC) < opened.data.since + timedelta(seconds=TIMEOUT_SECONDS)
+            assert clock() < opened.data.since + timedelta(seconds=TIMEOUT_SECONDS)
 
             # After the timeout one canary goes through; it fails, so the breaker reopens.
-            await sleep_until(half_open_at(opened))
+            clock.move_to(half_open_at(opened))
             assert failure_of(await call()) == ("E3502", "execute")
             assert flaky.requests == FAILURE_THRESHOLD + 1
             *_, reopened = await circuit_log.wait_for(3)
@@ -203,7 +225,7 @@ async def test_failing_service_trips_the_breaker_and_recovers_through_half_open(
 
             # The service heals: after the timeout, success_threshold canaries close it.
             flaky.healthy = True
-            await sleep_until(half_open_at(reopened))
+            clock.move_to(half_open_at(reopened))
             for _ in range(SUCCESS_THRESHOLD):
                 assert (await call()).type == "tool.invoke.completed"
             *_, closed = await circuit_log.wait_for(5)

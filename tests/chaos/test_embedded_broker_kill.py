@@ -22,7 +22,7 @@ import pytest
 
 from tests.cli_process import clean_env
 from tests.log_reading import terminal_event_ids
-from tests.waiting import until
+from tests.waiting import START_WAIT, WAIT, until
 from toolexec.broker_control import read_state, stop_broker
 from toolexec.settings import Settings
 
@@ -57,17 +57,25 @@ def echo_tool(directory: Path) -> Path:
         version: "1.0.0"
         tool_type: script
         executor: python_runtime
-        description: Echoes its text.
+        description: Echoes its text, once its gate file (if it has one) exists.
         config: {entrypoint: main.py}
         parameters:
           type: object
-          properties: {text: {type: string}, seconds: {type: number}}
+          properties: {text: {type: string}, gate: {type: string}}
           required: [text]
-        timeout_default: 30
+        timeout_default: 600
         """))
-    (tool / "main.py").write_text(
-        "import json, sys, time\nparams = json.load(sys.stdin)\n"
-        "time.sleep(params.get('seconds', 0))\nprint(json.dumps({'echo': params['text']}))\n")
+    # (the run's own bound, so that a run the test never releases ends at last)
+    (tool / "main.py").write_text(textwrap.dedent("""\
+        import json, os, sys, time
+        params = json.load(sys.stdin)
+        deadline = time.monotonic() + 500
+        while params.get("gate") and not os.path.exists(params["gate"]):
+            if time.monotonic() > deadline:
+                sys.exit("the gate never opened")
+            time.sleep(0.05)
+        print(json.dumps({"echo": params["text"]}))
+        """))
     return tool.parent
 
 
@@ -78,15 +86,16 @@ def up(tmp_path: Path) -> Iterator[Up]:
         process = _start(tmp_path, sink)
     try:
         runtime = tmp_path / ".toolexec" / "runtime.json"
-        until(lambda: runtime.exists() or process.poll() is not None, "up started")
+        until(lambda: runtime.exists() or process.poll() is not None, "up started",
+              timeout=START_WAIT)
         assert process.poll() is None, stderr.read_text()
         url = json.loads(runtime.read_text())["gateway_url"]
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with httpx.Client(base_url=url, timeout=WAIT) as http:
             yield Up(tmp_path, process, stderr, http)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-            process.wait(timeout=60)
+            process.wait(timeout=WAIT)
         stop_broker(Settings(state_dir=tmp_path / ".toolexec"))
 
 
@@ -147,7 +156,7 @@ def test_a_killed_broker_is_restarted_with_its_log_while_reads_keep_answering(up
     assert len(outage_log) < 20_000, f"{len(outage_log)} bytes of log in the outage"
 
     until(lambda: up.broker()["incarnation"] == 2 and up.broker()["status"] == "ready",
-          "the broker restarted")
+          "the broker restarted", timeout=START_WAIT)  # a process start, as up's
     until(lambda: up.http.get("/health").status_code == 200, "healthy again")
     assert not zombie(tansu)
     assert up.broker()["bootstrap"] == broker["bootstrap"]
@@ -162,10 +171,11 @@ def test_a_killed_broker_is_restarted_with_its_log_while_reads_keep_answering(up
 
 
 def test_invocations_in_flight_when_the_broker_dies_end_once_it_is_back(up: Up) -> None:
+    gate = up.cwd / "gate"  # the runs stay in flight until the test makes it
     ids = []
     for n in range(4):
         answer = up.http.post("/v1/tools/invoke", json={
-            "tool_id": "echoer", "parameters": {"text": f"slow {n}", "seconds": 3},
+            "tool_id": "echoer", "parameters": {"text": f"slow {n}", "gate": str(gate)},
             "execution_mode": "async"})
         assert answer.status_code == 202, answer.text
         ids.append(answer.json()["invocation_id"])
@@ -173,9 +183,10 @@ def test_invocations_in_flight_when_the_broker_dies_end_once_it_is_back(up: Up) 
                       for i in ids), "running")
 
     os.kill(up.broker()["broker_pid"], signal.SIGKILL)
+    gate.touch()  # the runs end during the outage or after it
 
     until(lambda: up.broker()["incarnation"] == 2 and up.broker()["status"] == "ready",
-          "the broker restarted")
+          "the broker restarted", timeout=START_WAIT)  # a process start, as up's
     until(lambda: all(up.http.get(f"/v1/invocations/{i}").json()["status"] == "completed"
                       for i in ids), "every invocation in flight completed")
     bootstrap = up.broker()["bootstrap"]

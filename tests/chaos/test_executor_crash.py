@@ -12,7 +12,7 @@ import pytest
 
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
 from tests.log_reading import terminal_event_ids
-from tests.waiting import WAIT
+from tests.waiting import START_WAIT, WAIT
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
 from toolexec.stack import TOPIC_PARTITIONS
@@ -34,8 +34,8 @@ async def test_kill_9_mid_burst_loses_nothing_and_runs_nothing_twice(tmp_path: P
                 ids = [str(uuid.uuid4()) for _ in range(BURST)]
                 tasks = [asyncio.create_task(client.invoke(
                     "append_id", {"id": i, "ledger": str(ledger)}, invocation_id=i,
-                    timeout=240)) for i in ids]
-                async with asyncio.timeout(120):
+                    timeout=3 * START_WAIT)) for i in ids]  # a bound only a hang reaches
+                async with asyncio.timeout(START_WAIT):
                     while sum(t.done() for t in tasks) < BURST // 5:
                         await asyncio.sleep(0.05)
                 process.send_signal(signal.SIGKILL)

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from contracts import topics
 from contracts.kafka_binding import UndecodableRecord, decode
 from tests.chaos.up_process import start_up, verifier_for, wait_until_up
-from tests.waiting import WAIT
+from tests.waiting import START_WAIT, WAIT
 from toolexec import keys
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
@@ -100,12 +100,19 @@ async def snapshot(bootstrap: str, ids: list[str]) -> LogSnapshot:
 
 async def mid_burst(bootstrap: str, ids: list[str]) -> LogSnapshot:
     """Until some invocations of the burst ended and more are still on their way."""
-    async with asyncio.timeout(180):
+    async with asyncio.timeout(START_WAIT):
         while True:
             found = await snapshot(bootstrap, ids)
             if ENDED_BEFORE_THE_FAULT <= len(found.ended()) <= len(ids) - ENDED_BEFORE_THE_FAULT:
                 return found
             await asyncio.sleep(0.05)
+
+
+async def taken_over(bootstrap: str, ids: list[str], at_fault: LogSnapshot) -> None:
+    """Until invocations of the burst end that had not ended at the fault."""
+    async with asyncio.timeout(WAIT):
+        while len((await snapshot(bootstrap, ids)).ended()) <= len(at_fault.ended()):
+            await asyncio.sleep(0.1)
 
 
 def issue(tmp_path: Path) -> tuple[keys.KeyPair, str]:
@@ -119,7 +126,7 @@ def invoke_all(client: InvocationClient, ids: list[str], token: str,
                ledger: Path) -> list[asyncio.Task]:
     return [asyncio.create_task(client.invoke(
         "append_id", {"id": i, "ledger": str(ledger)}, invocation_id=i, token=token,
-        timeout=300)) for i in ids]
+        timeout=3 * START_WAIT)) for i in ids]
 
 
 async def assert_each_resumed_once(bootstrap: str, ids: list[str], results: list,
@@ -188,9 +195,10 @@ async def test_every_request_resumes_once_when_partitions_move_from_a_stalled_re
                 at_fault = await snapshot(broker.bootstrap, ids)
                 second = start_secured_up(broker.bootstrap, states[1], pair.public, redis_url)
                 await wait_until_up(second, states[1])
-                # The second replica takes every partition, then the first comes back
-                # and the group rebalances once more.
-                await asyncio.sleep(5)
+                # The second replica takes the partitions (it ends invocations while
+                # the first is stopped), then the first comes back and the group
+                # rebalances once more.
+                await taken_over(broker.bootstrap, ids, at_fault)
                 first.send_signal(signal.SIGCONT)
                 results = await asyncio.gather(*tasks)
         finally:

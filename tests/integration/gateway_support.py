@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from tests.cli_process import REPO, start_up, stop, toolexec
-from tests.waiting import WAIT
+from tests.waiting import START_WAIT, WAIT
 
 TEST_TOOLS = Path(__file__).parent / "tools"
 EXAMPLES = REPO / "examples" / "tools"
@@ -67,13 +67,14 @@ def running_gateway(cwd: Path, *args: str,
                        env=env)
     try:
         url = json.loads((cwd / ".toolexec" / "runtime.json").read_text())["gateway_url"]
-        with httpx.Client(base_url=url, timeout=60) as http:
+        # a synchronous invoke starts the tool's process: as slow as starting `up`
+        with httpx.Client(base_url=url, timeout=START_WAIT) as http:
             yield RunningGateway(cwd, process, url, http, env)
     finally:
         stop(process)
 
 
-def interrupt(process: subprocess.Popen[str], timeout: float = 30) -> int:
+def interrupt(process: subprocess.Popen[str], timeout: float = WAIT) -> int:
     """Ctrl-C the process; its exit code."""
     process.send_signal(signal.SIGINT)
     return process.wait(timeout=timeout)

@@ -288,7 +288,7 @@ async def _requests_records(bootstrap: str, key: str, kind: str) -> list[Any]:
         consumer.assign(partitions)
         ends = await consumer.end_offsets(partitions)
         found: list[Any] = []
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(WAIT):
             while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
                 for records in (await consumer.getmany(timeout_ms=500)).values():
                     found += [r for r in records if r.key == key.encode()
@@ -305,7 +305,7 @@ async def _dead_letter_codes(bootstrap: str, key: str, count: int) -> list[str]:
     await consumer.start()
     codes: list[str] = []
     try:
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(WAIT):
             while len(codes) < count:
                 for records in (await consumer.getmany(timeout_ms=500)).values():
                     codes += [decode(r.key, r.value, r.headers).data.error.code
@@ -420,7 +420,7 @@ def test_a_restart_while_waiting_waits_again_and_honours_the_approval(tmp_path: 
     up = start_up(tmp_path, *args, env=env)
     try:
         url = json.loads((tmp_path / ".toolexec" / "runtime.json").read_text())["gateway_url"]
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with httpx.Client(base_url=url, timeout=WAIT) as http:
             second = RunningGateway(tmp_path, up, url, http, env)
             row = _pending(second, invocation_id)
             sent = _decide(second, invocation_id, _approver(second), decision="approve")

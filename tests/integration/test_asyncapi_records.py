@@ -20,6 +20,7 @@ from tests.integration.gateway_support import (
     running_gateway,
     wait_until,
 )
+from tests.waiting import WAIT
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ async def _all_records(bootstrap: str, addresses: list[str]) -> list:
     await consumer.start()
     records: list = []
     try:
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(WAIT):
             while not consumer.assignment():
                 await asyncio.sleep(0.05)
             ends = await consumer.end_offsets(list(consumer.assignment()))
@@ -92,4 +93,4 @@ def _approved_call(gateway: RunningGateway) -> None:
     assert gateway.http.post(f"/v1/invocations/{invocation_id}/approval",
                              json={"decision": "approve"}).status_code == 202
     wait_until(lambda: gateway.http.get(f"/v1/invocations/{invocation_id}").json()["status"]
-               == "completed", timeout=60)
+               == "completed")

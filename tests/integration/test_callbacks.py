@@ -21,7 +21,7 @@ import pytest
 
 from domain.callbacks import EVENT_ID_HEADER, SIGNATURE_HEADER, verify_signature
 from tests.cli_process import REPO, start_up, stop, toolexec
-from tests.waiting import until
+from tests.waiting import WAIT, until
 
 pytestmark = [pytest.mark.integration]
 
@@ -86,7 +86,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _invoke_async(gateway: str, callback_url: str, name: str) -> str:
-    answer = httpx.post(f"{gateway}/v1/tools/invoke", timeout=60, json={
+    answer = httpx.post(f"{gateway}/v1/tools/invoke", timeout=WAIT, json={
         "tool_id": "hello", "parameters": {"name": name}, "execution_mode": "async",
         "callback_url": callback_url})
     assert answer.status_code == 202, answer.text
@@ -94,7 +94,7 @@ def _invoke_async(gateway: str, callback_url: str, name: str) -> str:
 
 
 def _recorded(gateway: str, kind: str, invocation_id: str) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{gateway}/v1/audit", timeout=30,
+    answer = httpx.get(f"{gateway}/v1/audit", timeout=WAIT,
                        params={"type": kind, "invocation": invocation_id})
     return list(answer.json()["records"]) if answer.status_code == 200 else []
 
@@ -151,7 +151,7 @@ def test_a_host_not_listed_is_refused_at_request_time(workdir: Path) -> None:
     try:
         for url, code in (("https://hooks.example.net/x", "E3406"),
                           ("http://10.0.0.8/x", "E3406"), ("ftp://127.0.0.1/x", "E3004")):
-            answer = httpx.post(f"{gateway}/v1/tools/invoke", timeout=60, json={
+            answer = httpx.post(f"{gateway}/v1/tools/invoke", timeout=WAIT, json={
                 "tool_id": "hello", "parameters": {"name": "Di"}, "execution_mode": "async",
                 "callback_url": url})
             assert answer.json()["error"]["code"] == code, url

@@ -18,6 +18,7 @@ from tests.integration.gateway_support import (
     running_gateway,
     wait_until,
 )
+from tests.waiting import START_WAIT, WAIT
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,7 @@ LONG_SLEEPER = {
     "tool_id": "long_sleeper", "version": "1.0.0", "tool_type": "script",
     "executor": "python_runtime",
     "description": "The sleeper tool (a grandchild and a long sleep) with a long timeout.",
-    "config": {"entrypoint": "main.py"}, "timeout_default": 60,
+    "config": {"entrypoint": "main.py"}, "timeout_default": START_WAIT,
     "parameters": {"type": "object", "properties": {"pidfile": {"type": "string"}},
                    "required": ["pidfile"]},
 }
@@ -104,7 +105,7 @@ class _HangingHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         type(self).arrived.set()
-        type(self).release.wait(60)
+        type(self).release.wait(START_WAIT)  # (bounded: never hangs the server)
         body = b'{"late": true}'
         self.send_response(200)
         self.send_header("content-type", "application/json")
@@ -131,13 +132,13 @@ def test_cancelling_a_pending_http_call_ends_it_before_the_service_answers(
     tool = {"tool_id": "hanging_api", "version": "1.0.0", "tool_type": "api",
             "executor": "http_client", "description": "Calls a service that does not answer.",
             "config": {"method": "GET", "url_template": f"http://127.0.0.1:{hanging_server}/x"},
-            "retry_policy": {"max_attempts": 3}, "timeout_default": 60,
+            "retry_policy": {"max_attempts": 3}, "timeout_default": START_WAIT,
             "network_policy": {"allowed_domains": ["127.0.0.1"],
                                "allowed_ports": [hanging_server]}}
     assert gateway.register(tool).status_code == 201
     accepted = gateway.invoke("hanging_api", execution_mode="async")
     invocation_id = accepted.json()["invocation_id"]
-    assert _HangingHandler.arrived.wait(30)
+    assert _HangingHandler.arrived.wait(WAIT)
     response = gateway.http.post(f"/v1/invocations/{invocation_id}/cancel")
     assert response.status_code == 202, response.text
     view = _ended(gateway, invocation_id)

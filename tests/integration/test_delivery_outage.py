@@ -14,6 +14,7 @@ from contracts.envelope import Envelope
 from contracts.kafka_binding import encode
 from tests.log_reading import terminal_event_ids, terminal_failure
 from tests.s3_store import s3_store, tansu_s3_env
+from tests.waiting import WAIT
 from toolexec.embedded_broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
@@ -44,12 +45,12 @@ async def test_a_publish_during_an_outage_is_delivered_once_the_broker_is_back(
                 await broker.stop()
                 delivery = asyncio.create_task(
                     DeliveringPublisher(publish, max_delay=0.5)(terminal_failure("inv-1")))
-                async with asyncio.timeout(30):
+                async with asyncio.timeout(WAIT):
                     while attempts < 3:  # failed at least twice while the broker was away
                         await asyncio.sleep(0.1)
                 assert not delivery.done()
                 await broker.restart()
-                async with asyncio.timeout(30):
+                async with asyncio.timeout(WAIT):
                     await delivery
             finally:
                 await kafka.stop()

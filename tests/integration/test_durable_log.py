@@ -24,7 +24,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from domain.claims import LEASE_GRACE_SECONDS
-from tests.cli_process import REPO, start_up, stop, toolexec
+from tests.cli_process import REPO, finish, start_up, stop, toolexec
 from tests.integration.test_durable_log_restore import read_log
 from tests.log_reading import terminal_event_ids
 from tests.waiting import WAIT, until
@@ -329,7 +329,7 @@ def test_read_models_pointed_at_a_foreign_log_are_refused_and_reported(
             old = http.get(f"/v1/invocations/{fast[0]}")
     finally:
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=WAIT)
+        _, stderr = finish(process)
         stop_broker(other.settings)
 
     assert health.status_code == 503 and health.json()["status"] == "degraded"
@@ -395,7 +395,7 @@ def _stop_and_read(system: System) -> tuple[str, str]:
     assert system.process is not None
     system.close_http()
     system.process.send_signal(signal.SIGTERM)
-    out, err = system.process.communicate(timeout=WAIT)
+    out, err = finish(system.process)
     system.process = None
     return out, err
 

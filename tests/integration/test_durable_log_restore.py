@@ -72,8 +72,11 @@ async def archived(tmp_path: Path, bootstrap: str) -> LogArchive:
         ends = {}
         for tp in tps:  # the true end: a fetch's high watermark
             await consumer.seek_to_beginning(tp)
-        for _ in range(20):
-            await consumer.getmany(timeout_ms=100)
+        async with asyncio.timeout(WAIT):  # until a fetch told every partition's end
+            for _ in range(20):
+                await consumer.getmany(timeout_ms=100)
+            while any(consumer.highwater(tp) is None for tp in tps):
+                await consumer.getmany(timeout_ms=100)
         ends = {(tp.topic, tp.partition): consumer.highwater(tp) or 0 for tp in tps}
         await consumer.stop()
         assert await archiver.wait_archived(ends, timeout=WAIT)

@@ -17,6 +17,7 @@ import pytest
 from tests.cli_process import REPO, start_up, stop, toolexec
 from tests.integration.test_durable_log import until
 from tests.integration.test_durable_log_restore import read_log
+from tests.waiting import WAIT
 from toolexec.broker_control import read_state, stop_broker
 from toolexec.log_archive import ArchivedRecord, LogArchive
 from toolexec.settings import Settings
@@ -47,7 +48,7 @@ def test_a_compacted_broker_keeps_the_newest_records_and_read_models_keep_all(
     up = start_up(project, "--tools", str(REPO / "examples" / "tools"), env=ENV)
     try:
         url = json.loads((project / ".toolexec" / "runtime.json").read_text())["gateway_url"]
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with httpx.Client(base_url=url, timeout=WAIT) as http:
             ids = []
             for n in range(INVOCATIONS):
                 answer = http.post("/v1/tools/invoke", json={
@@ -71,7 +72,7 @@ def test_a_compacted_broker_keeps_the_newest_records_and_read_models_keep_all(
         verified = toolexec("audit", "verify", "--json", cwd=project, env=ENV)
     finally:
         up.send_signal(signal.SIGTERM)
-        up.wait(timeout=60)
+        up.wait(timeout=WAIT)
         stop(up)
 
     archive = LogArchive(project / ".toolexec" / "log", read_only=True)

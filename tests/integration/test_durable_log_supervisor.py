@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.cli_process import toolexec
 from tests.integration.test_durable_log_restore import read_log
+from tests.waiting import START_WAIT, WAIT
 from toolexec.broker_control import (
     BrokerState,
     BrokerUnavailable,
@@ -31,7 +32,6 @@ from toolexec.settings import Settings
 pytestmark = pytest.mark.integration
 
 TOPICS = {"orders": 2}
-WAIT = 60.0  # bounds a hang; the conditions below normally hold within a second or two
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ async def settings(tmp_path: Path) -> AsyncIterator[Settings]:
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(WAIT):
+    async with asyncio.timeout(START_WAIT):  # some conditions are a broker (re)starting
         while not condition():
             await asyncio.sleep(0.05)
     assert condition(), what
@@ -153,7 +153,7 @@ async def test_one_supervisor_per_state_directory(settings: Settings) -> None:
     broker = await ensure_broker(settings)
     second = subprocess.run(
         [sys.executable, "-m", "toolexec.broker_supervisor", "--state-dir",
-         str(settings.state_dir)], capture_output=True, text=True, timeout=60)
+         str(settings.state_dir)], capture_output=True, text=True, timeout=WAIT)
 
     assert second.returncode == 3
     assert f"pid {broker.supervisor_pid}" in second.stderr

@@ -8,13 +8,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cli_process import REPO, clean_env, start_up, stop, toolexec
+from tests.cli_process import REPO, clean_env, finish, start_up, stop, tail, toolexec
+from tests.waiting import START_WAIT, WAIT, until
 from toolexec.broker_control import stop_broker
 from toolexec.settings import Settings
 
@@ -39,7 +39,8 @@ def test_a_second_up_refuses_and_names_the_running_one(project: Path) -> None:
     try:
         info = runtime(project)
         second = subprocess.run([sys.executable, "-m", "toolexec.cli", "up"], cwd=project,
-                                env=clean_env(ENV), capture_output=True, text=True, timeout=60)
+                                env=clean_env(ENV), capture_output=True, text=True,
+                                timeout=START_WAIT)
         assert second.returncode == 1
         message = " ".join(second.stderr.split())
         assert "E3001" in message
@@ -54,18 +55,19 @@ def test_a_killed_ups_runtime_file_is_reported_and_replaced(project: Path) -> No
     first = start_up(project, env=ENV)
     old = runtime(project)
     first.send_signal(signal.SIGKILL)
-    first.wait(timeout=30)
+    first.wait(timeout=WAIT)
 
     second = start_up(project, env=ENV)  # returns at once: the old file is there
     try:
-        deadline = time.monotonic() + 60
-        while not (project / ".toolexec" / "runtime.json").exists() \
-                or runtime(project)["pid"] != second.pid:  # removed, then written anew
-            assert time.monotonic() < deadline and second.poll() is None
-            time.sleep(0.1)
+        def replaced() -> bool:  # removed, then written anew
+            assert second.poll() is None, tail(second)
+            return (project / ".toolexec" / "runtime.json").exists() \
+                and runtime(project)["pid"] == second.pid
+
+        until(replaced, "the second up writes its own runtime file", timeout=START_WAIT)
     finally:
         second.send_signal(signal.SIGTERM)
-        _, stderr = second.communicate(timeout=60)
+        _, stderr = finish(second)
     message = " ".join(stderr.split())
     assert f"pid {old['pid']}" in message and "is not running any more" in message
     assert "replacing" in message
@@ -79,7 +81,7 @@ def test_run_and_publish_say_when_up_is_gone_and_use_the_log_without_it(project:
     manifest = (source / "tool.yaml").read_text().replace("tool_id: py_echo", "tool_id: shout")
     (source / "tool.yaml").write_text(manifest)
     up.send_signal(signal.SIGKILL)
-    up.wait(timeout=30)
+    up.wait(timeout=WAIT)
     try:
         published = toolexec("publish", str(source), "--json", cwd=project, env=ENV)
         ran = toolexec("run", "shout", "--params", '{"text": "still here"}', "--json",
@@ -97,7 +99,7 @@ def test_run_and_publish_say_when_up_is_gone_and_use_the_log_without_it(project:
 def test_publish_with_no_up_and_no_broker_says_what_to_start(project: Path) -> None:
     up = start_up(project, env=ENV)
     up.send_signal(signal.SIGKILL)
-    up.wait(timeout=30)
+    up.wait(timeout=WAIT)
     stop(up)  # and its broker
 
     published = toolexec("publish", str(TOOLS / "py_echo"), cwd=project, env=ENV)

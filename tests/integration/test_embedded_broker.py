@@ -14,12 +14,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from tests.waiting import WAIT
 from toolexec import embedded_broker
 from toolexec.embedded_broker import EmbeddedBroker, ensure_topics, free_port
 
 pytestmark = pytest.mark.integration
 
-HANG_GUARD_SECONDS = 30.0  # fails a hanging test; not a performance bound
+HANG_GUARD_SECONDS = WAIT  # fails a hanging test; not a performance bound
 
 
 def _alive(pid: int) -> bool:

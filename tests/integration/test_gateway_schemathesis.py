@@ -15,6 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from tests.integration.gateway_support import RunningGateway, running_gateway
+from tests.waiting import WAIT
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def fuzzed_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
 
 
 def check_answer(case: Any, statuses: Counter[int]) -> int:
-    response = case.call(timeout=60)
+    response = case.call(timeout=WAIT)
     statuses[response.status_code] += 1
     if response.status_code == 504:
         print("504:", case.as_curl_command(), response.text[:300])

@@ -57,13 +57,13 @@ async def test_a_running_read_model_whose_log_changed_under_it_rebuilds_from_it(
                               verify_seconds=CHECK_SECONDS)
     await runner.start()
     try:
-        assert await runner.wait_caught_up(60)
+        assert await runner.wait_caught_up(WAIT)
         before = await snapshot(engine, model)
         assert runner.rebuilds == 0 and runner.state == "running"
         await _forge_last_applied(engine, model.name, f"{log_prefix}.{topics.INVOCATIONS}")
         await _until(lambda: runner.rebuilds >= 1, "the runner noticed and rebuilt")
         await _until(lambda: runner.rebuilding is None, "the rebuild finished")
-        assert await runner.wait_caught_up(60)
+        assert await runner.wait_caught_up(WAIT)
         after = await snapshot(engine, model)
     finally:
         await runner.stop()
@@ -78,7 +78,7 @@ async def test_a_running_read_model_refuses_a_log_that_is_not_its_own(
                               verify_seconds=CHECK_SECONDS, on_divergence="refuse")
     await runner.start()
     try:
-        assert await runner.wait_caught_up(60)
+        assert await runner.wait_caught_up(WAIT)
         rows = await snapshot(engine, models["audit"])
         await _forge_last_applied(engine, "audit", f"{log_prefix}.{topics.INVOCATIONS}")
         await _until(lambda: isinstance(runner.failure, ProjectionDiverged), "refused")

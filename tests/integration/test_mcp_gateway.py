@@ -100,13 +100,14 @@ async def _call(session: ClientSession, name: str, **arguments: Any) -> tuple[bo
 
 async def _search_until_found(session: ClientSession, query: str, tool_id: str) -> list[dict]:
     """The registry read model folds the log asynchronously: wait (bounded) for it."""
-    for _ in range(100):
+    deadline = time.monotonic() + WAIT
+    while True:
         is_error, found = await _call(session, "search", query=query)
         assert not is_error, found
         if any(r["tool_id"] == tool_id for r in found["results"]):
             return found["results"]
+        assert time.monotonic() < deadline, f"{tool_id} never appeared in the registry"
         await asyncio.sleep(0.2)
-    pytest.fail(f"{tool_id} never appeared in the registry read model")
 
 
 async def _exercise(session: ClientSession) -> None:

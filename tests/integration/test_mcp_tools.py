@@ -88,6 +88,30 @@ def _mcp_tool(tool_id: str, server: str, tool_name: str, timeout: float = 10) ->
         "parameters": {"type": "object"}})
 
 
+MARKING_SERVER = """
+import asyncio, pathlib, server
+
+@server.server.tool()
+async def pause_marked(seconds: float, marker: str) -> str:
+    \"\"\"Say that the call arrived (writes `marker`), then wait `seconds`.\"\"\"
+    pathlib.Path(marker).touch()
+    await asyncio.sleep(seconds)
+    return f"paused {seconds:g}s"
+
+server.server.run("stdio")
+"""
+
+
+def _marking_server() -> ToolSource:
+    """The shipped server with one more tool, `pause_marked`, which writes a file when a
+    call reaches the server: a test can act on the server while it holds the call."""
+    source = _text_mcp_stdio()
+    any_child = {"child_schemas": [{"match": {"tool_type": "mcp_tool"},
+                                    "schema": {"type": "object"}}]}
+    return _with_manifest(source, tool_id="marking_mcp", validation=any_child, config={
+        **source.manifest["config"], "args": ["-c", MARKING_SERVER]})
+
+
 def _broken_server() -> ToolSource:
     """A stdio server whose process exits before the MCP handshake."""
     source = _text_mcp_stdio()
@@ -122,8 +146,12 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, http_mcp_server: int,
         load_source(EXAMPLES / "text_word_count.yaml"),
         _mcp_tool("text_fail", "text_mcp", "fail"),
         _mcp_tool("text_upper", "text_mcp", "upper"),
-        _mcp_tool("text_pause", "text_mcp", "pause", timeout=1),
-        _mcp_tool("text_long_pause", "text_mcp", "pause", timeout=30),
+        # the quick pause must end within the timeout however loaded the machine is
+        _mcp_tool("text_pause", "text_mcp", "pause", timeout=15),
+        _mcp_tool("text_long_pause", "text_mcp", "pause", timeout=600),
+        _marking_server(),
+        _mcp_tool("marking_word_count", "marking_mcp", "word_count"),
+        _mcp_tool("marking_long_pause", "marking_mcp", "pause_marked", timeout=600),
         _broken_server(),
         _mcp_tool("broken_upper", "broken_mcp", "upper"),
         _remote_server("text_mcp_http", port, ["127.0.0.1"]),
@@ -221,7 +249,7 @@ async def test_network_policy_fences_a_remote_server_with_E3406(
 
 
 async def test_call_past_the_tools_timeout_fails_with_E3402(client: InvocationClient) -> None:
-    event = await client.invoke("text_pause", {"seconds": 5})
+    event = await client.invoke("text_pause", {"seconds": 600})
     assert event.type == "tool.invoke.failed", event.data
     assert event.data.error.code == "E3402"
     quick = _completed(await client.invoke("text_pause", {"seconds": 0}))
@@ -236,23 +264,19 @@ async def test_server_that_cannot_start_fails_with_its_stderr(client: Invocation
     assert event.data.error.details["exit_code"] == 1
 
 
-async def test_server_dying_during_a_call_fails_it_with_E3404(client: InvocationClient) -> None:
-    pid = _completed(await client.invoke("text_word_count", {"text": "x"}))["pid"]
-    started = asyncio.Event()
-
-    def progress(event: Envelope) -> None:
-        if event.type == "tool.execution.started":
-            started.set()
-
-    call = asyncio.create_task(client.invoke("text_long_pause", {"seconds": 20},
-                                             progress=progress))
-    await asyncio.wait_for(started.wait(), WAIT)
-    await asyncio.sleep(0.5)  # from execution.started to the server: a few ms
+async def test_server_dying_during_a_call_fails_it_with_E3404(
+        client: InvocationClient, tmp_path: Path) -> None:
+    pid = _completed(await client.invoke("marking_word_count", {"text": "x"}))["pid"]
+    marker = tmp_path / "call-arrived"
+    call = asyncio.create_task(client.invoke(
+        "marking_long_pause", {"seconds": 600, "marker": str(marker)}))
+    # The server's own sign that it holds the call: it is killed in the middle of it.
+    await eventually(marker.exists, "the pause call reached the server")
     os.kill(pid, signal.SIGKILL)
-    event = await call
+    event = await asyncio.wait_for(call, WAIT)
     assert event.type == "tool.invoke.failed", event.data
     assert event.data.error.code == "E3404"
-    again = _completed(await client.invoke("text_word_count", {"text": "x y"}))
+    again = _completed(await client.invoke("marking_word_count", {"text": "x y"}))
     assert again["words"] == 2 and again["pid"] != pid
 
 
@@ -262,11 +286,11 @@ async def test_cancelled_call_ends_with_E3703_and_the_server_serves_the_next_one
     started = asyncio.Event()
     invocation_id = str(uuid.uuid4())
     call = asyncio.create_task(client.invoke(
-        "text_long_pause", {"seconds": 25}, invocation_id=invocation_id,
+        "text_long_pause", {"seconds": 500}, invocation_id=invocation_id,
         progress=lambda e: started.set() if e.type == "tool.execution.started" else None))
     await asyncio.wait_for(started.wait(), WAIT)
     await client.cancel(invocation_id, "no longer needed")
-    event = await asyncio.wait_for(call, WAIT)  # the pause (25 s) would end it completed
+    event = await asyncio.wait_for(call, WAIT)  # the pause would end it completed
     assert event.type == "tool.invoke.failed", event.data
     assert event.data.error.code == "E3703"
     after = _completed(await client.invoke("text_word_count", {"text": "a b"}))

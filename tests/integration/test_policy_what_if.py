@@ -6,7 +6,6 @@ nothing is emitted."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.cli_process import REPO, start_up, stop, toolexec
-from tests.waiting import WAIT
+from tests.waiting import until
 
 # its module fixture starts `up` and runs invocations: at load 20 that outlasted 300 s
 pytestmark = [pytest.mark.integration, pytest.mark.security, pytest.mark.timeout(900)]
@@ -75,10 +74,10 @@ def recorded(cwd: Path) -> dict[str, str]:
     applied = toolexec("policy", "apply", str(cwd / "rules.cedar"), "--json", "--token",
                        token(cwd, "did:example:ops", "--policy"), cwd=cwd, env=AUTH)
     assert applied.returncode == 0, applied.stderr
-    deadline = time.monotonic() + 30
-    while (denied := run(cwd, BOB, "hello"))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.2)  # the policy travels through the log to the pipeline (bob's
-        # calls allowed meanwhile stay allowed under the candidate: no change)
+    # The policy travels through the log to the pipeline (bob's calls allowed meanwhile
+    # stay allowed under the candidate: no change).
+    denied = until(lambda: (answer := run(cwd, BOB, "hello"))[0] != 0 and answer,
+                   "the applied policy denies bob's hello")
     assert denied[1]["error"]["code"] == "E3206", denied
     ids = {f"{BOB} hello": denied[1]["invocation_id"]}
     for subject, tool in ((ADA, "hello"), (ADA, "word_stats"), (BOB, "word_stats")):
@@ -89,13 +88,12 @@ def recorded(cwd: Path) -> dict[str, str]:
                        token(cwd, ADA, "--tool", "hello"), cwd=cwd, env=AUTH)
     assert json.loads(refused.stdout)["error"]["code"] == "E3204"  # a token deny: stands
     (cwd / "rules-candidate.cedar").write_text(CANDIDATE)
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:  # the audit model folds shortly after each reply
+    def changes_listed() -> bool:  # the audit model folds shortly after each reply
         listed = {c["invocation_id"] for c in what_if(
             cwd, "test", str(cwd / "rules-candidate.cedar"), "--set", "rules")["changes"]}
-        if {ids[f"{ADA} word_stats"], ids[f"{BOB} hello"]} <= listed:
-            break
-        time.sleep(0.3)
+        return {ids[f"{ADA} word_stats"], ids[f"{BOB} hello"]} <= listed
+
+    until(changes_listed, "the audit read model holds the recorded decisions")
     return ids
 
 

@@ -32,6 +32,7 @@ from contracts.events import ExecutionProgressed
 from contracts.fact_signature import FactSigner
 from contracts.kafka_binding import encode, send_event
 from tests.cli_process import clean_env, start_up, stop
+from tests.waiting import WAIT
 from toolexec import keys
 from toolexec.settings import Settings
 
@@ -72,7 +73,7 @@ def _structured(result: mcp_types.CallToolResult) -> Any:
 
 async def _running_invocation(gateway: str, release: Path) -> str:
     """The id of the running `reporter` invocation waiting on `release`."""
-    async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=gateway, timeout=WAIT) as http:
         for _ in range(600):
             listed = (await http.get("/v1/invocations", params={
                 "tool": "reporter", "status": "running"})).json()["invocations"]
@@ -88,7 +89,7 @@ async def _running_invocation(gateway: str, release: Path) -> str:
 
 
 async def _progress_seen(gateway: str, invocation_id: str, message: str) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=gateway, timeout=WAIT) as http:
         for _ in range(600):
             view = (await http.get(f"/v1/invocations/{invocation_id}")).json()
             if view["progress"] and view["progress"]["message"] == message:
@@ -150,7 +151,7 @@ async def _follow(cwd: Path, gateway: str, release: Path, write_facts: bool) -> 
         assert status["status"] == "running" and status["progress"]["message"] == final
         assert "progress" in [e["phase"] for e in status["timeline"]]
 
-        for _ in range(600):
+        for _ in range(1200):  # at least WAIT seconds
             if any(message and message.endswith(final) for _, _, message in notes):
                 break
             await asyncio.sleep(0.1)

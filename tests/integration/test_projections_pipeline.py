@@ -21,6 +21,7 @@ from projections.queries import invocation_status, search_tools
 from projections.rebuild import rebuild
 from projections.tables import audit_log
 from tests.projection_db import _fresh_postgres, postgres_server_url, snapshot  # noqa: F401
+from tests.waiting import START_WAIT, WAIT
 from toolexec.client import InvocationClient
 from toolexec.publishing import publish_event
 from toolexec.read_models import SIGNED_TOPICS, ReadModels, fact_verifier, start_read_models
@@ -78,7 +79,7 @@ async def _cli(stack: Stack, *args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "toolexec.cli", *args, env=env, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    stdout, _ = await asyncio.wait_for(process.communicate(), 60)
+    stdout, _ = await asyncio.wait_for(process.communicate(), START_WAIT)  # as toolexec()
     assert process.returncode is not None
     return process.returncode, stdout.decode()
 
@@ -98,7 +99,7 @@ async def _tamper_completed_record(handle: ReadModels) -> dict:
 
 async def test_invocations_reach_every_read_model(stack: Stack) -> None:
     handle = _read_models(stack)
-    assert await handle.wait_caught_up(20)
+    assert await handle.wait_caught_up(WAIT)
     ids = [e.data.invocation_id for e in stack.outcomes]  # type: ignore[attr-defined]
     async with handle.engine.connect() as conn:
         rows = [await invocation_status(conn, i) for i in ids]
@@ -114,7 +115,7 @@ async def test_invocations_reach_every_read_model(stack: Stack) -> None:
 
 async def test_rebuild_yields_the_incremental_tables_row_by_row(stack: Stack) -> None:
     handle = _read_models(stack)
-    assert await handle.wait_caught_up(20)
+    assert await handle.wait_caught_up(WAIT)
     for name, model in read_models().items():
         before = await snapshot(handle.engine, model)
         report = await rebuild(handle.engine, model, stack.bootstrap,  # checking facts as up
@@ -126,7 +127,7 @@ async def test_rebuild_yields_the_incremental_tables_row_by_row(stack: Stack) ->
 
 async def test_audit_verify_fails_naming_a_modified_row(stack: Stack) -> None:
     handle = _read_models(stack)
-    assert await handle.wait_caught_up(20)
+    assert await handle.wait_caught_up(WAIT)
     async with handle.engine.connect() as conn:
         assert (await verify_audit(conn)).ok
     target = await _tamper_completed_record(handle)
@@ -140,7 +141,7 @@ async def test_audit_verify_fails_naming_a_modified_row(stack: Stack) -> None:
 async def test_cli_reads_rebuilds_and_verifies(stack: Stack, pipeline_database_url: str) -> None:
     if not pipeline_database_url.startswith("sqlite"):
         pytest.skip("the CLI is the same on both stores; one run of it is enough")
-    assert await _read_models(stack).wait_caught_up(20)
+    assert await _read_models(stack).wait_caught_up(WAIT)
     invocation_id = stack.outcomes[0].data.invocation_id  # type: ignore[attr-defined]
     (search_rc, search_out), (show_rc, show_out), (ghost_rc, _), (replay_rc, replay_out) = (
         await asyncio.gather(

@@ -105,7 +105,7 @@ async def test_incremental_runners_equal_a_rebuild_row_by_row(
     for runner in runners:
         await runner.start()
     try:
-        assert all([await r.wait_caught_up(30) for r in runners])
+        assert all([await r.wait_caught_up(WAIT) for r in runners])
     finally:
         for runner in runners:
             await runner.stop()
@@ -154,12 +154,12 @@ async def test_a_reader_waiting_ends_a_runner_s_pause_between_folds(
                               fold_interval=3600)
     await runner.start()
     try:
-        assert await runner.wait_caught_up(60)
+        assert await runner.wait_caught_up(WAIT)
         async with asyncio.timeout(WAIT):
             while not runner.pausing:
                 await asyncio.sleep(0.05)
         await _produce(kafka_bootstrap, log_prefix, invocation("late-1", "grep", start=90))
-        assert await runner.wait_caught_up(60)  # not an hour: the wait ends the pause
+        assert await runner.wait_caught_up(WAIT)  # not an hour: the wait ends the pause
     finally:
         await runner.stop()
     async with engine.connect() as conn:

@@ -114,7 +114,7 @@ async def test_the_follower_embeds_what_is_published_while_it_runs(
     try:
         await publish(postgres, tools[:5])
         counts = []
-        for _ in range(300):  # up to a minute on a busy machine
+        for _ in range(600):  # two minutes at least: a bound only a hang reaches
             async with postgres.connect() as conn:
                 counts.append((await conn.execute(text(
                     "SELECT count(*) FROM registry_embeddings"))).scalar_one())

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.cli_process import REPO, start_up, stop, toolexec
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -75,12 +75,8 @@ def test_a_valid_token_runs_the_tool_then_a_policy_denies_it(secured: Path) -> N
                        _token(secured, scopes=("--policy",)), cwd=secured)
     assert applied.returncode == 0, applied.stderr
     # Policies travel through the log to every authorize process: wait until in force.
-    deadline = time.monotonic() + 20
-    while True:
-        code, body = _run(secured, *HELLO, "--token", token)
-        if code == 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert code == 1 and body["error"]["code"] == "E3206", body
+    code, body = until(lambda: (answer := _run(secured, *HELLO, "--token", token))[0] == 1
+                       and answer, "the applied policy refuses the demo tool")
+    assert body["error"]["code"] == "E3206", body
     assert "no-demo-tools" in body["error"]["message"]
     assert "demo tools are disabled here" in body["error"]["message"]

@@ -16,12 +16,13 @@ from aiokafka import AIOKafkaProducer
 from contracts.envelope import new_envelope
 from contracts.events import InvokeRequested
 from contracts.kafka_binding import encode
+from tests.waiting import WAIT
 from toolexec.embedded_broker import ensure_topics
 
 pytestmark = pytest.mark.integration
 
 RECORDS = 6
-HANG_GUARD_SECONDS = 90.0  # fails a hanging client; not a performance bound
+HANG_GUARD_SECONDS = WAIT  # fails a hanging client; not a performance bound
 # The portable settings of docs/kafka-clients.md: accepted by Apache Kafka (whose
 # minimum session is 6 s) and joining Tansu in a few seconds instead of ~23 s.
 LIBRDKAFKA_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 2000,

@@ -17,6 +17,7 @@ import pytest
 from tests.cli_process import toolexec
 from tests.integration.gateway_support import EXAMPLES, RunningGateway
 from tests.security.rights_support import bearer, secured_gateway, sign
+from tests.waiting import WAIT
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -160,7 +161,7 @@ def test_the_status_page_needs_a_token(secured, adas_invocation) -> None:
     cookie = signed_in.cookies.get("toolexec_token")
     assert cookie == auditor and "httponly" in signed_in.headers["set-cookie"].lower()
     with httpx.Client(base_url=secured.url, cookies={"toolexec_token": cookie},
-                      timeout=60) as browser:
+                      timeout=WAIT) as browser:
         page = browser.get("/")
         assert page.status_code == 200 and adas_invocation in page.text
         # The session cookie reads; it never writes.
@@ -171,7 +172,7 @@ def test_the_status_page_needs_a_token(secured, adas_invocation) -> None:
 def test_the_live_status_and_invocation_pages_read_like_the_api(secured,
                                                                adas_invocation) -> None:
     page_of_ada = f"/invocations/{adas_invocation}"
-    with httpx.Client(base_url=secured.url, timeout=60) as nobody:  # no session cookie
+    with httpx.Client(base_url=secured.url, timeout=WAIT) as nobody:  # no session cookie
         assert nobody.get("/status.json").status_code == 401
         anonymous = nobody.get(page_of_ada)
         assert anonymous.status_code == 401 and "ada's secret" not in anonymous.text
@@ -193,7 +194,7 @@ def test_the_live_status_and_invocation_pages_read_like_the_api(secured,
 
     auditor = _token(secured, "did:example:auditor", audit=True)
     with httpx.Client(base_url=secured.url, cookies={"toolexec_token": auditor},
-                      timeout=60) as browser:
+                      timeout=WAIT) as browser:
         assert browser.get(page_of_ada).status_code == 200
         everyone = browser.get("/status.json").json()
         assert adas_invocation in {v["invocation_id"] for v in everyone["invocations"]}

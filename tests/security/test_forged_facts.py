@@ -38,6 +38,7 @@ from projections.runner import ProjectionRunner
 from tests.chaos.up_process import signing_key
 from tests.log_reading import pretend_pipeline_key, put_facts, request_on_the_log
 from tests.projection_db import run_to_end
+from tests.waiting import WAIT
 from toolexec import keys
 from toolexec.client import InvocationClient
 from toolexec.embedded_broker import EmbeddedBroker
@@ -122,7 +123,7 @@ async def dead_letter_codes(bootstrap: str, key: str, at_least: int) -> list[str
     await consumer.start()
     codes: list[str] = []
     try:
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(WAIT):
             async for record in consumer:
                 if record.key == key.encode():
                     codes.append(decode(record.key, record.value, record.headers).data.error.code)
@@ -162,7 +163,7 @@ async def test_a_forged_allow_on_the_log_never_runs_a_request_the_pipeline_denie
         await publish_tools(stack)
         async with InvocationClient(stack.bootstrap, verifier=stack.verifier) as client:
             terminal = await client.invoke("append_id", {"id": "after", "ledger": str(ledger)},
-                                           timeout=60)  # the pipeline is past the forgery
+                                           timeout=WAIT)  # the pipeline is past the forgery
     assert terminal.data.error.code == "E3203"  # no token: denied
     assert not ledger.exists()  # neither the forged request nor the one after ran
     assert "E3804" in await dead_letter_codes(broker.bootstrap, invocation, at_least=2)
@@ -206,7 +207,7 @@ async def test_a_forged_completion_never_reaches_the_caller(
         async with InvocationClient(stack.bootstrap, verifier=stack.verifier) as client:
             real = asyncio.create_task(client.invoke(
                 "append_id", {"id": invocation, "ledger": str(ledger)},
-                invocation_id=invocation, timeout=60))
+                invocation_id=invocation, timeout=WAIT))
             await request_on_the_log(broker.bootstrap, invocation)
             forged = new_envelope(
                 InvokeCompleted(invocation_id=invocation, tool_id="append_id",

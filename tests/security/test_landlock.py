@@ -27,6 +27,7 @@ from domain.model import (
     ToolFile,
 )
 from domain.sandbox_policy import SandboxPolicy
+from tests.waiting import WAIT
 
 ABI = landlock_exec.abi_version()
 pytestmark = [
@@ -293,9 +294,9 @@ async def test_a_tool_runs_end_to_end_under_landlock_and_the_log_says_so(
             await stack.publish(publish_event(source, now=datetime.now(UTC)))
         async with InvocationClient(stack.bootstrap, verifier=stack.verifier) as client:
             python = await client.invoke("py_echo", {"text": "ab", "times": 2},
-                                         progress=seen.append, timeout=60)
+                                         progress=seen.append, timeout=WAIT)
             shell = await client.invoke("sh_upper", {"text": "quiet words"},
-                                        progress=seen.append, timeout=60)
+                                        progress=seen.append, timeout=WAIT)
     assert python.type == "tool.invoke.completed", python.data
     assert python.data.result == {"echo": "abab", "keys": 2}
     assert shell.type == "tool.invoke.completed", shell.data

@@ -25,12 +25,13 @@ from domain.integrity import seal
 from domain.model import PrimitiveOutcome, ResolvedChain, SubprocessPlan, ToolSource
 from domain.plan import build_plan
 from domain.sandbox_policy import GIB, SandboxPolicy
+from tests.waiting import WAIT
 from toolexec.sources import load_builtin_sources, load_source
 
 pytestmark = [pytest.mark.security]
 
 TOOLS = Path(__file__).parent / "tools"
-WAIT_SECONDS = 60.0
+WAIT_SECONDS = WAIT
 
 
 def _plan(name: str, **manifest_changes: Any) -> SubprocessPlan:

@@ -21,6 +21,7 @@ from consumers.adapters.policy_engine import CedarEvaluator
 from domain.policy import EXTERNAL_VERSION, AccessRequest, PolicyBundle, PolicyDecision
 from tests.security.conftest import build_secure_harness, rs256
 from tests.security.test_tokens_and_policies import FORBID_AGENT, _policy_event
+from tests.waiting import WAIT
 
 pytestmark = pytest.mark.security
 
@@ -75,10 +76,12 @@ async def connect(redis_url: str) -> AsyncIterator[Any]:
     clients: list[Any] = []
 
     def replica(rsa_key: Any, url: str = redis_url, **options: Any) -> Replica:
-        client = redis.asyncio.Redis.from_url(url, socket_timeout=0.5,
-                                              socket_connect_timeout=0.5)
+        # Bounds that only a hang reaches: a Redis answering slowly on a busy machine
+        # is not a Redis that is down (a stopped one refuses at once).
+        client = redis.asyncio.Redis.from_url(url, socket_timeout=WAIT,
+                                              socket_connect_timeout=WAIT)
         clients.append(client)
-        store = RedisDecisions(client, prefix=prefix, operation_timeout=0.5)
+        store = RedisDecisions(client, prefix=prefix, operation_timeout=WAIT)
         cedar = CountedCedar()
         harness, view, _ = build_secure_harness(
             [rsa_key.public_key()], decisions=store, evaluator=cedar, **options)

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 import toolexec.metrics
 import toolexec.stack  # noqa: F401  (registers the pipeline's own metrics)
+from tests.waiting import WAIT
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 COMPOSE = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
@@ -204,9 +205,9 @@ def test_prometheus_parses_every_query_and_its_config(dashboard: dict, tmp_path:
         for n, expr in enumerate(queries(dashboard))]}]}
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
     checked = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yml")],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=WAIT)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     config = subprocess.run(["promtool", "check", "config", "--syntax-only",
                              str(COMPOSE_DIR / "prometheus" / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=WAIT)
     assert config.returncode == 0, config.stdout + config.stderr

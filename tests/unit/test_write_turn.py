@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing
 
 from projections.runner import WriteTurn
+from tests.waiting import WAIT
 
 
 async def test_a_second_writer_waits_for_the_turn_and_gets_it_once_released() -> None:
@@ -16,7 +17,7 @@ async def test_a_second_writer_waits_for_the_turn_and_gets_it_once_released() ->
     await asyncio.sleep(0.05)
     assert not waiting.done()
     first.release()
-    await asyncio.wait_for(waiting, 10)
+    await asyncio.wait_for(waiting, WAIT)
     assert not lock.acquire(block=False)  # the second holds it now
     second.release()
     assert lock.acquire(block=False)
