@@ -145,12 +145,13 @@ async def test_missing_executable_is_E3401_naming_it(run: Any) -> None:
 async def test_timeout_kills_the_whole_process_group(run: Any) -> None:
     tool = """
     import os, subprocess, sys, time
-    child = subprocess.Popen(["sleep", "60"])
+    child = subprocess.Popen(["sleep", "600"])
     sys.stderr.write(f"pids {os.getpid()} {child.pid}\\n")
     sys.stderr.flush()
-    time.sleep(60)
+    time.sleep(600)
     """
-    outcome = await run(python_plan(tool, timeout_seconds=1.0))
+    # 15 s: long enough for a busy machine to start Python and write the pids first
+    outcome = await run(python_plan(tool, timeout_seconds=15.0))
     assert outcome.error is not None and outcome.error["code"] == "E3402"
     pids = [int(p) for p in outcome.stderr.decode().split("pids", 1)[1].split()]
     assert len(pids) == 2

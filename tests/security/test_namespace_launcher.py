@@ -23,7 +23,7 @@ from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.errors import ExecutionError
 from domain.model import PrimitiveOutcome, ResourceLimits, SubprocessPlan, ToolFile
 from domain.sandbox_policy import SandboxPolicy
-from tests.waiting import process_gone, until
+from tests.waiting import WAIT, process_gone, until
 
 pytestmark = [
     pytest.mark.security,
@@ -284,7 +284,7 @@ async def test_a_run_goes_straight_to_its_prepared_pid1_even_with_the_launcher_s
     await asyncio.to_thread(until, lambda: _children(launcher), "a PID 1 cloned ahead")
     os.kill(launcher, signal.SIGSTOP)
     try:  # the launcher cannot answer anything now: the run needs it not
-        second = await asyncio.wait_for(_run(tmp_path, "print('two')"), 60)
+        second = await asyncio.wait_for(_run(tmp_path, "print('two')"), WAIT)
     finally:
         os.kill(launcher, signal.SIGCONT)
     assert second.ok and second.stdout == b"two\n", second.error
@@ -379,7 +379,7 @@ async def test_a_prepare_asking_for_a_bad_number_of_spares_is_refused(
     await launcher._send(json.dumps({"prepare": -1, "system": _GOOD["system"],
                                      "spares": spares}).encode())
     with pytest.raises(ExecutionError) as refused:
-        await asyncio.wait_for(asked, 60)
+        await asyncio.wait_for(asked, WAIT)
     assert "malformed request: spares" in refused.value.message
     outcome = await _run(tmp_path, "print('still serving')")
     assert outcome.ok and outcome.stdout == b"still serving\n", outcome.error
