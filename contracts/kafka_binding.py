@@ -62,7 +62,6 @@ _ENVELOPE_ATTRIBUTES: Final = frozenset(
 )
 WRITTEN_EXTENSIONS: Final = frozenset(_KNOWN_HEADERS.values()) - _ENVELOPE_ATTRIBUTES
 """The extensions toolexec writes (``captoken``, ``traceparent``, the signature's...)."""
-_WRITTEN_EXTENSIONS: Final = WRITTEN_EXTENSIONS
 _FIELD_NAMES: Final = tuple(f.name for f in fields(Envelope))
 
 
@@ -405,7 +404,7 @@ def _plain(optional: Any) -> bool:
 
 def _plain_extensions(extensions: dict[str, Any]) -> bool:
     """Only extensions toolexec writes (names `Envelope` allows), each text."""
-    return not extensions or (extensions.keys() <= _WRITTEN_EXTENSIONS
+    return not extensions or (extensions.keys() <= WRITTEN_EXTENSIONS
                               and all(type(v) is str for v in extensions.values()))
 
 
