@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,9 @@ START_WAIT = 300.0
 def until(predicate: Any, what: str, timeout: float = WAIT, interval: float = 0.2) -> Any:
     """Poll `predicate()` until it returns a truthy value; that value. Fails naming
     `what` when `timeout` seconds pass first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
+    for value in _polled(predicate, what, timeout):
         if value:
             return value
-        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
         time.sleep(interval)
 
 
@@ -31,13 +28,19 @@ async def eventually(predicate: Callable[[], Any], what: str, timeout: float = W
                      interval: float = 0.01) -> Any:
     """`until` for asyncio tests: polls without blocking the loop, whose own tasks may
     be what makes the condition hold."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
+    for value in _polled(predicate, what, timeout):
         if value:
             return value
-        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
         await asyncio.sleep(interval)
+
+
+def _polled(predicate: Callable[[], Any], what: str, timeout: float) -> Iterator[Any]:
+    """`predicate()` once per round; fails naming `what` once `timeout` has passed
+    after a round that was not truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        yield predicate()
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
 
 
 def until_progressing(predicate: Any, what: str, progress: Callable[[], Hashable],
