@@ -142,9 +142,12 @@ def system_mounts(confinement: Confinement,
     return list(_system_mounts(links, confinement.etc_view, confinement.etc_binds))
 
 
+MERGED_USR_LINKS = tuple(link for _target, link in _MERGED_USR)
+
+
 def merged_usr_links() -> tuple[bool, ...]:
     """Which of the merged-usr links (/bin, /lib, /lib64, /sbin) are symlinks here."""
-    return tuple(os.path.islink(link) for _target, link in _MERGED_USR)
+    return tuple(os.path.islink(link) for link in MERGED_USR_LINKS)
 
 
 @functools.lru_cache(maxsize=16)

@@ -129,6 +129,14 @@ class ContentStore:
         targets = _targets(files)
         return list(zip(targets, [self._source_for(file) for file in files], strict=True))
 
+    def check_inline(self, files: Sequence[ToolFile]) -> None:
+        """The bytes `files` carry hash to their sha256 (IntegrityMismatch else): what
+        `sources` checks of a plan itself, for a caller that knows the store's
+        objects are unchanged since it last had them checked."""
+        for file in files:
+            if file.content is not None:
+                self._check_content(file, file.content)
+
     # -- objects -------------------------------------------------------------------
 
     def _object_path(self, sha256: str) -> Path:

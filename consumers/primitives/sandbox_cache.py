@@ -21,6 +21,12 @@ filling and removing a host run directory on ext4 ~2 ms. So, per executor proces
   bytes are hashed again instead, and the tree is kept when they are still the
   verified ones.
 
+Both make their checks once and then skip them while a `HostWatch` (host_watch) has
+seen no change to any path they relied on: the `/etc` entries with every link and
+folder on their way, a tree's files, its folders and the store's objects and their
+folders. Any change there, or a path that cannot be watched, means the full checks
+before the next run, as above.
+
 Both live in one private folder of this process (`mkdtemp`, mode 0700, named after
 its pid) that is removed at exit, or by the next executor when this one was killed.
 """
@@ -38,8 +44,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from consumers.primitives.file_store import ContentStore, file_sha256
+from consumers.primitives.host_watch import HostWatch, WatchedAnswers
 from consumers.primitives.run_request import RequestCache
 from domain.model import ToolFile
 
@@ -54,19 +62,27 @@ def _signature(info: os.stat_result) -> FileSignature:
 class EtcView:
     """A folder standing for the sandbox's `/etc` (see the module docstring)."""
 
-    def __init__(self, path: Path, entries: Sequence[str], source: Path = Path("/etc")) -> None:
+    def __init__(self, path: Path, entries: Sequence[str], source: Path = Path("/etc"),
+                 watch: HostWatch | None = None) -> None:
         self.path = path
         self._source = source
         self._entries = tuple(entries)
         self._sources = tuple((name, os.path.join(source, name)) for name in self._entries)
         self._seen: dict[str, tuple[FileSignature, bool] | None] = {}
-        self._bound: dict[str, None] = {}
+        self._watch = HostWatch() if watch is None else watch
+        self._checked: int | None = None
+        self._binds: tuple[str, ...] = ()
         path.mkdir(mode=0o755)
         os.chmod(path, 0o755)
 
     def refresh(self) -> tuple[str, ...]:
         """Bring the view in step with `/etc`; the entries to bind on their mount
         points (folders, and files this process cannot read)."""
+        if self._watch.unchanged(self._checked):
+            return self._binds
+        watched = self._watch.watch([str(self._source), *(source for _, source in self._sources)],
+                                    ancestors=True)
+        self._checked = self._watch.moment() if watched else None
         for name, source in self._sources:
             try:
                 info: os.stat_result | None = os.stat(source)
@@ -80,8 +96,9 @@ class EtcView:
                 continue
             if known is ... or known is None or known[0] != _signature(info):
                 self._seen[name] = (_signature(info), self._update(name, info))
-        return tuple(name for name in self._entries
-                     if (seen := self._seen.get(name)) is not None and seen[1])
+        self._binds = tuple(name for name in self._entries
+                            if (seen := self._seen.get(name)) is not None and seen[1])
+        return self._binds
 
     def _update(self, name: str, info: os.stat_result) -> bool:
         """Copy or make the mount point of one entry; True when it must be bound."""
@@ -121,6 +138,8 @@ class _Tree:
     path: Path
     files: list[tuple[tuple[str, ...], Path, FileSignature, bool]]
     leases: int = 0
+    checked: int | None = None
+    """The HostWatch moment its files were last checked at (None: check them)."""
 
 
 @dataclass
@@ -129,6 +148,7 @@ class ToolTrees:
 
     root: Path
     keep: int = _KEEP_TREES
+    watch: HostWatch = field(default_factory=HostWatch)
     _trees: OrderedDict[str, _Tree] = field(default_factory=OrderedDict)
     _retiring: list[_Tree] = field(default_factory=list)
     _made: int = 0
@@ -136,18 +156,48 @@ class ToolTrees:
     def lease(self, store: ContentStore, files: Sequence[ToolFile]) -> Path:
         """The folder holding `files`, verified; give it back with `release`.
         Raises what `ContentStore.materialise` raises for a bad file."""
-        sources = store.sources(files)
         key = hashlib.sha256(repr([(f.path, f.sha256, f.is_executable) for f in files])
                              .encode()).hexdigest()
         tree = self._trees.get(key)
-        if tree is None or not _intact(tree, sources, files):
-            if tree is not None:
-                self._retire(key, tree)
-            tree = self._make(key, store, files)
+        if tree is not None and self.watch.unchanged(tree.checked):
+            store.check_inline(files)
+        else:
+            tree = self._checked(key, tree, store, files)
         self._trees.move_to_end(key)
         tree.leases += 1
         self._evict()
         return tree.path
+
+    def _checked(self, key: str, tree: _Tree | None, store: ContentStore,
+                 files: Sequence[ToolFile]) -> _Tree:
+        """The tree for `key` after the full checks (made again when not intact). When
+        its paths can be watched it is checked once more after the watch began: the
+        moment taken then stands for that check until something changes."""
+        tree = self._intact_or_new(key, tree, store, files)
+        tree.checked = None
+        if not self._watched(tree):
+            return tree
+        moment = self.watch.moment()
+        if _intact(tree, store.sources(files), files):
+            tree.checked = moment
+            return tree
+        return self._intact_or_new(key, tree, store, files)  # changed meanwhile
+
+    def _intact_or_new(self, key: str, tree: _Tree | None, store: ContentStore,
+                       files: Sequence[ToolFile]) -> _Tree:
+        sources = store.sources(files)
+        if tree is None or not _intact(tree, sources, files):
+            if tree is not None:
+                self._retire(key, tree)
+            tree = self._make(key, store, files)
+        return tree
+
+    def _watched(self, tree: _Tree) -> bool:
+        paths: set[str] = set()
+        for parts, source, _made, _linked in tree.files:
+            paths.add(str(tree.path.joinpath(*parts)))
+            paths.add(str(source))
+        return self.watch.watch(sorted(paths))
 
     def release(self, path: Path) -> None:
         """A run that leased `path` is over (a replaced tree goes with its last run)."""
@@ -236,10 +286,12 @@ class SandboxCache:
     def __init__(self, etc_entries: Sequence[str]) -> None:
         remove_orphans(Path(tempfile.gettempdir()))
         self.root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
-        self.etc = EtcView(self.root / "etc", etc_entries)
+        self.watch = HostWatch()
+        self.etc = EtcView(self.root / "etc", etc_entries, watch=self.watch)
         trees = self.root / "trees"
         trees.mkdir(mode=0o700)
-        self.trees = ToolTrees(trees)
+        self.trees = ToolTrees(trees, watch=self.watch)
+        self.answers: WatchedAnswers[Any] = WatchedAnswers(self.watch)
         self.requests = RequestCache()
         atexit.register(shutil.rmtree, self.root, True)
 

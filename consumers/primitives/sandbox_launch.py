@@ -106,7 +106,7 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
             launch.pass_fds = (launch.egress.child_fd,)
             launch.env = {name: PROXY_URL for name in PROXY_VARIABLES} | {
                 "NO_PROXY": "", "no_proxy": ""}
-        protected = tuple(Path(os.path.realpath(p)) for p in policy.protected_paths)
+        protected = _protected(policy.protected_paths)
         program = plan.argv[0] if plan.argv else ""
         if sandbox == "namespaces":
             launch.request = _namespaces(launch, run_dir, program, path, plan, policy,
@@ -168,17 +168,27 @@ def _namespaces(launch: Launch, run_dir: RunDirectory, program: str, path: str,
     if launch.uid is None:
         raise OSError("the namespaces sandbox runs as root only")
     cache = shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES)
-    found = program_identity(program, path)
+    found = cache.answers.get(("program", program, path),
+                              lambda: program_identity(program, path),
+                              lambda found: [*path.split(":"), *(found[:1] if found else ())])
     launch.program_found = found is not None and "/" not in program  # which() found it
     key = PartsKey(
         files=run_dir.files, workdir=run_dir.path, cwd=run_dir.cwd, program=program, path=path,
         found=found, policy=policy, limits=plan.limits,
         protected=protected, etc_view=cache.etc.path, etc_binds=cache.etc.refresh(),
-        links=bubblewrap.merged_usr_links())
+        links=cache.answers.get("merged-usr links", bubblewrap.merged_usr_links,
+                                lambda _links: bubblewrap.MERGED_USR_LINKS))
     parts = cache.requests.parts(key)
     own = checked([list(step) for step in bubblewrap.run_bind_mounts(run_dir.path, binds)])
     return {"system": parts.system, "mounts": [*parts.head, *own, *parts.tail],
             "cwd": str(run_dir.cwd), "uid": launch.uid, "gid": launch.uid}
+
+
+def _protected(paths: tuple[str, ...]) -> tuple[Path, ...]:
+    """The operator's protected paths, resolved as the kernel resolves them."""
+    return shared_cache(bubblewrap.SYSTEM_ETC_ENTRIES).answers.get(
+        ("protected", paths), lambda: tuple(Path(os.path.realpath(p)) for p in paths),
+        lambda _resolved: paths)
 
 
 def _abandon(launch: Launch) -> None:

@@ -40,8 +40,10 @@ def available_sandboxes() -> list[str]:
 def primitive_call(sandbox: str, root: Path) -> Call:
     """One run of the bench tool through the subprocess primitive under `sandbox`."""
     plan = script_plan(write_bench_tools(root, "127.0.0.1:9"))
-    store = ContentStore(root / "store")
-    policy = SandboxPolicy(protected_paths=(str(root / "store"),))
+    # a store of its own, as in a deployment, where one sandbox runs every script:
+    # runs in host folders link the store's objects, which the others' checks see
+    store = ContentStore(root / f"store-{sandbox}")
+    policy = SandboxPolicy(protected_paths=(str(store.root),))
 
     async def call() -> bool:
         outcome = await run_subprocess(plan, SCRIPT_PARAMS, store=store,

@@ -1,0 +1,139 @@
+"""The sandbox cache's HostWatch: a verification lasts exactly until something it relied
+on changes (inotify on real files), and without a watch every check is made again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from consumers.primitives.host_watch import HostWatch, WatchedAnswers
+from consumers.primitives.sandbox_cache import EtcView
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def watch() -> HostWatch:
+    made = HostWatch()
+    yield made
+    made.close()
+
+
+def test_a_moment_lasts_until_a_watched_file_changes_in_any_way(
+        tmp_path: Path, watch: HostWatch) -> None:
+    target = tmp_path / "file"
+    target.write_text("one")
+    changes = [
+        lambda: target.write_text("two"),
+        lambda: os.chmod(target, 0o600),
+        lambda: os.utime(target, ns=(1, 1)),
+        lambda: os.link(target, tmp_path / "second-name"),
+        lambda: (tmp_path / "other").write_text("x") or os.replace(tmp_path / "other", target),
+        lambda: target.unlink(),
+        lambda: target.write_text("back"),
+    ]
+    for change in changes:
+        assert watch.watch([str(target)])
+        moment = watch.moment()
+        assert watch.unchanged(moment) and watch.unchanged(moment)
+        change()
+        assert not watch.unchanged(moment)
+
+
+def test_a_link_pointed_elsewhere_and_a_folder_swapped_on_its_way_are_changes(
+        tmp_path: Path, watch: HostWatch) -> None:
+    (tmp_path / "zones" / "a").mkdir(parents=True)
+    (tmp_path / "zones" / "a" / "zone").write_text("UTC")
+    (tmp_path / "zones" / "b").mkdir()
+    (tmp_path / "zones" / "b" / "zone").write_text("CET")
+    (tmp_path / "current").symlink_to(tmp_path / "zones" / "a")
+    link = tmp_path / "etc" / "localtime"
+    link.parent.mkdir()
+    link.symlink_to(tmp_path / "current" / "zone")
+
+    assert watch.watch([str(link)], ancestors=True)
+    moment = watch.moment()
+    (tmp_path / "current").unlink()  # the folder on the link's way, not the link
+    (tmp_path / "current").symlink_to(tmp_path / "zones" / "b")
+    assert not watch.unchanged(moment)
+
+    assert watch.watch([str(link)], ancestors=True)
+    moment = watch.moment()
+    link.unlink()
+    link.symlink_to(tmp_path / "zones" / "a" / "zone")
+    assert not watch.unchanged(moment)
+
+
+def test_a_file_appearing_where_a_watched_one_was_absent_is_a_change(
+        tmp_path: Path, watch: HostWatch) -> None:
+    assert watch.watch([str(tmp_path / "absent")])
+    moment = watch.moment()
+    (tmp_path / "absent").write_text("here now")
+    assert not watch.unchanged(moment)
+
+
+def test_without_a_watch_nothing_is_ever_unchanged(tmp_path: Path) -> None:
+    closed = HostWatch()
+    closed.close()
+    assert not closed.watch([str(tmp_path)])
+    assert closed.moment() is None
+    assert not closed.unchanged(closed.moment())
+
+
+def test_an_answer_is_kept_until_what_it_was_computed_from_changes(
+        tmp_path: Path, watch: HostWatch) -> None:
+    target = tmp_path / "program"
+    target.write_text("v1")
+    computed: list[str] = []
+
+    def read() -> str:
+        computed.append(target.read_text())
+        return computed[-1]
+
+    answers: WatchedAnswers[str] = WatchedAnswers(watch)
+    assert answers.get("program", read, lambda _answer: [str(target)]) == "v1"
+    calls = len(computed)
+    assert answers.get("program", read, lambda _answer: [str(target)]) == "v1"
+    assert len(computed) == calls  # served from the watch, not computed again
+    target.write_text("v2")
+    assert answers.get("program", read, lambda _answer: [str(target)]) == "v2"
+
+
+def test_an_answer_of_paths_that_cannot_be_watched_is_computed_every_time(
+        tmp_path: Path) -> None:
+    closed = HostWatch()
+    closed.close()
+    computed: list[int] = []
+    answers: WatchedAnswers[int] = WatchedAnswers(closed)
+    for _ in range(3):
+        answers.get("key", lambda: computed.append(1) or len(computed), lambda _a: [])
+    assert len(computed) == 3
+
+
+def test_the_etc_view_without_a_watch_still_follows_every_change(tmp_path: Path) -> None:
+    source = tmp_path / "etc"
+    source.mkdir()
+    (source / "hosts").write_text("127.0.0.1 localhost\n")
+    closed = HostWatch()
+    closed.close()
+    view = EtcView(tmp_path / "view", ["hosts"], source=source, watch=closed)
+    view.refresh()
+    (source / "hosts").write_text("10.0.0.1 changed\n")
+    view.refresh()
+    assert (view.path / "hosts").read_text() == "10.0.0.1 changed\n"
+
+
+def test_the_etc_view_sees_a_change_made_right_after_a_check_it_skipped(
+        tmp_path: Path) -> None:
+    source = tmp_path / "etc"
+    source.mkdir()
+    (source / "hosts").write_text("127.0.0.1 localhost\n")
+    view = EtcView(tmp_path / "view", ["hosts"], source=source)
+    for round_number in range(5):
+        view.refresh()
+        view.refresh()  # nothing changed: the check is skipped
+        (source / "hosts").write_text(f"10.0.0.{round_number} changed\n")
+        view.refresh()
+        assert (view.path / "hosts").read_text() == f"10.0.0.{round_number} changed\n"
