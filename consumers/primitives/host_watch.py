@@ -2,16 +2,19 @@
 
 The sandbox cache (sandbox_cache) checks before every run that the `/etc` entries a
 sandbox shows and the files of a tool tree are still what it verified: ~25 `stat`s
-and their bookkeeping, ~0.2 ms on the run's path. With a `HostWatch` those checks are
-made once and then skipped while nothing they looked at changed: every path they
-rely on is watched (its content, attributes, its name in its folder, and for a
-symbolic link each folder on its way), and `moment()` reads the kernel's queue of
-changes (one `ioctl` when it is empty). Any change, to a watched path or to anything
-else in a watched folder, ends every verification made before it; so does a full
-queue. A path that cannot be watched (no inotify, the user's limit of watches
-reached) makes `watch` answer False, and the caller checks every time as before.
-Changes the kernel does not report through inotify (a network filesystem changed by
-another host) are not seen: the sandbox cache and the content store are local.
+and their bookkeeping on the run's path. With a `HostWatch` those checks are made
+once and then skipped while nothing they relied on changed. `watch` watches every
+path a check reads: the file it resolves to (any change to it), its name in its
+folder, for a symbolic link each link and the name of each on its way, and with
+`ancestors` the name of every folder above them; it returns those dependencies, and
+`moment(dependencies)` a token that `unchanged` compares after reading the kernel's
+queue of changes (one `read` when it is empty). Only changes to what a token depends
+on end it: a busy folder above a watched path (say /tmp) ends only the tokens of
+paths through the name that changed. A full queue ends every token. A path that
+cannot be watched (no inotify, the user's limit of watches reached) makes `watch`
+answer None, and the caller checks every time as before. Changes the kernel does not
+report through inotify (a network filesystem changed by another host) are not seen:
+the sandbox cache and the content store are local.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from inotify_simple import INotify
+from inotify_simple import INotify, parse_events
 from inotify_simple import flags as _flags
 
 _CHANGES = (_flags.MODIFY | _flags.ATTRIB | _flags.CLOSE_WRITE | _flags.MOVED_FROM
@@ -31,7 +35,20 @@ _CHANGES = (_flags.MODIFY | _flags.ATTRIB | _flags.CLOSE_WRITE | _flags.MOVED_FR
             | _flags.MOVE_SELF)
 _MAX_LINKS = 40  # the kernel's own bound on symbolic links followed in one lookup
 _READ_BYTES = 65536
+_QUEUE = (-1, None)
+"""The dependency of every token: the kernel's queue overflowed (events were lost)."""
 T = TypeVar("T")
+Dependency = tuple[int, str | None]
+"""(watch descriptor, name): a change to the watched object itself when the name is
+"", to its entry `name` when it is a folder, to anything of it when None."""
+
+
+@dataclass(frozen=True)
+class Token:
+    """What a set of dependencies had seen at a moment (see HostWatch.moment)."""
+
+    dependencies: tuple[Dependency, ...]
+    counts: tuple[int, ...]
 
 
 class HostWatch:
@@ -44,43 +61,40 @@ class HostWatch:
             self._inotify = None
         self._fd = -1 if self._inotify is None else self._inotify.fileno()
         self._lock = threading.Lock()
-        self._generation = 0
+        self._counts: dict[Dependency, int] = {}
 
-    def watch(self, paths: Iterable[str], *, ancestors: bool = False) -> bool:
-        """Watch each path (the file it resolves to, its folder, and for a symbolic
-        link every link and folder on its way; with `ancestors`, every folder above
-        each of those too). False when one of them cannot be watched: then no
-        verification of these paths may be trusted to last."""
-        if self._inotify is None:
-            return False
-        try:
-            for path in paths:
-                for target in _watched(os.path.abspath(path), ancestors):
-                    self._add(target)
-        except OSError:
-            return False
-        return True
-
-    def moment(self) -> int | None:
-        """A token for now (None without inotify): `unchanged(token)` holds until a
-        watched path changes."""
+    def watch(self, paths: Iterable[str], *,
+              ancestors: bool = False) -> tuple[Dependency, ...] | None:
+        """Watch what each path's check relies on (see the module docstring) and
+        return those dependencies; None when one of them cannot be watched."""
         if self._inotify is None:
             return None
-        with self._lock:
-            changed = False
-            while True:
-                try:
-                    if not os.read(self._fd, _READ_BYTES):
-                        break
-                except BlockingIOError:
-                    break
-                changed = True
-            self._generation += changed
-            return self._generation
+        found: dict[Dependency, None] = {_QUEUE: None}
+        try:
+            for path in paths:
+                ways = {os.path.abspath(path), os.path.realpath(path)}  # links midway too
+                for target, name in (step for way in ways for step in _watched(way, ancestors)):
+                    wd = self._add(target)
+                    if wd is not None:
+                        found[(wd, name)] = None
+                        if name:
+                            found[(wd, "")] = None
+        except OSError:
+            return None
+        return tuple(found)
 
-    def unchanged(self, since: int | None) -> bool:
-        """True when nothing watched changed after `since` was taken."""
-        return since is not None and self.moment() == since
+    def moment(self, dependencies: tuple[Dependency, ...] | None) -> Token | None:
+        """A token for now: `unchanged(token)` holds until one of `dependencies`
+        changes. None without dependencies (nothing could be watched)."""
+        if dependencies is None or self._inotify is None:
+            return None
+        with self._lock:
+            self._drain()
+            return Token(dependencies, tuple(self._counts.get(d, 0) for d in dependencies))
+
+    def unchanged(self, since: Token | None) -> bool:
+        """True when nothing `since` depends on changed after it was taken."""
+        return since is not None and self.moment(since.dependencies) == since
 
     def close(self) -> None:
         if self._inotify is not None:
@@ -88,26 +102,49 @@ class HostWatch:
             self._inotify = None
             self._fd = -1
 
-    def _add(self, path: str) -> None:
+    def _add(self, path: str) -> int | None:
         assert self._inotify is not None
         with contextlib.suppress(FileNotFoundError):  # its folder reports when it comes
-            self._inotify.add_watch(path, _CHANGES)
+            return int(self._inotify.add_watch(path, _CHANGES))
+        return None
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self._fd, _READ_BYTES)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            for event in parse_events(data):
+                if event.mask & _flags.Q_OVERFLOW:
+                    self._bump(_QUEUE)
+                self._bump((event.wd, None))
+                self._bump((event.wd, event.name))
+
+    def _bump(self, dependency: Dependency) -> None:
+        self._counts[dependency] = self._counts.get(dependency, 0) + 1
 
 
-def _watched(path: str, ancestors: bool) -> list[str]:
-    """What to watch for `path`: its folder (every folder above it with `ancestors`),
-    each symbolic link on its way with its folder, and the file it resolves to."""
-    targets: list[str] = []
+def _watched(path: str, ancestors: bool) -> list[tuple[str, str | None]]:
+    """What to watch for `path`, as (path to watch, name in it or None for anything):
+    its name in its folder (in every folder above it with `ancestors`), each symbolic
+    link on its way likewise, and the file it resolves to."""
+    targets: list[tuple[str, str | None]] = []
     for _ in range(_MAX_LINKS):
-        targets.append(path)
-        folder = os.path.dirname(path)
-        targets.append(folder)
-        while ancestors and folder != os.path.dirname(folder):
-            folder = os.path.dirname(folder)
-            targets.append(folder)
+        child = path
+        while True:
+            folder = os.path.dirname(child)
+            if folder == child:
+                break
+            targets.append((folder, os.path.basename(child)))
+            if not ancestors:
+                break
+            child = folder
         try:
             link = os.readlink(path)
         except OSError:  # not a link (or absent): the end of its way
+            targets.append((path, None))
             return targets
         path = os.path.normpath(os.path.join(os.path.dirname(path), link))
     raise OSError(f"too many symbolic links on the way to {path}")
@@ -120,7 +157,7 @@ class WatchedAnswers(Generic[T]):
     def __init__(self, watch: HostWatch, keep: int = 256) -> None:
         self._watch = watch
         self._keep = keep
-        self._answers: OrderedDict[Hashable, tuple[int, T]] = OrderedDict()
+        self._answers: OrderedDict[Hashable, tuple[Token, T]] = OrderedDict()
 
     def get(self, key: Hashable, compute: Callable[[], T],
             paths: Callable[[T], Iterable[str]]) -> T:
@@ -130,11 +167,11 @@ class WatchedAnswers(Generic[T]):
         if known is not None and self._watch.unchanged(known[0]):
             return known[1]
         answer = compute()
-        if not self._watch.watch(paths(answer), ancestors=True):
+        moment = self._watch.moment(self._watch.watch(paths(answer), ancestors=True))
+        if moment is None:
             return answer
-        moment = self._watch.moment()
         again = compute()  # after the watch began: what it sees is what a change ends
-        if again == answer and moment is not None:
+        if again == answer:
             self._answers[key] = (moment, again)
             self._answers.move_to_end(key)
             while len(self._answers) > self._keep:

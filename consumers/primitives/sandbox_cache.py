@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.primitives.file_store import ContentStore, file_sha256
-from consumers.primitives.host_watch import HostWatch, WatchedAnswers
+from consumers.primitives.host_watch import Dependency, HostWatch, Token, WatchedAnswers
 from consumers.primitives.run_request import RequestCache
 from domain.model import ToolFile
 
@@ -70,7 +70,7 @@ class EtcView:
         self._sources = tuple((name, os.path.join(source, name)) for name in self._entries)
         self._seen: dict[str, tuple[FileSignature, bool] | None] = {}
         self._watch = HostWatch() if watch is None else watch
-        self._checked: int | None = None
+        self._checked: Token | None = None
         self._binds: tuple[str, ...] = ()
         path.mkdir(mode=0o755)
         os.chmod(path, 0o755)
@@ -80,9 +80,8 @@ class EtcView:
         points (folders, and files this process cannot read)."""
         if self._watch.unchanged(self._checked):
             return self._binds
-        watched = self._watch.watch([str(self._source), *(source for _, source in self._sources)],
-                                    ancestors=True)
-        self._checked = self._watch.moment() if watched else None
+        self._checked = self._watch.moment(self._watch.watch(
+            [source for _, source in self._sources], ancestors=True))
         for name, source in self._sources:
             try:
                 info: os.stat_result | None = os.stat(source)
@@ -138,7 +137,7 @@ class _Tree:
     path: Path
     files: list[tuple[tuple[str, ...], Path, FileSignature, bool]]
     leases: int = 0
-    checked: int | None = None
+    checked: Token | None = None
     """The HostWatch moment its files were last checked at (None: check them)."""
 
 
@@ -175,9 +174,9 @@ class ToolTrees:
         moment taken then stands for that check until something changes."""
         tree = self._intact_or_new(key, tree, store, files)
         tree.checked = None
-        if not self._watched(tree):
+        moment = self.watch.moment(self._watched(tree))
+        if moment is None:
             return tree
-        moment = self.watch.moment()
         if _intact(tree, store.sources(files), files):
             tree.checked = moment
             return tree
@@ -192,7 +191,7 @@ class ToolTrees:
             tree = self._make(key, store, files)
         return tree
 
-    def _watched(self, tree: _Tree) -> bool:
+    def _watched(self, tree: _Tree) -> tuple[Dependency, ...] | None:
         paths: set[str] = set()
         for parts, source, _made, _linked in tree.files:
             paths.add(str(tree.path.joinpath(*parts)))

@@ -14,6 +14,11 @@ from consumers.primitives.sandbox_cache import EtcView
 pytestmark = pytest.mark.integration
 
 
+def replace_with(other: Path, target: Path) -> None:
+    other.write_text("new bytes")
+    os.replace(other, target)
+
+
 @pytest.fixture
 def watch() -> HostWatch:
     made = HostWatch()
@@ -30,13 +35,12 @@ def test_a_moment_lasts_until_a_watched_file_changes_in_any_way(
         lambda: os.chmod(target, 0o600),
         lambda: os.utime(target, ns=(1, 1)),
         lambda: os.link(target, tmp_path / "second-name"),
-        lambda: (tmp_path / "other").write_text("x") or os.replace(tmp_path / "other", target),
+        lambda: replace_with(tmp_path / "other", target),
         lambda: target.unlink(),
         lambda: target.write_text("back"),
     ]
     for change in changes:
-        assert watch.watch([str(target)])
-        moment = watch.moment()
+        moment = watch.moment(watch.watch([str(target)]))
         assert watch.unchanged(moment) and watch.unchanged(moment)
         change()
         assert not watch.unchanged(moment)
@@ -53,14 +57,12 @@ def test_a_link_pointed_elsewhere_and_a_folder_swapped_on_its_way_are_changes(
     link.parent.mkdir()
     link.symlink_to(tmp_path / "current" / "zone")
 
-    assert watch.watch([str(link)], ancestors=True)
-    moment = watch.moment()
+    moment = watch.moment(watch.watch([str(link)], ancestors=True))
     (tmp_path / "current").unlink()  # the folder on the link's way, not the link
     (tmp_path / "current").symlink_to(tmp_path / "zones" / "b")
     assert not watch.unchanged(moment)
 
-    assert watch.watch([str(link)], ancestors=True)
-    moment = watch.moment()
+    moment = watch.moment(watch.watch([str(link)], ancestors=True))
     link.unlink()
     link.symlink_to(tmp_path / "zones" / "a" / "zone")
     assert not watch.unchanged(moment)
@@ -68,18 +70,35 @@ def test_a_link_pointed_elsewhere_and_a_folder_swapped_on_its_way_are_changes(
 
 def test_a_file_appearing_where_a_watched_one_was_absent_is_a_change(
         tmp_path: Path, watch: HostWatch) -> None:
-    assert watch.watch([str(tmp_path / "absent")])
-    moment = watch.moment()
+    moment = watch.moment(watch.watch([str(tmp_path / "absent")]))
     (tmp_path / "absent").write_text("here now")
     assert not watch.unchanged(moment)
+
+
+def test_changes_beside_a_watched_path_end_only_the_tokens_that_rely_on_them(
+        tmp_path: Path, watch: HostWatch) -> None:
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "object").write_text("bytes")
+    (tmp_path / "other").write_text("x")
+    relying = watch.moment(watch.watch([str(tmp_path / "store" / "object")], ancestors=True))
+    beside = watch.moment(watch.watch([str(tmp_path / "other")]))
+    for number in range(3):  # a busy folder above: other names come and go
+        (tmp_path / f"temporary-{number}").write_text("x")
+        (tmp_path / f"temporary-{number}").unlink()
+    (tmp_path / "store" / "another-object").write_text("y")
+    assert watch.unchanged(relying)
+    (tmp_path / "other").write_text("changed")
+    assert watch.unchanged(relying) and not watch.unchanged(beside)
+    (tmp_path / "store").rename(tmp_path / "moved")
+    assert not watch.unchanged(relying)
 
 
 def test_without_a_watch_nothing_is_ever_unchanged(tmp_path: Path) -> None:
     closed = HostWatch()
     closed.close()
-    assert not closed.watch([str(tmp_path)])
-    assert closed.moment() is None
-    assert not closed.unchanged(closed.moment())
+    assert closed.watch([str(tmp_path)]) is None
+    assert closed.moment(closed.watch([str(tmp_path)])) is None
+    assert not closed.unchanged(None)
 
 
 def test_an_answer_is_kept_until_what_it_was_computed_from_changes(
