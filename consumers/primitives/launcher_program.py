@@ -77,6 +77,12 @@ process serves every run of the executor, and at the executor's own weight it
 queued behind the runs' processes under load (see docs/sandbox.md). Tools run at
 the executor's nice value (`_tool_nice`), never at this one."""
 _tool_nice = 0
+_batched = False
+"""This launcher runs under SCHED_BATCH (see `boost`): its work and its PID 1s' setup
+never preempt a running tool when they wake (the kernel lets only a tick preempt for
+a batch task), at the same CPU weight. A PID 1 goes back to SCHED_OTHER once it
+waits for its request (a request is on a run's path: it must wake it at once) and to
+SCHED_BATCH again when it has reported, for its namespaces' teardown."""
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
@@ -395,8 +401,10 @@ def run_pid1(system, root, inbox, channel):
         failure = str(error) or type(error).__name__
     gc.disable()  # a short life: a collection would copy every page it touches
     _warm_up()
+    _schedule(os.SCHED_OTHER)  # ready: the request is on the run's path
     data, fds, _flags, _ = socket.recv_fds(inbox, MAX_MESSAGE, MAX_FDS)
     if not data or len(fds) < 3:
+        _schedule(os.SCHED_BATCH)
         os._exit(0)
     try:
         for target, fd in enumerate(fds[:3]):
@@ -440,6 +448,7 @@ def run_pid1(system, root, inbox, channel):
             try:
                 channel.send(json.dumps({"id": request["id"], "exit": status,
                                          "rusage": list(usage)}).encode())
+                _schedule(os.SCHED_BATCH)  # the teardown preempts no tool
                 # the executor first (it may share our real-time priority), then our
                 # exit, which tears the namespaces down
                 os.sched_yield()
@@ -685,13 +694,27 @@ def _close_all_but(*keep):
 
 def boost():
     """Raise this process's CPU weight by LAUNCHER_NICE (best effort: without
-    CAP_SYS_NICE it stays), remembering the executor's nice value for the tools."""
-    global _tool_nice
+    CAP_SYS_NICE it stays), remembering the executor's nice value for the tools;
+    under the normal policy, make it a batch one (`_batched`)."""
+    global _tool_nice, _batched
     _tool_nice = os.getpriority(os.PRIO_PROCESS, 0)
     try:  # noqa: SIM105
         os.setpriority(os.PRIO_PROCESS, 0, max(-20, _tool_nice + LAUNCHER_NICE))
     except OSError:
         pass
+    if os.sched_getscheduler(0) == os.SCHED_OTHER:  # a real-time executor's stays
+        _batched = True
+        _schedule(os.SCHED_BATCH)
+
+
+def _schedule(policy):
+    """Switch between SCHED_OTHER and SCHED_BATCH (the nice value stays) when this
+    launcher is `_batched`; best effort."""
+    if _batched:
+        try:  # noqa: SIM105
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+        except OSError:
+            pass
 
 
 def probe():

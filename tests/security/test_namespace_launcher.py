@@ -385,6 +385,20 @@ async def test_a_prepare_asking_for_a_bad_number_of_spares_is_refused(
     assert outcome.ok and outcome.stdout == b"still serving\n", outcome.error
 
 
+async def test_a_tool_runs_under_the_executors_policy_while_the_launcher_is_batch(
+        tmp_path: Path) -> None:
+    """The launcher and its PID 1s' setup never preempt a tool on wake-up
+    (SCHED_BATCH); the tool itself is scheduled as the executor is."""
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the suite runs without chrt
+    outcome = await _run(tmp_path, """
+        import os
+        print(os.sched_getscheduler(0))
+    """)
+    assert outcome.ok, outcome.error
+    assert int(outcome.stdout.decode()) == os.SCHED_OTHER
+    assert os.sched_getscheduler(current_launcher().pid) == os.SCHED_BATCH
+
+
 async def test_a_tool_runs_at_the_executors_nice_value_not_the_launchers(
         tmp_path: Path) -> None:
     outcome = await _run(tmp_path, """
