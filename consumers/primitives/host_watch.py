@@ -35,8 +35,6 @@ _CHANGES = (_flags.MODIFY | _flags.ATTRIB | _flags.CLOSE_WRITE | _flags.MOVED_FR
             | _flags.MOVE_SELF)
 _MAX_LINKS = 40  # the kernel's own bound on symbolic links followed in one lookup
 _READ_BYTES = 65536
-_QUEUE = (-1, None)
-"""The dependency of every token: the kernel's queue overflowed (events were lost)."""
 T = TypeVar("T")
 Dependency = tuple[int, str | None]
 """(watch descriptor, name): a change to the watched object itself when the name is
@@ -45,10 +43,12 @@ Dependency = tuple[int, str | None]
 
 @dataclass(frozen=True)
 class Token:
-    """What a set of dependencies had seen at a moment (see HostWatch.moment)."""
+    """What a set of dependencies had seen at a moment (see HostWatch.moment), and
+    how many times the kernel's queue had overflowed (events lost: every token ends)."""
 
     dependencies: tuple[Dependency, ...]
     counts: tuple[int, ...]
+    overflows: int
 
 
 class HostWatch:
@@ -61,7 +61,10 @@ class HostWatch:
             self._inotify = None
         self._fd = -1 if self._inotify is None else self._inotify.fileno()
         self._lock = threading.Lock()
-        self._counts: dict[Dependency, int] = {}
+        self._wanted: dict[int, set[str | None]] = {}  # by watch: the names depended on
+        self._counts: dict[int, dict[str | None, int]] = {}  # changes seen to those
+        self._gone: set[int] = set()  # watches the kernel removed (their inode went)
+        self._overflows = 0
 
     def watch(self, paths: Iterable[str], *,
               ancestors: bool = False) -> tuple[Dependency, ...] | None:
@@ -69,7 +72,7 @@ class HostWatch:
         return those dependencies; None when one of them cannot be watched."""
         if self._inotify is None:
             return None
-        found: dict[Dependency, None] = {_QUEUE: None}
+        found: dict[Dependency, None] = {}
         try:
             for path in paths:
                 ways = {os.path.abspath(path), os.path.realpath(path)}  # links midway too
@@ -78,9 +81,12 @@ class HostWatch:
                     if wd is not None:
                         found[(wd, name)] = None
                         if name:
-                            found[(wd, "")] = None
+                            found[(wd, "")] = None  # the folder itself moved or removed
         except OSError:
             return None
+        with self._lock:
+            for wd, name in found:
+                self._wanted.setdefault(wd, set()).add(name)
         return tuple(found)
 
     def moment(self, dependencies: tuple[Dependency, ...] | None) -> Token | None:
@@ -90,7 +96,10 @@ class HostWatch:
             return None
         with self._lock:
             self._drain()
-            return Token(dependencies, tuple(self._counts.get(d, 0) for d in dependencies))
+            if any(wd in self._gone for wd, _name in dependencies):
+                return None
+            return Token(dependencies, tuple(self._counts.get(wd, {}).get(name, 0)
+                                             for wd, name in dependencies), self._overflows)
 
     def unchanged(self, since: Token | None) -> bool:
         """True when nothing `since` depends on changed after it was taken."""
@@ -117,13 +126,23 @@ class HostWatch:
             if not data:
                 return
             for event in parse_events(data):
-                if event.mask & _flags.Q_OVERFLOW:
-                    self._bump(_QUEUE)
-                self._bump((event.wd, None))
-                self._bump((event.wd, event.name))
+                self._seen(event.wd, event.mask, event.name)
 
-    def _bump(self, dependency: Dependency) -> None:
-        self._counts[dependency] = self._counts.get(dependency, 0) + 1
+    def _seen(self, wd: int, mask: int, name: str) -> None:
+        if mask & _flags.Q_OVERFLOW:
+            self._overflows += 1
+        if mask & _flags.IGNORED:  # the watch is gone: whatever relied on it ends
+            self._gone.add(wd)
+            self._wanted.pop(wd, None)
+            self._counts.pop(wd, None)
+            return
+        wanted = self._wanted.get(wd)
+        if not wanted:
+            return  # only names something depends on are counted (a busy /tmp)
+        counts = self._counts.setdefault(wd, {})
+        for key in (None, name):
+            if key in wanted:
+                counts[key] = counts.get(key, 0) + 1
 
 
 def _watched(path: str, ancestors: bool) -> list[tuple[str, str | None]]:

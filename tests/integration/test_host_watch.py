@@ -156,3 +156,17 @@ def test_the_etc_view_sees_a_change_made_right_after_a_check_it_skipped(
         (source / "hosts").write_text(f"10.0.0.{round_number} changed\n")
         view.refresh()
         assert (view.path / "hosts").read_text() == f"10.0.0.{round_number} changed\n"
+
+
+def test_a_check_of_a_removed_file_is_never_trusted_again_until_watched_anew(
+        tmp_path: Path, watch: HostWatch) -> None:
+    target = tmp_path / "object"
+    target.write_text("bytes")
+    dependencies = watch.watch([str(target)])
+    moment = watch.moment(dependencies)
+    target.unlink()  # its inode goes, and the kernel drops its watch
+    target.write_text("bytes")  # the same name and bytes, another inode
+    assert not watch.unchanged(moment)
+    assert watch.moment(dependencies) is None  # what relied on the old inode ends
+    renewed = watch.moment(watch.watch([str(target)]))
+    assert renewed is not None and watch.unchanged(renewed)
