@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -28,6 +29,11 @@ SCENARIOS = ("overhead", "gateway-overhead", "throughput", "script-throughput", 
              "hot-path", "replay", "sandbox", "search", "checkpoints")
 NEEDS_STACK = frozenset({"overhead", "gateway-overhead", "throughput", "script-throughput",
                          "idle"})
+REAL_TIME_SAFE = frozenset({"sandbox", "hot-path"})
+"""Scenarios that start no server: the only ones run under a real-time policy (`chrt`).
+The others start a broker, PostgreSQL or `toolexec up`, which would inherit it: one
+real-time server busy in a loop (a CREATE INDEX) starves what it waits for and spins
+every core."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,13 @@ def bench(
                   f"choose from {', '.join(SCENARIOS)}")
         raise typer.Exit(2)
     chosen = [name for name in SCENARIOS if not scenario or name in scenario]
+    servers = [name for name in chosen if name not in REAL_TIME_SAFE]
+    if servers and os.sched_getscheduler(0) in (os.SCHED_FIFO, os.SCHED_RR):
+        err.print(f"[red]bad usage:[/] {', '.join(servers)} would start servers under this "
+                  "real-time policy (one busy real-time server can starve every core); "
+                  "run them without `chrt`, or choose only "
+                  f"{', '.join(f'--scenario {name}' for name in sorted(REAL_TIME_SAFE))}")
+        raise typer.Exit(2)
     try:
         results = asyncio.run(_stopped_by_sigterm(run_bench(chosen, QUICK if quick else FULL)))
     except asyncio.CancelledError:
