@@ -80,7 +80,8 @@ class EtcView:
         points (folders, and files this process cannot read)."""
         if self._watch.unchanged(self._checked):
             return self._binds
-        self._checked = self._watch.moment(self._watch.watch(
+        self._checked = None
+        moment = self._watch.moment(self._watch.watch(
             [source for _, source in self._sources], ancestors=True))
         for name, source in self._sources:
             try:
@@ -97,6 +98,7 @@ class EtcView:
                 self._seen[name] = (_signature(info), self._update(name, info))
         self._binds = tuple(name for name in self._entries
                             if (seen := self._seen.get(name)) is not None and seen[1])
+        self._checked = moment  # the watch began before this check: a change ends it
         return self._binds
 
     def _update(self, name: str, info: os.stat_result) -> bool:
