@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -200,7 +200,7 @@ class ProjectionRunner:
         self._partitions: list[TopicPartition] = []
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
         self._passed: dict[TopicPartition, int] = {}
-        self._offset_updates: dict[int, Any] = {}
+        self._offset_updates: dict[tuple[int, int], Any] = {}
         self._moved = asyncio.Condition()
         self._reader_waits = asyncio.Event()
         self._fold_interval = fold_interval
@@ -453,7 +453,7 @@ class ProjectionRunner:
         turn = self._write_turn
         try:
             async with self.engine.begin() as conn:
-                moved, counted = await self._apply(conn, batch, turn)
+                moved, counted, kept = await self._apply(conn, batch, turn)
         except BaseException:
             if turn is not None:
                 turn.release()
@@ -466,6 +466,7 @@ class ProjectionRunner:
         async with self._moved:
             self._positions.update(moved)
             self._moved.notify_all()
+        self._remember(kept)
         if backfilled:  # the broker's copy of these partitions begins later
             for tp, _ in batch:
                 self._consumer.seek(tp, self._position(tp) or 0)
@@ -539,13 +540,32 @@ class ProjectionRunner:
                     batch.append((tp, list(records)))
         return batch
 
+    def _remember(self, kept: Sequence[tuple[ReadModel, Callable[[], None]]]) -> None:
+        """Once a batch is committed, let each model remember the rows it wrote, if
+        every partition of its topics has a stored position: from then on each batch
+        checks all of them (`_write_offsets`), so no other writer can change the
+        model's rows without this runner's next batch rolling back and `_seek_to_stored`
+        making the models forget."""
+        for model, remember in kept:
+            if all(self._positions.get((model.name, tp)) is not None
+                   for tp in self._partitions if tp.topic in model.topics):
+                remember()
+
+    def _forget(self) -> None:
+        for model in self.models:
+            forget = getattr(model, "forget", None)
+            if forget is not None:
+                forget()
+
     async def _apply(self, conn: AsyncConnection,
                      batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]],
                      turn: WriteTurn | None = None
-                     ) -> tuple[dict[tuple[str, TopicPartition], int], dict[str, RunnerStats]]:
-        """Apply `batch` to every model; returns the models' new positions and what
-        each applied. Every model prepares its changes first; then (after taking
-        `turn`, which the caller releases) offsets, applied ids and rows are written."""
+                     ) -> tuple[dict[tuple[str, TopicPartition], int], dict[str, RunnerStats],
+                                list[tuple[ReadModel, Callable[[], None]]]]:
+        """Apply `batch` to every model; returns the models' new positions, what each
+        applied and what each keeps once the batch is committed. Every model prepares
+        its changes first; then (after taking `turn`, which the caller releases)
+        offsets, applied ids and rows are written."""
         decoded = {tp: self._decoded(tp, records) for tp, records in batch}
         moved: dict[tuple[str, TopicPartition], int] = {}
         counted: dict[str, RunnerStats] = {}
@@ -588,7 +608,9 @@ class ProjectionRunner:
                 await conn.execute(insert(projection_applied), [
                     {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
             await changes.write(conn)
-        return moved, counted
+        kept = [(model, changes.committed) for model, _, _, _, changes in planned
+                if changes.committed is not None]
+        return moved, counted, kept
 
     def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
         out = []
@@ -634,8 +656,11 @@ class ProjectionRunner:
                              ends: Mapping[str, Mapping[TopicPartition, int]],
                              prints: Mapping[str, Mapping[TopicPartition, str]]) -> None:
         """Move every model's offsets to `ends` (with the fingerprint of the record
-        before each, for the log identity check) if they still hold what this runner
-        read: one UPDATE for the positions it had, one INSERT for the first ones."""
+        before each, for the log identity check) if they, and every other stored
+        position this runner knows of, still hold what this runner read: one UPDATE
+        for the positions it had, one INSERT for the first ones. Checking the places
+        a batch does not move too is what lets the models remember their rows between
+        batches (`_remember`): another writer of a model moves some place of it."""
         moving = [(name, tp, expected, end) for name, by_tp in ends.items()
                   for tp, end in by_tp.items()
                   if (expected := self._positions.get((name, tp))) is not None]
@@ -643,13 +668,19 @@ class ProjectionRunner:
                   "next_offset": end, "last_record": prints[name].get(tp)}
                  for name, by_tp in ends.items()
                  for tp, end in by_tp.items() if self._positions.get((name, tp)) is None]
-        if moving:
+        checked = [(name, tp, expected) for (name, tp), expected in self._positions.items()
+                   if expected is not None and tp not in ends.get(name, ())]
+        if moving or checked:
             values: dict[str, Any] = {}
             for i, (name, tp, expected, end) in enumerate(moving):
                 values.update({f"c{i}": name, f"t{i}": tp.topic, f"p{i}": tp.partition,
                                f"x{i}": expected, f"e{i}": end, f"f{i}": prints[name].get(tp)})
-            result = await conn.execute(self._offsets_update(len(moving)), values)
-            if result.rowcount != len(moving):
+            for i, (name, tp, expected) in enumerate(checked, start=len(moving)):
+                values.update({f"c{i}": name, f"t{i}": tp.topic, f"p{i}": tp.partition,
+                               f"x{i}": expected})
+            statement = self._offsets_update(len(moving), len(checked))
+            result = await conn.execute(statement, values)
+            if result.rowcount != len(moving) + len(checked):
                 raise OffsetConflict(f"offsets of {self.name} moved under this runner")
         if first:
             try:  # the whole transaction rolls back on a conflict: no savepoint needed
@@ -657,34 +688,41 @@ class ProjectionRunner:
             except IntegrityError as error:
                 raise OffsetConflict(f"offsets of {self.name} appeared under it") from error
 
-    def _offsets_update(self, count: int) -> Any:
-        """The UPDATE moving the offsets of `count` places (read model, partition): the
-        i-th place's consumer, topic, partition, expected offset, new offset and
-        fingerprint are the parameters `c<i>`, `t<i>`, `p<i>`, `x<i>`, `e<i>`, `f<i>`.
-        Built once per count and kept: building the expression anew for every batch
-        had been a fifth of the live runner's CPU, and the same statement object
-        reuses its compiled form."""
-        statement = self._offset_updates.get(count)
+    def _offsets_update(self, moved: int, checked: int) -> Any:
+        """The UPDATE moving the offsets of `moved` places (read model, partition) and
+        holding `checked` more where they are: the i-th place's consumer, topic,
+        partition and expected offset are the parameters `c<i>`, `t<i>`, `p<i>`,
+        `x<i>`, a moved place's new offset and fingerprint `e<i>`, `f<i>` (moved
+        places first). Built once per shape and kept: building the expression anew for
+        every batch had been a fifth of the live runner's CPU, and the same statement
+        object reuses its compiled form."""
+        statement = self._offset_updates.get((moved, checked))
         if statement is not None:
             return statement
         table = projection_offsets
         places = [and_(table.c.consumer == bindparam(f"c{i}", type_=String),
                        table.c.topic == bindparam(f"t{i}", type_=String),
                        table.c.partition == bindparam(f"p{i}", type_=Integer))
-                  for i in range(count)]
-        statement = update(table).where(or_(*(
-            and_(place, table.c.next_offset == bindparam(f"x{i}", type_=BigInteger))
-            for i, place in enumerate(places)))).values(
+                  for i in range(moved + checked)]
+        held = or_(*(and_(place, table.c.next_offset == bindparam(f"x{i}", type_=BigInteger))
+                     for i, place in enumerate(places)))
+        if moved:
+            statement = update(table).where(held).values(
                 next_offset=case(*((place, bindparam(f"e{i}", type_=BigInteger))
-                                   for i, place in enumerate(places))),
+                                   for i, place in enumerate(places[:moved])),
+                                 else_=table.c.next_offset),
                 last_record=case(*((place, bindparam(f"f{i}", type_=String))
-                                   for i, place in enumerate(places))))
-        self._offset_updates[count] = statement
+                                   for i, place in enumerate(places[:moved])),
+                                 else_=table.c.last_record))
+        else:
+            statement = update(table).where(held).values(next_offset=table.c.next_offset)
+        self._offset_updates[(moved, checked)] = statement
         return statement
 
     async def _seek_to_stored(self) -> None:
         """Re-read every model's stored positions; seek each partition to the lowest."""
         assert self._consumer is not None
+        self._forget()  # whatever made the runner re-read may have changed the rows too
         stored = {m.name: await stored_offsets(self.engine, m.name) for m in self.models}
         self._passed.clear()
         async with self._moved:
