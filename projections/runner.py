@@ -187,6 +187,8 @@ class ProjectionRunner:
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
         self.model = self.models[0]
+        self._remembering = frozenset(m.name for m in self.models if hasattr(m, "forget"))
+        """Models that remember their rows between batches (see `_remember`)."""
         self.stats = RunnerStats()
         self.model_stats = {m.name: RunnerStats() for m in self.models}
         self._bootstrap = bootstrap
@@ -657,10 +659,11 @@ class ProjectionRunner:
                              prints: Mapping[str, Mapping[TopicPartition, str]]) -> None:
         """Move every model's offsets to `ends` (with the fingerprint of the record
         before each, for the log identity check) if they, and every other stored
-        position this runner knows of, still hold what this runner read: one UPDATE
-        for the positions it had, one INSERT for the first ones. Checking the places
-        a batch does not move too is what lets the models remember their rows between
-        batches (`_remember`): another writer of a model moves some place of it."""
+        position of a model that remembers its rows, still hold what this runner
+        read: one UPDATE for the positions it had, one INSERT for the first ones.
+        Checking the places a batch does not move too is what lets those models
+        remember their rows between batches (`_remember`): another writer of a model
+        moves some place of it."""
         moving = [(name, tp, expected, end) for name, by_tp in ends.items()
                   for tp, end in by_tp.items()
                   if (expected := self._positions.get((name, tp))) is not None]
@@ -669,7 +672,8 @@ class ProjectionRunner:
                  for name, by_tp in ends.items()
                  for tp, end in by_tp.items() if self._positions.get((name, tp)) is None]
         checked = [(name, tp, expected) for (name, tp), expected in self._positions.items()
-                   if expected is not None and tp not in ends.get(name, ())]
+                   if expected is not None and name in self._remembering
+                   and tp not in ends.get(name, ())]
         if moving or checked:
             values: dict[str, Any] = {}
             for i, (name, tp, expected, end) in enumerate(moving):
