@@ -51,6 +51,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    func,
     insert,
     or_,
     select,
@@ -187,8 +188,6 @@ class ProjectionRunner:
         self.models: tuple[ReadModel, ...] = (
             tuple(model) if isinstance(model, Sequence) else (model,))
         self.model = self.models[0]
-        self._remembering = frozenset(m.name for m in self.models if hasattr(m, "forget"))
-        """Models that remember their rows between batches (see `_remember`)."""
         self.stats = RunnerStats()
         self.model_stats = {m.name: RunnerStats() for m in self.models}
         self._bootstrap = bootstrap
@@ -202,7 +201,7 @@ class ProjectionRunner:
         self._partitions: list[TopicPartition] = []
         self._positions: dict[tuple[str, TopicPartition], int | None] = {}
         self._passed: dict[TopicPartition, int] = {}
-        self._offset_updates: dict[tuple[int, int], Any] = {}
+        self._offset_updates: dict[int, Any] = {}
         self._moved = asyncio.Condition()
         self._reader_waits = asyncio.Event()
         self._fold_interval = fold_interval
@@ -659,32 +658,25 @@ class ProjectionRunner:
                              prints: Mapping[str, Mapping[TopicPartition, str]]) -> None:
         """Move every model's offsets to `ends` (with the fingerprint of the record
         before each, for the log identity check) if they, and every other stored
-        position of a model that remembers its rows, still hold what this runner
-        read: one UPDATE for the positions it had, one INSERT for the first ones.
-        Checking the places a batch does not move too is what lets those models
-        remember their rows between batches (`_remember`): another writer of a model
-        moves some place of it."""
-        moving = [(name, tp, expected, end) for name, by_tp in ends.items()
-                  for tp, end in by_tp.items()
-                  if (expected := self._positions.get((name, tp))) is not None]
+        position this runner knows of, still hold what this runner read: one UPDATE
+        for the positions it had, one INSERT for the first ones. Checking the places
+        a batch does not move too is what lets the models remember their rows between
+        batches (`_remember`): another writer of a model moves some place of it."""
+        known = [(name, tp, expected, ends.get(name, {}).get(tp))
+                 for (name, tp), expected in self._positions.items() if expected is not None]
         first = [{"consumer": name, "topic": tp.topic, "partition": tp.partition,
                   "next_offset": end, "last_record": prints[name].get(tp)}
                  for name, by_tp in ends.items()
                  for tp, end in by_tp.items() if self._positions.get((name, tp)) is None]
-        checked = [(name, tp, expected) for (name, tp), expected in self._positions.items()
-                   if expected is not None and name in self._remembering
-                   and tp not in ends.get(name, ())]
-        if moving or checked:
+        if known:
             values: dict[str, Any] = {}
-            for i, (name, tp, expected, end) in enumerate(moving):
+            for i, (name, tp, expected, end) in enumerate(known):
+                moved = end is not None
                 values.update({f"c{i}": name, f"t{i}": tp.topic, f"p{i}": tp.partition,
-                               f"x{i}": expected, f"e{i}": end, f"f{i}": prints[name].get(tp)})
-            for i, (name, tp, expected) in enumerate(checked, start=len(moving)):
-                values.update({f"c{i}": name, f"t{i}": tp.topic, f"p{i}": tp.partition,
-                               f"x{i}": expected})
-            statement = self._offsets_update(len(moving), len(checked))
-            result = await conn.execute(statement, values)
-            if result.rowcount != len(moving) + len(checked):
+                               f"x{i}": expected, f"e{i}": end if moved else expected,
+                               f"f{i}": prints[name].get(tp) if moved else None})
+            result = await conn.execute(self._offsets_update(len(known)), values)
+            if result.rowcount != len(known):
                 raise OffsetConflict(f"offsets of {self.name} moved under this runner")
         if first:
             try:  # the whole transaction rolls back on a conflict: no savepoint needed
@@ -692,35 +684,32 @@ class ProjectionRunner:
             except IntegrityError as error:
                 raise OffsetConflict(f"offsets of {self.name} appeared under it") from error
 
-    def _offsets_update(self, moved: int, checked: int) -> Any:
-        """The UPDATE moving the offsets of `moved` places (read model, partition) and
-        holding `checked` more where they are: the i-th place's consumer, topic,
-        partition and expected offset are the parameters `c<i>`, `t<i>`, `p<i>`,
-        `x<i>`, a moved place's new offset and fingerprint `e<i>`, `f<i>` (moved
-        places first). Built once per shape and kept: building the expression anew for
-        every batch had been a fifth of the live runner's CPU, and the same statement
-        object reuses its compiled form."""
-        statement = self._offset_updates.get((moved, checked))
+    def _offsets_update(self, count: int) -> Any:
+        """The UPDATE holding `count` places (read model, partition) to their expected
+        offsets and moving them: the i-th place's consumer, topic, partition, expected
+        offset, new offset and fingerprint are the parameters `c<i>`, `t<i>`, `p<i>`,
+        `x<i>`, `e<i>`, `f<i>` (a place the batch does not move: its expected offset
+        again and no fingerprint, which keeps the stored one). Built once per count and
+        kept: building the expression anew for every batch had been a fifth of the live
+        runner's CPU, and the same statement object reuses its compiled form; every
+        place known in each batch, the count rarely changes."""
+        statement = self._offset_updates.get(count)
         if statement is not None:
             return statement
         table = projection_offsets
         places = [and_(table.c.consumer == bindparam(f"c{i}", type_=String),
                        table.c.topic == bindparam(f"t{i}", type_=String),
                        table.c.partition == bindparam(f"p{i}", type_=Integer))
-                  for i in range(moved + checked)]
-        held = or_(*(and_(place, table.c.next_offset == bindparam(f"x{i}", type_=BigInteger))
-                     for i, place in enumerate(places)))
-        if moved:
-            statement = update(table).where(held).values(
+                  for i in range(count)]
+        statement = update(table).where(or_(*(
+            and_(place, table.c.next_offset == bindparam(f"x{i}", type_=BigInteger))
+            for i, place in enumerate(places)))).values(
                 next_offset=case(*((place, bindparam(f"e{i}", type_=BigInteger))
-                                   for i, place in enumerate(places[:moved])),
-                                 else_=table.c.next_offset),
-                last_record=case(*((place, bindparam(f"f{i}", type_=String))
-                                   for i, place in enumerate(places[:moved])),
-                                 else_=table.c.last_record))
-        else:
-            statement = update(table).where(held).values(next_offset=table.c.next_offset)
-        self._offset_updates[(moved, checked)] = statement
+                                   for i, place in enumerate(places))),
+                last_record=case(*((place, func.coalesce(bindparam(f"f{i}", type_=String),
+                                                         table.c.last_record))
+                                   for i, place in enumerate(places))))
+        self._offset_updates[count] = statement
         return statement
 
     async def _seek_to_stored(self) -> None:

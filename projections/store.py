@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import Table, delete, select
+from sqlalchemy import Select, Table, bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -226,9 +226,9 @@ class AggregateModel:
         wanted = sorted(set(keys))
         states: dict[str, Rows] = {k: {t.name: [] for t in self.tables} for k in wanted}
         for table in self.tables:
-            column = table.c[self.key_column]
+            statement = _select_by_keys(table, self.key_column)
             for chunk in chunks(wanted):
-                result = await conn.execute(select(table).where(column.in_(chunk)))
+                result = await conn.execute(statement, {"keys": list(chunk)})
                 for row in result.mappings():
                     states[row[self.key_column]][table.name].append(dict(row))
         return states
@@ -303,6 +303,13 @@ class AggregateModel:
                 raise
         if self.cache is not None:
             self.cache.keep(states)
+
+
+@lru_cache(maxsize=64)
+def _select_by_keys(table: Table, key_column: str) -> Select[Any]:
+    """The rows of `table` whose `key_column` is in the list bound as `keys` (built
+    once, not per batch)."""
+    return select(table).where(table.c[key_column].in_(bindparam("keys", expanding=True)))
 
 
 def _primary_key_of(table: Table) -> Callable[[Row], tuple[Any, ...]]:
