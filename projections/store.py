@@ -243,7 +243,8 @@ class AggregateModel:
     async def _write_changed(self, conn: AsyncConnection, before: dict[str, Rows],
                              after: dict[str, Rows]) -> None:
         """Write the rows that differ between `before` and `after`: one upsert per
-        table for the new and changed ones, a delete for the ones a fold removed."""
+        table for the new and changed ones, a delete for the ones a fold removed.
+        (Folds are pure: `before` still holds the rows as the store has them.)"""
         for table in self.tables:
             name = table.name
             key_of = _primary_key_of(table)
