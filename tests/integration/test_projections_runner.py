@@ -34,7 +34,7 @@ from projections.tables import (
     registry_versions,
 )
 from tests.projection_db import *  # noqa: F403 - fixtures
-from tests.projection_db import run_to_end, snapshot
+from tests.projection_db import run_to_end, snapshot, step_to_end
 from tests.projection_events import (
     at,
     captoken,
@@ -226,10 +226,7 @@ async def test_a_runner_forgets_the_rows_it_remembers_once_another_writer_moved_
     runner = ProjectionRunner(engine, model, kafka_bootstrap, batch_size=37)
     await runner.open()
     try:
-        ends = await runner.end_offsets()
-        async with asyncio.timeout(WAIT):
-            while not runner.reached(ends):
-                await runner.step()
+        await step_to_end(runner, WAIT)
         assert "inv-001" in model.memory.states
         facts = f"{log_prefix}.{topics.INVOCATIONS}"
         moved = max(p for t, p in await stored_offsets(engine, model.name) if t == facts)
@@ -249,10 +246,7 @@ async def test_a_runner_forgets_the_rows_it_remembers_once_another_writer_moved_
                 while not await runner.step():  # until the cancel is fetched
                     pass
         assert not model.memory.states
-        ends = await runner.end_offsets()
-        async with asyncio.timeout(WAIT):
-            while not runner.reached(ends):
-                await runner.step()
+        await step_to_end(runner, WAIT)
     finally:
         await runner.close()
     async with engine.connect() as conn:
