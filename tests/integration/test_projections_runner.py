@@ -226,20 +226,24 @@ async def test_a_runner_forgets_the_rows_it_remembers_once_another_writer_moved_
     runner = ProjectionRunner(engine, model, kafka_bootstrap, batch_size=37)
     await runner.open()
     try:
+        await step_to_end(runner, WAIT)  # every place has a position now
+        target = "inv-001"
+        first = envelope(InvokeCancelRequested(invocation_id=target), target, when=at(98))
+        await _produce(kafka_bootstrap, log_prefix, [first])
         await step_to_end(runner, WAIT)
-        assert "inv-001" in model.memory.states
+        assert target in model.memory.states
         facts = f"{log_prefix}.{topics.INVOCATIONS}"
         moved = max(p for t, p in await stored_offsets(engine, model.name) if t == facts)
         async with engine.begin() as conn:  # the other writer: a row and a place
             await conn.execute(update(invocations)
-                               .where(invocations.c.invocation_id == "inv-001")
+                               .where(invocations.c.invocation_id == target)
                                .values(callback_url="https://elsewhere.example/"))
             await conn.execute(update(projection_offsets).where(
                 projection_offsets.c.consumer == model.name,
                 projection_offsets.c.topic == facts,
                 projection_offsets.c.partition == moved).values(
                     next_offset=projection_offsets.c.next_offset - 1))
-        cancel = envelope(InvokeCancelRequested(invocation_id="inv-001"), "inv-001", when=at(99))
+        cancel = envelope(InvokeCancelRequested(invocation_id=target), target, when=at(99))
         await _produce(kafka_bootstrap, log_prefix, [cancel])
         with pytest.raises(OffsetConflict):
             async with asyncio.timeout(WAIT):
@@ -251,7 +255,7 @@ async def test_a_runner_forgets_the_rows_it_remembers_once_another_writer_moved_
         await runner.close()
     async with engine.connect() as conn:
         row = (await conn.execute(select(invocations).where(
-            invocations.c.invocation_id == "inv-001"))).mappings().one()
+            invocations.c.invocation_id == target))).mappings().one()
     assert row["callback_url"] == "https://elsewhere.example/" and row["cancel_requested"]
 
 
