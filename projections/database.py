@@ -47,8 +47,8 @@ def make_engine(url: str, **options: Any) -> AsyncEngine:
     url = async_url(url)
     if url.startswith("sqlite"):
         _private_sqlite_file(url)
-        engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
-                                     **options)
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, **options.pop("connect_args", {})}
+        engine = create_async_engine(url, connect_args=connect_args, **options)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
     return create_async_engine(url, pool_pre_ping=True, **options)

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -51,6 +51,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    func,
     insert,
     or_,
     select,
@@ -453,7 +454,7 @@ class ProjectionRunner:
         turn = self._write_turn
         try:
             async with self.engine.begin() as conn:
-                moved, counted = await self._apply(conn, batch, turn)
+                moved, counted, kept = await self._apply(conn, batch, turn)
         except BaseException:
             if turn is not None:
                 turn.release()
@@ -466,6 +467,7 @@ class ProjectionRunner:
         async with self._moved:
             self._positions.update(moved)
             self._moved.notify_all()
+        self._remember(kept)
         if backfilled:  # the broker's copy of these partitions begins later
             for tp, _ in batch:
                 self._consumer.seek(tp, self._position(tp) or 0)
@@ -539,13 +541,32 @@ class ProjectionRunner:
                     batch.append((tp, list(records)))
         return batch
 
+    def _remember(self, kept: Sequence[tuple[ReadModel, Callable[[], None]]]) -> None:
+        """Once a batch is committed, let each model remember the rows it wrote, if
+        every partition of its topics has a stored position: from then on each batch
+        checks all of them (`_write_offsets`), so no other writer can change the
+        model's rows without this runner's next batch rolling back and `_seek_to_stored`
+        making the models forget."""
+        for model, remember in kept:
+            if all(self._positions.get((model.name, tp)) is not None
+                   for tp in self._partitions if tp.topic in model.topics):
+                remember()
+
+    def _forget(self) -> None:
+        for model in self.models:
+            forget = getattr(model, "forget", None)
+            if forget is not None:
+                forget()
+
     async def _apply(self, conn: AsyncConnection,
                      batch: Sequence[tuple[TopicPartition, list[ConsumerRecord]]],
                      turn: WriteTurn | None = None
-                     ) -> tuple[dict[tuple[str, TopicPartition], int], dict[str, RunnerStats]]:
-        """Apply `batch` to every model; returns the models' new positions and what
-        each applied. Every model prepares its changes first; then (after taking
-        `turn`, which the caller releases) offsets, applied ids and rows are written."""
+                     ) -> tuple[dict[tuple[str, TopicPartition], int], dict[str, RunnerStats],
+                                list[tuple[ReadModel, Callable[[], None]]]]:
+        """Apply `batch` to every model; returns the models' new positions, what each
+        applied and what each keeps once the batch is committed. Every model prepares
+        its changes first; then (after taking `turn`, which the caller releases)
+        offsets, applied ids and rows are written."""
         decoded = {tp: self._decoded(tp, records) for tp, records in batch}
         moved: dict[tuple[str, TopicPartition], int] = {}
         counted: dict[str, RunnerStats] = {}
@@ -588,7 +609,9 @@ class ProjectionRunner:
                 await conn.execute(insert(projection_applied), [
                     {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
             await changes.write(conn)
-        return moved, counted
+        kept = [(model, changes.committed) for model, _, _, _, changes in planned
+                if changes.committed is not None]
+        return moved, counted, kept
 
     def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
         out = []
@@ -634,22 +657,26 @@ class ProjectionRunner:
                              ends: Mapping[str, Mapping[TopicPartition, int]],
                              prints: Mapping[str, Mapping[TopicPartition, str]]) -> None:
         """Move every model's offsets to `ends` (with the fingerprint of the record
-        before each, for the log identity check) if they still hold what this runner
-        read: one UPDATE for the positions it had, one INSERT for the first ones."""
-        moving = [(name, tp, expected, end) for name, by_tp in ends.items()
-                  for tp, end in by_tp.items()
-                  if (expected := self._positions.get((name, tp))) is not None]
+        before each, for the log identity check) if they, and every other stored
+        position this runner knows of, still hold what this runner read: one UPDATE
+        for the positions it had, one INSERT for the first ones. Checking the places
+        a batch does not move too is what lets the models remember their rows between
+        batches (`_remember`): another writer of a model moves some place of it."""
+        known = [(name, tp, expected, ends.get(name, {}).get(tp))
+                 for (name, tp), expected in self._positions.items() if expected is not None]
         first = [{"consumer": name, "topic": tp.topic, "partition": tp.partition,
                   "next_offset": end, "last_record": prints[name].get(tp)}
                  for name, by_tp in ends.items()
                  for tp, end in by_tp.items() if self._positions.get((name, tp)) is None]
-        if moving:
+        if known:
             values: dict[str, Any] = {}
-            for i, (name, tp, expected, end) in enumerate(moving):
+            for i, (name, tp, expected, end) in enumerate(known):
+                moved = end is not None
                 values.update({f"c{i}": name, f"t{i}": tp.topic, f"p{i}": tp.partition,
-                               f"x{i}": expected, f"e{i}": end, f"f{i}": prints[name].get(tp)})
-            result = await conn.execute(self._offsets_update(len(moving)), values)
-            if result.rowcount != len(moving):
+                               f"x{i}": expected, f"e{i}": end if moved else expected,
+                               f"f{i}": prints[name].get(tp) if moved else None})
+            result = await conn.execute(self._offsets_update(len(known)), values)
+            if result.rowcount != len(known):
                 raise OffsetConflict(f"offsets of {self.name} moved under this runner")
         if first:
             try:  # the whole transaction rolls back on a conflict: no savepoint needed
@@ -658,12 +685,14 @@ class ProjectionRunner:
                 raise OffsetConflict(f"offsets of {self.name} appeared under it") from error
 
     def _offsets_update(self, count: int) -> Any:
-        """The UPDATE moving the offsets of `count` places (read model, partition): the
-        i-th place's consumer, topic, partition, expected offset, new offset and
-        fingerprint are the parameters `c<i>`, `t<i>`, `p<i>`, `x<i>`, `e<i>`, `f<i>`.
-        Built once per count and kept: building the expression anew for every batch
-        had been a fifth of the live runner's CPU, and the same statement object
-        reuses its compiled form."""
+        """The UPDATE holding `count` places (read model, partition) to their expected
+        offsets and moving them: the i-th place's consumer, topic, partition, expected
+        offset, new offset and fingerprint are the parameters `c<i>`, `t<i>`, `p<i>`,
+        `x<i>`, `e<i>`, `f<i>` (a place the batch does not move: its expected offset
+        again and no fingerprint, which keeps the stored one). Built once per count and
+        kept: building the expression anew for every batch had been a fifth of the live
+        runner's CPU, and the same statement object reuses its compiled form; every
+        place known in each batch, the count rarely changes."""
         statement = self._offset_updates.get(count)
         if statement is not None:
             return statement
@@ -677,7 +706,8 @@ class ProjectionRunner:
             for i, place in enumerate(places)))).values(
                 next_offset=case(*((place, bindparam(f"e{i}", type_=BigInteger))
                                    for i, place in enumerate(places))),
-                last_record=case(*((place, bindparam(f"f{i}", type_=String))
+                last_record=case(*((place, func.coalesce(bindparam(f"f{i}", type_=String),
+                                                         table.c.last_record))
                                    for i, place in enumerate(places))))
         self._offset_updates[count] = statement
         return statement
@@ -685,6 +715,7 @@ class ProjectionRunner:
     async def _seek_to_stored(self) -> None:
         """Re-read every model's stored positions; seek each partition to the lowest."""
         assert self._consumer is not None
+        self._forget()  # whatever made the runner re-read may have changed the rows too
         stored = {m.name: await stored_offsets(self.engine, m.name) for m in self.models}
         self._passed.clear()
         async with self._moved:

@@ -9,21 +9,26 @@ file without queueing behind each other's folding.
 Most read models are folds over one aggregate (a tool, an invocation, a service):
 `AggregateModel` loads the rows of the aggregates a batch touches, runs the model's
 pure fold over each event in log order, and writes the rows back with the driver's
-bulk path — a handful of statements per batch, whatever its size.
+bulk path — a handful of statements per batch, whatever its size. Live, it writes
+only the rows a batch changed, as one upsert per table, and remembers the rows of
+the aggregates it committed (`AggregateMemory`), so the next batch of an invocation
+reads nothing: the runner keeps that memory only while no other writer can have
+changed the rows (see `projections.runner`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import Table, delete, select
+from sqlalchemy import Select, Table, bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts.envelope import Envelope
-from projections.bulk_rows import insert_tuples, row_tuples
+from projections.bulk_rows import columns_of, insert_tuples, row_tuples
 
 Row = dict[str, Any]
 Rows = dict[str, list[Row]]
@@ -33,6 +38,9 @@ CHUNK = 500  # bound on bound parameters per IN (...) list
 REBUILD_CACHE_AGGREGATES = 20_000
 """Aggregates a rebuilding model keeps in memory (most recently touched first): an
 invocation's events sit close together in the log, so almost every load is a hit."""
+LIVE_MEMORY_AGGREGATES = 2_000
+"""Aggregates a live model remembers (most recently committed first): an invocation's
+facts follow its request within seconds, so a few thousand cover the ones in flight."""
 
 
 class Record(NamedTuple):
@@ -65,6 +73,9 @@ class Changes:
 
     write: Callable[[AsyncConnection], Awaitable[None]] = _nothing
     duplicates: int = 0
+    committed: Callable[[], None] | None = None
+    """What the model keeps once the runner's transaction committed (its memory of the
+    rows written), when the runner lets it remember."""
 
 
 class ReadModel(Protocol):
@@ -112,6 +123,32 @@ class AggregateCache:
             del self.states[next(iter(self.states))]
 
 
+@dataclass
+class AggregateMemory:
+    """A live model's rows of the aggregates it committed last (most recent last):
+    what the store holds for them, as long as no other writer changed them since.
+    Only the runner fills it (after a commit) and empties it (whenever it re-reads
+    its stored positions)."""
+
+    states: dict[str, Rows] = field(default_factory=dict)
+    limit: int = LIVE_MEMORY_AGGREGATES
+
+    def recall(self, keys: Iterable[str]) -> dict[str, Rows]:
+        """The remembered rows of those of `keys` this memory holds."""
+        states = self.states
+        return {key: states[key] for key in keys if key in states}
+
+    def keep(self, states: dict[str, Rows]) -> None:
+        for key, rows in states.items():
+            self.states.pop(key, None)
+            self.states[key] = rows
+        while len(self.states) > self.limit:
+            del self.states[next(iter(self.states))]
+
+    def forget(self) -> None:
+        self.states.clear()
+
+
 class MisalignedPartitions(Exception):
     """A parallel rebuild found an aggregate written by another worker: the log does
     not keep each aggregate's events in one partition index across its topics."""
@@ -133,27 +170,44 @@ class AggregateModel:
     fold: Fold
     event_ids: Callable[[Rows], Collection[str]] | None = None
     cache: AggregateCache | None = None
+    memory: AggregateMemory | None = field(default_factory=AggregateMemory, compare=False)
 
     @property
     def deduplicates(self) -> bool:
         return self.event_ids is not None
 
     def rebuilding(self) -> AggregateModel:
-        """A copy for one rebuild worker (fresh cache)."""
-        return replace(self, cache=AggregateCache())
+        """A copy for one rebuild worker (fresh cache, no live memory)."""
+        return replace(self, cache=AggregateCache(), memory=None)
+
+    def forget(self) -> None:
+        """Drop the live memory: the rows in the store may have changed under it."""
+        if self.memory is not None:
+            self.memory.forget()
 
     async def prepare(self, conn: AsyncConnection, records: Sequence[Record]) -> Changes:
         keyed = [(key, r.envelope) for r in records  # a fact we did not sign is no state
                  if r.trusted and (key := self.aggregate_of(r.envelope)) is not None]
         if not keyed:
             return Changes()
-        states, existing = await self._current(conn, {key for key, _ in keyed})
-        duplicates = self.fold_all(states, keyed)
+        if self.cache is not None:
+            states, existing = await self._current(conn, {key for key, _ in keyed})
+            duplicates = self.fold_all(states, keyed)
+
+            async def rewrite(target: AsyncConnection) -> None:
+                await self._save(target, states, existing)
+
+            return Changes(rewrite, duplicates)
+        before = await self._live_current(conn, {key for key, _ in keyed})
+        after = dict(before)
+        duplicates = self.fold_all(after, keyed)
 
         async def write(target: AsyncConnection) -> None:
-            await self._save(target, states, existing)
+            await self._write_changed(target, before, after)
 
-        return Changes(write, duplicates)
+        memory = self.memory
+        return Changes(write, duplicates,
+                       None if memory is None else lambda: memory.keep(after))
 
     def fold_all(self, states: dict[str, Rows],
                  keyed: Iterable[tuple[str, Envelope]]) -> int:
@@ -172,12 +226,49 @@ class AggregateModel:
         wanted = sorted(set(keys))
         states: dict[str, Rows] = {k: {t.name: [] for t in self.tables} for k in wanted}
         for table in self.tables:
-            column = table.c[self.key_column]
+            statement = _select_by_keys(table, self.key_column)
             for chunk in chunks(wanted):
-                result = await conn.execute(select(table).where(column.in_(chunk)))
+                result = await conn.execute(statement, {"keys": list(chunk)})
                 for row in result.mappings():
                     states[row[self.key_column]][table.name].append(dict(row))
         return states
+
+    async def _live_current(self, conn: AsyncConnection, keys: set[str]) -> dict[str, Rows]:
+        """Rows of `keys` as the store holds them: remembered, else read."""
+        states = self.memory.recall(keys) if self.memory is not None else {}
+        if len(states) < len(keys):
+            states.update(await self.load(conn, keys - states.keys()))
+        return states
+
+    async def _write_changed(self, conn: AsyncConnection, before: dict[str, Rows],
+                             after: dict[str, Rows]) -> None:
+        """Write the rows that differ between `before` and `after`: one upsert per
+        table for the new and changed ones, a delete for the ones a fold removed.
+        (Folds are pure: `before` still holds the rows as the store has them.)"""
+        for table in self.tables:
+            name = table.name
+            key_of = _primary_key_of(table)
+            changed: list[Row] = []
+            removed: list[tuple[Any, ...]] = []
+            for key, rows in after.items():
+                old = before[key][name]
+                new = rows[name]
+                if old == new:
+                    continue
+                if len(old) == 1 and len(new) == 1:  # the usual case: one row per aggregate
+                    changed.append(new[0])
+                    continue
+                kept = {key_of(row): row for row in old}
+                for row in new:
+                    if kept.pop(key_of(row), None) != row:
+                        changed.append(row)
+                removed.extend(kept)
+            if removed:
+                await conn.exec_driver_sql(_delete_sql(table, conn.dialect.paramstyle),
+                                           removed)
+            if changed:
+                await conn.exec_driver_sql(_upsert_sql(table, conn.dialect.paramstyle),
+                                           row_tuples(table, changed))
 
     async def _current(self, conn: AsyncConnection,
                        keys: set[str]) -> tuple[dict[str, Rows], set[str]]:
@@ -213,6 +304,47 @@ class AggregateModel:
                 raise
         if self.cache is not None:
             self.cache.keep(states)
+
+
+@lru_cache(maxsize=64)
+def _select_by_keys(table: Table, key_column: str) -> Select[Any]:
+    """The rows of `table` whose `key_column` is in the list bound as `keys` (built
+    once, not per batch)."""
+    return select(table).where(table.c[key_column].in_(bindparam("keys", expanding=True)))
+
+
+def _primary_key_of(table: Table) -> Callable[[Row], tuple[Any, ...]]:
+    names = [column.name for column in table.primary_key.columns]
+    return lambda row: tuple(row[name] for name in names)
+
+
+def _placeholder(paramstyle: str) -> str:
+    return "?" if paramstyle == "qmark" else "%s"
+
+
+@lru_cache(maxsize=64)
+def _upsert_sql(table: Table, paramstyle: str) -> str:
+    """`INSERT ... ON CONFLICT (primary key) DO UPDATE` of every column of `table`, in
+    `columns_of(table)` order (SQLite and PostgreSQL spell it alike)."""
+    columns = columns_of(table)
+    keys = [column.name for column in table.primary_key.columns]
+    mark = _placeholder(paramstyle)
+    updates = ", ".join(f'"{c}" = excluded."{c}"' for c in columns if c not in keys)
+    action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+    return (f'INSERT INTO "{table.name}" ({_quoted(columns)}) '
+            f'VALUES ({", ".join(mark for _ in columns)}) '
+            f"ON CONFLICT ({_quoted(keys)}) {action}")
+
+
+def _quoted(names: Iterable[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
+@lru_cache(maxsize=64)
+def _delete_sql(table: Table, paramstyle: str) -> str:
+    mark = _placeholder(paramstyle)
+    where = " AND ".join(f'"{column.name}" = {mark}' for column in table.primary_key.columns)
+    return f'DELETE FROM "{table.name}" WHERE {where}'
 
 
 def single_row(table: Table, evolve: Callable[[Row | None, Envelope], Row | None]) -> Fold:

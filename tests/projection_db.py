@@ -93,9 +93,14 @@ async def run_to_end(runner: ProjectionRunner, timeout: float = 60) -> None:
     """Open `runner`, apply every record up to the log end as it is now, close it."""
     await runner.open()
     try:
-        ends = await runner.end_offsets()
-        async with asyncio.timeout(timeout):
-            while not runner.reached(ends):
-                await runner.step()
+        await step_to_end(runner, timeout)
     finally:
         await runner.close()
+
+
+async def step_to_end(runner: ProjectionRunner, timeout: float = 60) -> None:
+    """Apply every record up to the log end as it is now with an open `runner`."""
+    ends = await runner.end_offsets()
+    async with asyncio.timeout(timeout):
+        while not runner.reached(ends):
+            await runner.step()

@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 from aiokafka import TopicPartition
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from projections.database import make_engine
+from projections.database import async_url, make_engine
 from projections.runner import ProjectionRunner, RunnerStats
+from toolexec.read_model_sqlite import INLINE_CONNECT_ARGS
 
 T = TypeVar("T")
 STOP_SECONDS = 15.0
@@ -60,7 +61,7 @@ class ThreadedRunner:
         await self._call(self._start())
 
     async def _start(self) -> None:
-        engine = make_engine(self._url)
+        engine = make_engine(self._url, **_engine_options(self._url))
         runner = self._build(engine)
         try:
             await runner.start()
@@ -107,3 +108,10 @@ class ThreadedRunner:
     async def _call(self, work: Coroutine[Any, Any, T]) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(work, self._loop)
         return await asyncio.wrap_future(future)
+
+
+def _engine_options(url: str) -> dict[str, Any]:
+    """SQLite's connections run their statements in this thread (`read_model_sqlite`)."""
+    if async_url(url).startswith("sqlite"):
+        return {"connect_args": INLINE_CONNECT_ARGS}
+    return {}

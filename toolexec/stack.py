@@ -53,6 +53,7 @@ from projections.policy_view import PolicyView
 from projections.registry_view import RegistryLogView
 from toolexec import keys
 from toolexec.broker_control import BrokerWatch, SupervisedBroker, ensure_broker
+from toolexec.deferred_commits import DeferredCommits
 from toolexec.embedded_broker import ensure_topics
 from toolexec.logs import reset_repeated_errors
 from toolexec.runtime_file import up_running
@@ -76,6 +77,10 @@ waiting fetch at half its wait once records are there), so keep it short."""
 CIRCUITS_WAIT_MS = 100
 """The circuits step is off the invocation's path: a moderate fetch wait while busy
 (a breaker opens at most this much later)."""
+CIRCUITS_COMMIT_SECONDS = 1.0
+"""The circuits step commits a batch that changed nothing (no outcome counted, nothing
+published or dead-lettered) at most this much later: at once per batch had been a
+broker request per sequential invocation."""
 CIRCUITS_IDLE_WAIT_MS = 2000
 """Its fetch wait when idle: the first outcome after a quiet spell is counted up to
 about half of it later (Tansu answers a waiting fetch at half its wait once records
@@ -389,10 +394,21 @@ class Stack:
         is no fact, or a fact the pipeline did not sign, is dead-lettered (E3004,
         E3804) and counted by no one."""
         assert self._producer is not None
-        deps = circuit_transitions.CircuitDeps(publish=DeliveringPublisher(self._publish_signed),
+        published: list[Envelope] = []  # what this batch dead-lettered or published
+
+        async def publish_noted(envelope: Envelope) -> None:
+            await self.publish(envelope)
+            published.append(envelope)
+
+        async def publish_signed_noted(envelope: Envelope) -> None:
+            await self._publish_signed(envelope)
+            published.append(envelope)
+
+        deps = circuit_transitions.CircuitDeps(publish=DeliveringPublisher(publish_signed_noted),
                                     registry=self.registry,
                                     book=circuit_transitions.CircuitBook(self.circuits), clock=utc_now)
-        dead_letters = DeadLetters(DeliveringPublisher(self.publish), utc_now)
+        dead_letters = DeadLetters(DeliveringPublisher(publish_noted), utc_now)
+        commits = DeferredCommits(CIRCUITS_COMMIT_SECONDS, name="circuits")
         verifier = self.verifier
         pacer = self._new_pacer(busy_ms=CIRCUITS_WAIT_MS, idle_floor_ms=CIRCUITS_IDLE_WAIT_MS)
         group = f"{self.group_prefix}.circuits"
@@ -409,6 +425,8 @@ class Stack:
         async def count_outcomes(message: Any) -> None:
             pacer.busy()
             records = message.raw_message
+            published.clear()
+            last_counted = next(reversed(deps.book.counted), None)
             for record in records:
                 kind = header_type(record.headers)
                 if kind not in FACT_TYPES:
@@ -423,10 +441,9 @@ class Stack:
             for record in records:
                 tp = TopicPartition(record.topic, record.partition)
                 positions[tp] = max(positions.get(tp, 0), record.offset + 1)
-            try:
-                await message.consumer.commit(positions)
-            except Exception as exc:  # moved in a rebalance: the new owner counts again
-                log.info("circuits.commit_deferred", error=repr(exc))
+            # Read again after a rebalance, a batch that changed nothing changes nothing.
+            changed = bool(published) or next(reversed(deps.book.counted), None) != last_counted
+            await commits.commit(message.consumer, positions, now=changed)
 
 
     def _pipeline(self, state: Path) -> Pipeline:

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts import topics
 from contracts.envelope import Envelope
+from contracts.events import InvokeCancelRequested
 from contracts.kafka_binding import encode
 from projections.audit import AuditModel, AuditQuery, audit_records, verify_audit
 from projections.catalog import read_models
@@ -24,11 +25,25 @@ from projections.queries import invocation_status, list_circuits, search_tools, 
 from projections.rebuild import rebuild
 from projections.runner import OffsetConflict, ProjectionRunner, stored_offsets
 from projections.search import migration_managed
-from projections.store import Changes, ReadModel, Record
-from projections.tables import audit_log, invocations, metadata, projection_offsets
+from projections.store import AggregateModel, Changes, ReadModel, Record
+from projections.tables import (
+    audit_log,
+    invocations,
+    metadata,
+    projection_offsets,
+    registry_versions,
+)
 from tests.projection_db import *  # noqa: F403 - fixtures
-from tests.projection_db import run_to_end, snapshot
-from tests.projection_events import at, captoken, circuit, invocation, lifecycle, published
+from tests.projection_db import run_to_end, snapshot, step_to_end
+from tests.projection_events import (
+    at,
+    captoken,
+    circuit,
+    envelope,
+    invocation,
+    lifecycle,
+    published,
+)
 from tests.waiting import WAIT
 from toolexec.embedded_broker import ensure_topics
 
@@ -198,6 +213,91 @@ async def test_offsets_move_only_while_they_hold_what_the_runner_read(
     async with engine.connect() as conn:
         prints = set((await conn.execute(select(projection_offsets.c.last_record))).scalars())
     assert prints == {"print-12", "print-20"}
+
+
+async def test_a_runner_forgets_the_rows_it_remembers_once_another_writer_moved_its_model(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    """A live model remembers the rows it committed and reads nothing for its next batch;
+    a second writer of the model moves one of its places (here one the next batch does
+    not move): that batch rolls back, the runner forgets, and the rows the other
+    writer left are folded on, not overwritten with what the runner remembered."""
+    model = _models(log_prefix)["invocations"]
+    assert isinstance(model, AggregateModel) and model.memory is not None
+    runner = ProjectionRunner(engine, model, kafka_bootstrap, batch_size=37)
+    await runner.open()
+    try:
+        await step_to_end(runner, WAIT)  # every place has a position now
+        target = "inv-001"
+        first = envelope(InvokeCancelRequested(invocation_id=target), target, when=at(98))
+        await _produce(kafka_bootstrap, log_prefix, [first])
+        await step_to_end(runner, WAIT)
+        assert target in model.memory.states
+        facts = f"{log_prefix}.{topics.INVOCATIONS}"
+        moved = max(p for t, p in await stored_offsets(engine, model.name) if t == facts)
+        async with engine.begin() as conn:  # the other writer: a row and a place
+            await conn.execute(update(invocations)
+                               .where(invocations.c.invocation_id == target)
+                               .values(callback_url="https://elsewhere.example/"))
+            await conn.execute(update(projection_offsets).where(
+                projection_offsets.c.consumer == model.name,
+                projection_offsets.c.topic == facts,
+                projection_offsets.c.partition == moved).values(
+                    next_offset=projection_offsets.c.next_offset - 1))
+        cancel = envelope(InvokeCancelRequested(invocation_id=target), target, when=at(99))
+        await _produce(kafka_bootstrap, log_prefix, [cancel])
+        with pytest.raises(OffsetConflict):
+            async with asyncio.timeout(WAIT):
+                while not await runner.step():  # until the cancel is fetched
+                    pass
+        assert not model.memory.states
+        await step_to_end(runner, WAIT)
+    finally:
+        await runner.close()
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(invocations).where(
+            invocations.c.invocation_id == target))).mappings().one()
+    assert row["callback_url"] == "https://elsewhere.example/" and row["cancel_requested"]
+
+
+async def test_a_live_model_writes_changed_rows_and_removes_dropped_ones(
+        engine: AsyncEngine) -> None:
+    """The live write path: new and changed rows upserted, rows a fold dropped deleted,
+    whether the aggregate's rows were read from the store or remembered."""
+    wanted: dict[str, list[dict[str, object]]] = {}
+    versions = {v: _version_row("grep", v) for v in ("1.0.0", "1.1.0", "2.0.0")}
+    model = AggregateModel(name="toy", topics=("toy",), tables=(registry_versions,),
+                           key_column="tool_id", aggregate_of=lambda _e: "grep",
+                           fold=lambda _rows, e: {registry_versions.name: wanted[e.id]})
+    steps = [[versions["1.0.0"], versions["1.1.0"]],
+             [versions["1.0.0"], {**versions["1.1.0"], "lifecycle": "deprecated"},
+              versions["2.0.0"]],
+             [versions["2.0.0"]],
+             []]
+    for n, rows in enumerate(steps):
+        event = published("grep", f"9.9.{n}")
+        wanted[event.id] = rows
+        remembered = dict(model.memory.states) if model.memory is not None else {}
+        async with engine.begin() as conn:
+            changes = await model.prepare(conn, [Record("toy", 0, n, event)])
+            await changes.write(conn)
+        assert changes.committed is not None
+        if n % 2:  # every other batch starts from what the store holds
+            model.forget()
+        else:
+            changes.committed()
+        async with engine.connect() as conn:
+            stored = (await conn.execute(select(registry_versions)
+                                         .order_by(registry_versions.c.version))).mappings()
+            assert [dict(r) for r in stored] == rows, (n, remembered.keys())
+
+
+def _version_row(tool_id: str, version: str) -> dict[str, object]:
+    return {"tool_id": tool_id, "version": version, "tool_type": "script",
+            "executor": "python_runtime", "executor_pin": None, "integrity": "sha256:00",
+            "lifecycle": "active", "lifecycle_reason": None, "replacement_tool_id": None,
+            "description": "Find lines", "manifest": {"tool_id": tool_id, "tags": ["a"]},
+            "files": [], "published_at": "2026-01-01T12:00:00Z", "published_by": None,
+            "source": None, "event_id": f"e-{version}", "publisher_signature": None}
 
 
 async def test_read_side_queries_answer_from_the_tables(
