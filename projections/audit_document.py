@@ -27,8 +27,15 @@ from rfc8785 import CanonicalizationError
 from contracts.envelope import Envelope
 from contracts.events import dataschema_uri
 from domain.canonical_json import canonical_json, canonical_json_encoded
-from domain.redaction import is_sensitive_field, redact, redact_document, redact_text
+from domain.redaction import (
+    is_sensitive_field,
+    redact,
+    redact_document,
+    redact_planned,
+    redact_text,
+)
 from domain.secret_scrub import REDACTED
+from projections.audit_plan import PLANS
 from projections.store import field_of
 from projections.tables import iso
 
@@ -93,7 +100,11 @@ def _document(envelope: Envelope) -> tuple[dict[str, Any], int, int]:
     if envelope.type == "tool.published":
         data["files"] = [{k: v for k, v in f.items() if k != "content_b64gz"}
                          for f in data.get("files", [])]
-    redacted_data, count, encoding = redact_document(data)
+    plan = PLANS.get(type(model))
+    # The plan visits only the fields a rule can change; the data is the serializer's
+    # own fresh dict, redacted in place.
+    redacted_data, count, encoding = (redact_document(data) if plan is None
+                                      else redact_planned(data, plan))
     document: dict[str, Any] = {
         "specversion": "1.0", "id": envelope.id, "source": envelope.source,
         "type": envelope.type, "time": iso(envelope.time),
