@@ -350,18 +350,12 @@ def _walk_node(node: Any, state: list[int], text: Callable[[str], tuple[str, int
 
 # ------------------------------------------------------------ planned documents
 
-TEXT: Final = 0
-"""Plan kind: text under a key that is not sensitive (the text rules)."""
-NUMBER: Final = 1
-"""Plan kind: a number (nothing to redact; its canonical encoding is noted)."""
-VALUE: Final = 2
-"""Plan kind: any JSON value (the full walk)."""
-OBJECT: Final = 3
-"""Plan kind: an object of a known shape (its own plan)."""
-OBJECTS: Final = 4
-"""Plan kind: a list of objects of one known shape (their plan)."""
-SECRET: Final = 5
-"""Plan kind: a value under a sensitive key (replaced whole unless empty)."""
+# What a plan does with the value under one key: TEXT, text under a key that is not
+# sensitive (the text rules); NUMBER, a number (nothing to redact, its canonical
+# encoding noted); VALUE, any JSON value (the full walk); OBJECT, an object of a known
+# shape (its own plan); OBJECTS, a list of such objects; SECRET, a value under a
+# sensitive key (replaced whole unless empty).
+TEXT, NUMBER, VALUE, OBJECT, OBJECTS, SECRET = range(6)
 
 Plan = tuple[tuple[str, int, Any], ...]
 """(key, kind, the plan of an `OBJECT` / `OBJECTS` or None) of each key of an object

@@ -71,13 +71,20 @@ def redaction_plan(model: type[BaseModel]) -> Plan:
     return tuple(entries)
 
 
+def unannotated(annotation: Any, metadata: list[Any]) -> tuple[Any, list[Any]]:
+    """(`annotation` without its `Annotated` layers, `metadata` and theirs): a field's
+    type and constraints, however pydantic was given them."""
+    while get_origin(annotation) is Annotated:
+        annotation, *extras = get_args(annotation)
+        metadata = [*metadata, *(m for e in extras
+                                 for m in (e.metadata if isinstance(e, FieldInfo) else [e]))]
+    return annotation, metadata
+
+
 def _kind(annotation: Any, metadata: list[Any]) -> tuple[int, Any] | None:
     """(plan kind, nested plan) of a value of type `annotation`; None: nothing to do."""
+    annotation, metadata = unannotated(annotation, metadata)
     origin = get_origin(annotation)
-    if origin is Annotated:
-        base, *extras = get_args(annotation)
-        extra = [m for e in extras for m in (e.metadata if isinstance(e, FieldInfo) else [e])]
-        return _kind(base, [*metadata, *extra])
     if origin is Union or origin is types.UnionType:
         members = [a for a in get_args(annotation) if a is not type(None)]
         return _kind(members[0], metadata) if len(members) == 1 else (VALUE, None)

@@ -30,7 +30,7 @@ from domain.redaction import (
     redact_planned,
     redact_text,
 )
-from projections.audit_plan import INERT_PATTERNS, PLANS, redaction_plan
+from projections.audit_plan import INERT_PATTERNS, PLANS, redaction_plan, unannotated
 
 _HOSTILE = ["", "ada@example.com", "4111 1111 1111 1111", "10.0.0.1", "::1", "fe80::1%eth0",
             "password=hunter22", "api_key: 'k-123456'", "call +44 20 7946 0958",
@@ -52,11 +52,8 @@ _times = st.datetimes(timezones=_offsets | st.just(UTC))
 
 def _strategy(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[Any]:
     """Values of `annotation` (hostile where it is free text), mostly valid."""
+    annotation, metadata = unannotated(annotation, metadata)
     origin = get_origin(annotation)
-    if origin is Annotated:
-        base, *extras = get_args(annotation)
-        extra = [m for e in extras for m in (e.metadata if isinstance(e, FieldInfo) else [e])]
-        return _strategy(base, [*metadata, *extra])
     if origin is Union or origin is types.UnionType:
         return st.one_of([st.none() if a is type(None) else _strategy(a, metadata)
                           for a in get_args(annotation)])
