@@ -63,8 +63,8 @@ def checked_envelope(*values: object) -> Envelope:
     """The envelope of `values` (every field, in declaration order: id, type, source,
     subject, time, data, correlationid, causationid, partitionkey, extensions), built
     without `Envelope`'s own checks: only for a caller that has made each check of
-    `_plainly_valid` itself (the Kafka decoder: `Envelope(...)` cost it more than the
-    rest of an envelope's attributes together)."""
+    `_plainly_valid` itself, `plain_optionals` among them (the Kafka decoder:
+    `Envelope(...)` cost it more than the rest of an envelope's attributes together)."""
     env = object.__new__(Envelope)
     for assign, value in zip(_FIELD_SETTERS, values, strict=True):
         assign(env, value)
@@ -74,19 +74,34 @@ def checked_envelope(*values: object) -> Envelope:
 def _plainly_valid(env: Envelope) -> bool:
     """True only when `envelope_problems(env)` is empty (False may still be valid:
     then the full check decides)."""
-    subject, causation, extensions = env.subject, env.causationid, env.extensions
     return bool(
         type(env.id) is str and env.id and type(env.type) is str and env.type
         and type(env.source) is str and env.source
         and type(env.correlationid) is str and env.correlationid
         and type(env.partitionkey) is str and env.partitionkey
-        and (subject is None or (type(subject) is str and subject))
-        and (causation is None or (type(causation) is str and causation))
+        and plain_optionals(env.subject, env.causationid, env.extensions)
         and isinstance(env.time, datetime) and env.time.utcoffset() is not None
-        and isinstance(env.data, EventData) and env.type == env.data.EVENT_TYPE
-        and type(extensions) is dict
-        and (not extensions or all(type(name) is str and type(value) is str and _allowed_extension(name)
-                for name, value in extensions.items())))
+        and isinstance(env.data, EventData) and env.type == env.data.EVENT_TYPE)
+
+
+def plain_optionals(subject: object, causationid: object, extensions: object,
+                    names: frozenset[str] | None = None) -> bool:
+    """True when the optional fields are as `Envelope` takes them, plainly: `subject`
+    and `causationid` None or non-empty `str`, `extensions` a `dict` of `str` values
+    whose names are among `names` (None: any name an extension may take; a caller's
+    `names` must all be such names). False may still be valid: the full check decides.
+    Shared by `Envelope` and the Kafka decoder, which builds envelopes without it
+    (`checked_envelope`) and passes the names toolexec writes."""
+    if not ((subject is None or (type(subject) is str and subject != ""))
+            and (causationid is None or (type(causationid) is str and causationid != ""))
+            and type(extensions) is dict):
+        return False
+    if not extensions:
+        return True
+    if names is not None:
+        return extensions.keys() <= names and all(type(v) is str for v in extensions.values())
+    return all(type(name) is str and type(value) is str and _allowed_extension(name)
+               for name, value in extensions.items())
 
 
 @lru_cache(maxsize=256)

@@ -27,7 +27,7 @@ from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
 
 from contracts import topics
-from contracts.envelope import Envelope, checked_envelope
+from contracts.envelope import Envelope, checked_envelope, plain_optionals
 from contracts.errors import ErrorInfo
 from contracts.events import EVENT_MODELS, EventData, dataschema_uri
 
@@ -390,22 +390,11 @@ def _envelope(attrs: dict[str, Any], data: Any) -> Envelope:
                   attrs.get("subject"), _time(attrs.get("time")), _validate(model, data),
                   _required(attrs, "correlationid"), attrs.get("causationid"),
                   _required(attrs, "partitionkey"), extensions)
-        if _plain(values[3]) and _plain(values[7]) and _plain_extensions(extensions):
+        if plain_optionals(values[3], values[7], extensions, WRITTEN_EXTENSIONS):
             return checked_envelope(*values)  # every check of `Envelope` made above
         return Envelope(**dict(zip(_FIELD_NAMES, values, strict=True)))
     except ValueError as exc:
         raise UndecodableRecord(str(exc)[:500]) from exc
-
-
-def _plain(optional: Any) -> bool:
-    """None or a non-empty `str`: what `Envelope` takes for `subject`, `causationid`."""
-    return optional is None or (type(optional) is str and optional != "")
-
-
-def _plain_extensions(extensions: dict[str, Any]) -> bool:
-    """Only extensions toolexec writes (names `Envelope` allows), each text."""
-    return not extensions or (extensions.keys() <= WRITTEN_EXTENSIONS
-                              and all(type(v) is str for v in extensions.values()))
 
 
 def _required(attrs: Mapping[str, Any], name: str) -> str:

@@ -348,6 +348,56 @@ def _walk_node(node: Any, state: list[int], text: Callable[[str], tuple[str, int
     return node
 
 
+# ------------------------------------------------------------ planned documents
+
+# What a plan does with the value under one key: TEXT, text under a key that is not
+# sensitive (the text rules); NUMBER, a number (nothing to redact, its canonical
+# encoding noted); VALUE, any JSON value (the full walk); OBJECT, an object of a known
+# shape (its own plan); OBJECTS, a list of such objects; SECRET, a value under a
+# sensitive key (replaced whole unless empty).
+TEXT, NUMBER, VALUE, OBJECT, OBJECTS, SECRET = range(6)
+
+Plan = tuple[tuple[str, int, Any], ...]
+"""(key, kind, the plan of an `OBJECT` / `OBJECTS` or None) of each key of an object
+whose redaction can change it or its encoding; a key of none of them is left as is."""
+
+
+def redact_planned(document: dict[str, Any], plan: Plan) -> tuple[dict[str, Any], int, int]:
+    """`redact_document(document)` for an object whose keys are ASCII text and whose
+    values under keys left out of `plan` no redaction changes (its caller's promise:
+    a plan compiled from a validated model). Redacts `document` in place: objects that
+    `plan` describes are the caller's own (a fresh serialization); every other value
+    is replaced, never changed."""
+    state = [0, SAME]
+    _apply_plan(document, plan, state)
+    return document, state[0], REFERENCE if state[1] & REFERENCE else state[1]
+
+
+def _apply_plan(node: dict[str, Any], plan: Plan, state: list[int]) -> None:
+    for key, kind, inner in plan:
+        item = node.get(key)
+        if item is None:  # absent or null: nothing to redact, nothing to encode
+            continue
+        if kind == TEXT:
+            cleaned, n = (_redact_short_text(item) if len(item) <= _CACHED_TEXT
+                          else _redact_text(item))
+            node[key] = cleaned
+            state[0] += n
+        elif kind == NUMBER:
+            state[1] |= leaf_encoding(item)
+        elif kind == OBJECT:
+            _apply_plan(item, inner, state)
+        elif kind == OBJECTS:
+            for each in item:
+                _apply_plan(each, inner, state)
+        elif kind == SECRET:
+            if item != "":
+                node[key] = REDACTED
+                state[0] += 1
+        else:
+            node[key] = _walk_node(item, state, redact_text, _redact_short_text)
+
+
 # ------------------------------------------------------------ secret parameters
 
 SECRET_FORMATS: Final = frozenset({"password"})

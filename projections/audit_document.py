@@ -25,16 +25,24 @@ import orjson
 from rfc8785 import CanonicalizationError
 
 from contracts.envelope import Envelope
-from contracts.events import dataschema_uri
+from contracts.events import EVENT_MODELS, dataschema_uri
 from domain.canonical_json import canonical_json, canonical_json_encoded
-from domain.redaction import is_sensitive_field, redact, redact_document, redact_text
+from domain.redaction import (
+    is_sensitive_field,
+    redact,
+    redact_document,
+    redact_planned,
+    redact_text,
+)
 from domain.secret_scrub import REDACTED
-from projections.store import field_of
+from projections.audit_plan import PLANS
 from projections.tables import iso
 
 GENESIS: Final = "0" * 64
 KEPT_EXTENSIONS: Final = frozenset({"traceparent", "tracestate"})
 _SAFE_INT: Final = 2**53 - 1
+_DATASCHEMAS: Final = {model: dataschema_uri(model.EVENT_TYPE, model.SCHEMA_VERSION)
+                       for model in EVENT_MODELS.values()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +101,17 @@ def _document(envelope: Envelope) -> tuple[dict[str, Any], int, int]:
     if envelope.type == "tool.published":
         data["files"] = [{k: v for k, v in f.items() if k != "content_b64gz"}
                          for f in data.get("files", [])]
-    redacted_data, count, encoding = redact_document(data)
+    plan = PLANS.get(type(model))
+    # The plan visits only the fields a rule can change; the data is the serializer's
+    # own fresh dict, redacted in place.
+    redacted_data, count, encoding = (redact_document(data) if plan is None
+                                      else redact_planned(data, plan))
     document: dict[str, Any] = {
         "specversion": "1.0", "id": envelope.id, "source": envelope.source,
         "type": envelope.type, "time": iso(envelope.time),
         "datacontenttype": "application/json",
-        "dataschema": dataschema_uri(envelope.type, envelope.data.SCHEMA_VERSION),
+        "dataschema": (_DATASCHEMAS.get(type(model))
+                       or dataschema_uri(envelope.type, model.SCHEMA_VERSION)),
         "correlationid": envelope.correlationid, "partitionkey": envelope.partitionkey,
     }
     if envelope.causationid is not None:
@@ -106,7 +119,8 @@ def _document(envelope: Envelope) -> tuple[dict[str, Any], int, int]:
     if envelope.subject is not None:
         document["subject"], found = redact_text(envelope.subject)  # = redact(a string)
         count += found
-    for name, value in envelope.extensions.items():
+    extensions = envelope.extensions
+    for name, value in extensions.items():
         if name == "captoken":
             continue
         if name in KEPT_EXTENSIONS:
@@ -120,11 +134,12 @@ def _document(envelope: Envelope) -> tuple[dict[str, Any], int, int]:
         else:
             kept = redact({name: value})
             document[name], count = kept.value[name], count + kept.count
-    sub, jti = captoken_identity(envelope)
-    if sub is not None:
-        document["capsubject"] = sub
-    if jti is not None:
-        document["capjti"] = jti
+    if "captoken" in extensions:
+        sub, jti = captoken_identity(envelope)
+        if sub is not None:
+            document["capsubject"] = sub
+        if jti is not None:
+            document["capjti"] = jti
     document["data"] = redacted_data
     return document, count, encoding
 
@@ -145,19 +160,23 @@ def chain_hash(prev_hash: str, columns: Mapping[str, Any], document: Any) -> str
 
 
 def _chain_hash(prev_hash: str, columns: Mapping[str, Any], document: bytes) -> str:
+    return _chained(prev_hash, {name: columns[name] for name in HASHED_COLUMNS}, document)
+
+
+def _chained(prev_hash: str, values: dict[str, Any], document: bytes) -> str:
+    """`_chain_hash` of `values`, which holds the `HASHED_COLUMNS` and nothing else."""
     # "document" sorts before every hashed column name, so the canonical body is the
     # document's canonical text spliced in front of the columns' (no second pass over
     # the document).
-    rest = _columns_json(columns)
+    rest = _columns_json(values)
     return hashlib.sha256(b"".join((prev_hash.encode("ascii"), b'{"document":', document,
                                     b",", rest[1:]))).hexdigest()
 
 
-def _columns_json(columns: Mapping[str, Any]) -> bytes:
-    """Canonical JSON of the `HASHED_COLUMNS` of `columns`. They are text, NULL or
+def _columns_json(values: dict[str, Any]) -> bytes:
+    """Canonical JSON of `values` (the `HASHED_COLUMNS`). They are text, NULL or
     small integers, for which orjson with sorted keys writes RFC 8785's bytes: the
     general check (`canonical_json`) is taken only for another value."""
-    values = {name: columns[name] for name in HASHED_COLUMNS}
     for value in values.values():
         kind = type(value)
         if not (kind is str or value is None or (kind is int and -_SAFE_INT <= value <= _SAFE_INT)):
@@ -178,15 +197,15 @@ def audit_values(envelope: Envelope, *, topic: str, partition: int, offset: int,
     except CanonicalizationError:  # huge integers, NaN: made JSON-safe (rare, slower)
         document = _json_safe(document)
         text = canonical(document)
-    data: Any = envelope.data
-    invocation_id = field_of(data, "invocation_id")
-    tool_id = field_of(data, "tool_id")
-    columns = {"topic": topic, "partition": partition, "offset": offset,
+    fields = envelope.data.__dict__  # = `field_of`, one lookup of the model's values
+    invocation_id = fields.get("invocation_id")
+    tool_id = fields.get("tool_id")
+    columns = {"topic": topic, "partition": partition, "offset": offset,  # HASHED_COLUMNS
                "event_id": envelope.id, "type": envelope.type, "time": document["time"],
                "invocation_id": invocation_id, "tool_id": tool_id, "redactions": count}
     return (topic, partition, offset, envelope.id, envelope.type, document["time"],
             invocation_id, tool_id, text.decode("utf-8"), count, prev_hash,
-            _chain_hash(prev_hash, columns, text))
+            _chained(prev_hash, columns, text))
 
 
 def audit_entry(envelope: Envelope, *, topic: str, partition: int, offset: int,

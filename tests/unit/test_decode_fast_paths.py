@@ -19,10 +19,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.envelope import Envelope, envelope_problems
+from contracts.envelope import Envelope, envelope_problems, plain_optionals
 from contracts.events import InvokeRequested
 from contracts.fact_signature import FactSigner
-from contracts.kafka_binding import UndecodableRecord, decode, encode
+from contracts.kafka_binding import WRITTEN_EXTENSIONS, UndecodableRecord, decode, encode
 from tests.projection_events import captoken, invocation
 
 _PLAIN = [encode(e) for e in invocation("inv-1", token=captoken("ann", "j1"), reports=1)]
@@ -104,6 +104,29 @@ def test_an_envelope_is_accepted_exactly_when_it_has_no_problem(**fields: Any) -
         assert problems and str(error) == "invalid envelope: " + "; ".join(problems)
     else:
         assert problems == []
+
+
+@settings(max_examples=400, deadline=None)
+@given(subject=texts, causationid=texts,
+       extensions=extensions | st.dictionaries(st.sampled_from(sorted(WRITTEN_EXTENSIONS)),
+                                               st.sampled_from(["v", ""]) | st.integers(0, 2),
+                                               max_size=3),
+       names=st.sampled_from([None, WRITTEN_EXTENSIONS]))
+def test_plain_optionals_are_optionals_an_envelope_takes(
+        subject: Any, causationid: Any, extensions: Any, names: frozenset[str] | None) -> None:
+    """The decoder's check (the names toolexec writes) and `Envelope`'s (any allowed
+    name) are one predicate: what it passes, the full check finds nothing wrong with."""
+    bare = object.__new__(Envelope)
+    for name, value in {"id": "e", "type": DATA.EVENT_TYPE, "source": "s", "subject": subject,
+                        "time": datetime(2026, 1, 1, tzinfo=UTC), "data": DATA,
+                        "correlationid": "c", "causationid": causationid, "partitionkey": "k",
+                        "extensions": extensions}.items():
+        object.__setattr__(bare, name, value)
+    if plain_optionals(subject, causationid, extensions, names):
+        assert envelope_problems(bare) == []
+        assert plain_optionals(subject, causationid, extensions)
+    elif names is None:
+        assert envelope_problems(bare) != []
 
 
 def test_a_plain_valid_envelope_is_built() -> None:
