@@ -295,6 +295,7 @@ class SandboxCache:
         self.answers: WatchedAnswers[Any] = WatchedAnswers(self.watch)
         self.requests = RequestCache()
         atexit.register(shutil.rmtree, self.root, True)
+        atexit.register(self.watch.close)
 
 
 def remove_orphans(folder: Path) -> None:
