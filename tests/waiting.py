@@ -4,6 +4,7 @@ being asserted (conditions normally hold much sooner)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -63,9 +64,12 @@ def until_progressing(predicate: Any, what: str, progress: Callable[[], Hashable
 
 
 def process_gone(pid: int) -> bool:
-    """Whether the process `pid` has exited (a zombie counts: only its parent reaps it)."""
+    """Whether the process `pid` has exited, all its threads with it (a zombie counts:
+    only its parent reaps it). A killed multi-threaded process's leader shows "Z" while
+    its other threads still exit; until they have, its parent's `waitid` sees nothing."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        threads = [name for name in os.listdir(f"/proc/{pid}/task") if name != str(pid)]
     except (FileNotFoundError, ProcessLookupError, IndexError):  # gone while read
         return True
-    return state in ("Z", "X")
+    return state in ("Z", "X") and not threads

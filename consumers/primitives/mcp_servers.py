@@ -17,7 +17,8 @@ definition in.
 
 One connection per server version (`McpPlan.server_key`: tool id, version,
 integrity) is shared by every call; a connection whose process exited or whose
-stream ended is dropped and the next call starts a new one.
+stream ended is dropped and the next call starts a new one (a reused server found
+gone while its tools are listed is started again at once: listing runs nothing).
 
 Outcomes: a result becomes stdout as JSON (`structuredContent` when the server gave
 one, else a lone text block as a string, else the content blocks); `isError` is
@@ -63,6 +64,7 @@ _LINE_LIMIT = 16 * 1024 * 1024
 _INVALID_PARAMS = -32602
 _CLIENT_INFO = mcp_types.Implementation(name="toolexec", version="0.1.0")
 _MAX_LIST_PAGES = 100
+_GONE = ("E3404", "E3502")  # the server's process exited / its connection ended
 
 
 class McpServers:
@@ -86,7 +88,7 @@ class McpServers:
             connection = await self._connection(plan, secrets)
             if plan.definition_hash is not None:
                 if connection.listed is None:  # restarted since the check: list again
-                    await connection.list_tools(plan.startup_timeout_seconds)
+                    connection = await self._listed(plan, secrets, connection)
                 _check_definition(plan, (connection.listed or {}).get(plan.tool_name))
             result = await connection.call(plan.tool_name, dict(params), plan.timeout_seconds)
         except ToolexecError as error:
@@ -98,9 +100,25 @@ class McpServers:
                          secrets: SecretLookup) -> Mapping[str, Any] | None:
         """The plan's tool as its server announces it now (`tools/list` on the
         connection calls use, started if need be), None when it announces no such tool."""
+        connection = await self._listed(plan, secrets, await self._connection(plan, secrets))
+        return (connection.listed or {}).get(plan.tool_name)
+
+    async def _listed(self, plan: McpPlan, secrets: SecretLookup,
+                      connection: _Connection) -> _Connection:
+        """`connection` with its tools listed now. A server that served earlier calls
+        and is found gone while listing (it died between calls, or is still dying: a
+        killed process's threads exit before its parent can see it) is started again
+        once: listing runs nothing on the server, so it is safe to repeat."""
+        try:
+            await connection.list_tools(plan.startup_timeout_seconds)
+            return connection
+        except ExecutionError as error:
+            if not connection.reused or error.code not in _GONE:
+                raise
+            log.info("mcp.server_gone_while_listing", server=plan.server_key)
         connection = await self._connection(plan, secrets)
         await connection.list_tools(plan.startup_timeout_seconds)
-        return (connection.listed or {}).get(plan.tool_name)
+        return connection
 
     def pid_of(self, server_key: str) -> int | None:
         """Pid of the live stdio server process for `server_key`, if any."""
@@ -118,6 +136,7 @@ class McpServers:
         async with lock:
             current = self._connections.get(plan.server_key)
             if current is not None and current.alive():
+                current.reused = True
                 return current
             if current is not None:
                 log.info("mcp.server_restart", server=plan.server_key)
@@ -160,6 +179,8 @@ class _Connection:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._broken = False
+        self.reused = False
+        """True once a second request took this connection from the pool."""
         self.listed: dict[str, dict[str, Any]] | None = None
         """The tools of the last `tools/list`, by name, in their JSON form (None
         before the first)."""

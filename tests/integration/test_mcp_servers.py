@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import shlex
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -97,3 +100,33 @@ async def test_another_server_version_gets_its_own_process(servers: McpServers) 
     second = await servers.run(changed, {"text": "a"}, secrets=lambda _: None)
     assert first.ok and second.ok
     assert servers.pid_of(plan.server_key) != servers.pid_of(changed.server_key)
+
+
+async def test_server_gone_between_calls_is_started_again_to_list_its_tools(
+        tmp_path: Path) -> None:
+    """The server's stdout ends while the process it was started as lives on (a wrapper
+    outlives it), so the pool still sees its process alive: listing the tools finds the
+    server gone and starts it again instead of failing the call."""
+    store = ContentStore(tmp_path / "cas")
+    for file in load_source(EXAMPLES / "text_mcp").files:
+        assert file.content is not None
+        store.put(file.content)
+    pool = McpServers(store, tmp_path / "work", sandbox="rlimits")
+    plan = _plan()
+    assert plan.server is not None
+    python = " ".join(shlex.quote(part) for part in plan.server.argv)
+    plan = dataclasses.replace(plan, server=dataclasses.replace(
+        plan.server, argv=("/bin/sh", "-c", f"{python}; exec >&-; exec sleep 600")))
+    try:
+        first = await pool.run(plan, {"text": "a"}, secrets=lambda _: None)
+        assert first.ok, first.error
+        os.kill(json.loads(first.stdout)["pid"], signal.SIGKILL)
+        wrapper = pool.pid_of(plan.server_key)
+        listed = await pool.definition(plan, secrets=lambda _: None)
+        assert listed is not None and listed["name"] == "word_count"
+        assert pool.pid_of(plan.server_key) not in (None, wrapper)
+        again = await pool.run(plan, {"text": "a b"}, secrets=lambda _: None)
+        assert again.ok, again.error
+        assert json.loads(again.stdout)["words"] == 2
+    finally:
+        await pool.aclose()
