@@ -21,16 +21,19 @@ loopback up, that the launcher leaves for another right after), and:
    `system` mounts every run shows (/usr and its links, /etc, /proc, /dev), pivots
    into it and detaches the old root (that detach waits for an RCU grace period,
    up to ~1.5 ms measured), empties its capability bounding, inheritable and
-   ambient sets and sets no_new_privs; then waits for its request on a socketpair
-   of its own (its "inbox");
+   ambient sets and sets no_new_privs; makes the run's tmpfs and its folders as the
+   last request laid them out (`layout`, see `layout_of`), then waits for its request
+   on a socketpair of its own (its "inbox");
 2. the executor sends it a request whose `system` mounts are the same (a spare
    that no longer fits gets an empty message and exits), with detached copies of
    the host paths the run binds (open_tree, made read-only with mount_setattr: the
    PID 1 no longer sees the host); the PID 1 checks the request again;
 3. the PID 1 attaches those copies (move_mount) and makes the run's own tmpfs,
-   folders and links, remounts its root read-only, enters the working directory,
-   sets the rlimits, drops every supplementary group and takes the run's uid/gid as
-   its real ids, its effective ids staying 0 (see `become_run_user`), and spawns
+   folders and links (the tmpfs and folders it made ahead are kept when the request
+   lays them out the same, else detached first), remounts its root read-only,
+   enters the working directory, sets the rlimits, drops every supplementary group
+   and takes the run's uid/gid as its real ids, its effective ids staying 0 (see
+   `become_run_user`), and spawns
    the tool with posix_spawn (no copy of this process) in a new session, every
    signal at its default, with POSIX_SPAWN_RESETIDS: the tool has the run's ids and
    no capability. The PID 1 is root again right after and closes its inbox, upon
@@ -222,10 +225,51 @@ def prepare_root(root, system):
     os.chdir("/")
 
 
-def enter_root(mounts, trees):
+def layout_of(mounts):
+    """The leading steps of a run's mounts a spare PID 1 can make ahead: a tmpfs and
+    the folders inside it that follow it (empty when the mounts begin otherwise).
+    They carry nothing of a run but paths, modes and a size, and a PID 1 serves one
+    run, so a tmpfs made ahead is as fresh as one made on the run's path."""
+    if not mounts or not isinstance(mounts[0], list) or mounts[0][:1] != ["tmpfs"] \
+            or len(mounts[0]) < 2 or not isinstance(mounts[0][1], str):
+        return []
+    layout, inside = [mounts[0]], mounts[0][1].rstrip("/") + "/"
+    for op in mounts[1:]:
+        if not (isinstance(op, list) and op[:1] == ["dir"] and len(op) > 1
+                and isinstance(op[1], str) and op[1].startswith(inside)):
+            break
+        layout.append(op)
+    return layout
+
+
+def lay_out(layout):
+    """Make `layout` (from `layout_of`) in the new root ahead of the request: the
+    steps made, empty when they could not be (nothing of them is left then)."""
+    try:
+        for op in layout:
+            apply_mount("", op)
+        return layout
+    except (OSError, SetupError, ValueError, TypeError, IndexError):
+        if layout:
+            _undo_layout(layout)
+        return []
+
+
+def _undo_layout(layout):
+    target = _inside("", layout[0][1])
+    if os.path.ismount(target):
+        _check(_libc.umount2(target.encode(), _MNT_DETACH), f"detach {target}")
+
+
+def enter_root(mounts, trees, made=()):
     """The run's own mounts, inside the new root: its binds are `trees`, detached
     copies of the host paths the launcher made (open_tree) and attaches here
-    (move_mount); then the root is made read-only."""
+    (move_mount); then the root is made read-only. `made`: the layout made ahead
+    (`lay_out`), kept when the mounts begin with it, else detached first."""
+    if made and mounts[:len(made)] == made:
+        mounts = mounts[len(made):]
+    elif made:
+        _undo_layout(made)
     for op in mounts:
         if op[0] == "tree":
             _attach(trees[int(op[1])], _inside("", op[2]), bool(op[3]))
@@ -376,15 +420,20 @@ _SAMPLE_REQUEST = json.dumps({
     "mounts": [["tmpfs", "/tmp", 511, 1], ["dir", "/tmp/r", 511], ["tree", 0, "/tmp/r/a", 0]]})
 
 
-def _warm_up():
+def _warm_up(system=(), layout=()):
     """Go through the request's parsing and the report once ahead: this process is a
     copy of the launcher, and the first write to each page it shares (objects'
-    reference counts, the heap) copies that page (~0.1 ms measured on a run's path)."""
-    check_request(json.loads(_SAMPLE_REQUEST))
+    reference counts, the heap) copies that page (~0.1 ms measured on a run's path).
+    The sample carries this spare's `system` and `layout`, which its request repeats:
+    as much to parse as the request."""
+    sample = json.loads(_SAMPLE_REQUEST)
+    sample["system"] = list(system) + sample["system"]
+    sample["mounts"] = list(layout) + sample["mounts"]
+    check_request(json.loads(json.dumps(sample)))
     json.dumps({"id": 1, "exit": 0, "rusage": list(resource.getrusage(resource.RUSAGE_SELF))})
 
 
-def run_pid1(system, root, inbox, channel):
+def run_pid1(system, layout, root, inbox, channel):
     """Runs in the clone child, PID 1 of the new namespaces (see the module docstring):
     prepares the mounts every run shows, then waits on `inbox` for its run's request
     (end of file: it was not needed). It tells the executor how the tool ended on
@@ -393,14 +442,16 @@ def run_pid1(system, root, inbox, channel):
     killed)."""
     _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "die with the launcher")
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # so the tool cannot interrupt us
+    made = []
     try:
         prepare_root(root, system)
         drop_capabilities()
+        made = lay_out(layout)
         failure = None
     except Exception as error:  # noqa: BLE001 - reported to the run that comes
         failure = str(error) or type(error).__name__
     gc.disable()  # a short life: a collection would copy every page it touches
-    _warm_up()
+    _warm_up(system, layout)
     _schedule(os.SCHED_OTHER)  # ready: the request is on the run's path
     data, fds, _flags, _ = socket.recv_fds(inbox, MAX_MESSAGE, MAX_FDS)
     if not data or len(fds) < 3:
@@ -419,7 +470,7 @@ def run_pid1(system, root, inbox, channel):
             raise SetupError(f"malformed request: {error}") from None
         if failure is not None:
             raise SetupError(failure)
-        enter_root(request["mounts"], fds[3:])
+        enter_root(request["mounts"], fds[3:], made)
         for fd in fds[3:]:
             os.close(fd)
         become_run_user(request)
@@ -516,6 +567,7 @@ class Launcher:
         self.spares = set()  # the fds of the inboxes of the spares handed out unasked
         self.wanted = 1  # how many spares to keep out
         self.next_system = None
+        self.next_layout = []
         self.network_used = True
         self.poll = select.poll()
         self.poll.register(channel.fileno(), select.POLLIN)
@@ -558,39 +610,48 @@ class Launcher:
 
     def handle(self, data, flags):
         """A `prepare` message: {"prepare": its id, "system": the mounts every run
-        shows, "spares": how many to keep out from now on (optional, 1 to MAX_SPARES)};
-        or {"spares": n} alone: fewer (or more) spares from now on, none cloned now
-        (the executor drops the surplus it holds)."""
+        shows, "spares": how many to keep out from now on (optional, 1 to MAX_SPARES),
+        "layout": the run's tmpfs and folders to make ahead (optional, `layout_of`)};
+        or {"spares": n} and/or {"layout": [steps]} alone: fewer (or more) spares, or
+        another layout, from now on, none cloned now (the executor drops the surplus
+        it holds; a spare of the old layout detaches it when its request comes)."""
         prepare_id = None
         try:
             message = json.loads(data)
             prepare_id = message.get("prepare") if isinstance(message, dict) else None
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise ValueError("the message was truncated")
-            only_spares = isinstance(message, dict) and set(message) == {"spares"}
-            if not only_spares and (not isinstance(prepare_id, int)
-                                    or not isinstance(message.get("system"), list)):
+            settings_only = isinstance(message, dict) and bool(message) \
+                and set(message) <= {"spares", "layout"}
+            if not settings_only and (not isinstance(prepare_id, int)
+                                      or not isinstance(message.get("system"), list)):
                 raise ValueError("a message is {\"prepare\": id, \"system\": [steps]}")
             spares = message.get("spares", max(1, self.wanted))
             if not isinstance(spares, int) or isinstance(spares, bool) \
                     or not 1 <= spares <= MAX_SPARES:
                 raise ValueError(f"spares must be an integer from 1 to {MAX_SPARES}")
-            if not only_spares:
+            layout = message.get("layout", self.next_layout)
+            if not isinstance(layout, list):
+                raise ValueError("a layout is a list of mount steps")
+            check_steps(layout)
+            if layout_of(layout) != layout:
+                raise ValueError("a layout is a tmpfs and folders inside it")
+            if not settings_only:
                 check_steps(message["system"])
         except ValueError as error:
             self.send({"id": prepare_id, "error": f"malformed request: {error}", "code": "E3405"})
             return
-        if only_spares:
+        if "spares" in message or not settings_only:
             self.wanted = spares
-            return
-        self.next_system = message["system"]
-        self.wanted = spares
-        self.hand_out(message["system"], prepare_id)
+        self.next_layout = layout
+        if not settings_only:
+            self.next_system = message["system"]
+            self.hand_out(message["system"], prepare_id)
 
     def hand_out(self, system, prepare_id):
         """Clone a PID 1 for `system` and hand it to the executor: `prepared` with a
         pidfd of it and its inbox (`id` None: the spare)."""
-        prepared = self.clone(system)
+        prepared = self.clone(system, self.next_layout)
         if prepared is None:
             self.send({"id": prepare_id, "error": "clone failed: "
                        + os.strerror(ctypes.get_errno()), "code": "E3405"})
@@ -632,7 +693,7 @@ class Launcher:
             fresh_network()
             self.network_used = False
 
-    def clone(self, system):
+    def clone(self, system, layout=()):
         """A new PID 1 in new namespaces, the network namespace this process sits in
         included: (pid, pidfd, our end of its inbox), or None."""
         if self.network_used:
@@ -648,7 +709,7 @@ class Launcher:
         if pid == 0:
             try:
                 _close_all_but(0, 1, 2, self.channel.fileno(), theirs.fileno())
-                run_pid1(system, self.root, theirs, self.channel)
+                run_pid1(system, list(layout), self.root, theirs, self.channel)
             finally:
                 os._exit(SETUP_FAILED)
         theirs.close()

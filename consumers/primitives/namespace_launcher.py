@@ -121,6 +121,7 @@ class NamespaceLauncher:
         self._ready: asyncio.Future[None] = loop.create_future()
         self._spares: list[_Prepared] = []
         self._spares_wanted = 1
+        self._layout: list[Any] = []  # what spares make ahead (launcher_program.layout_of)
         self._in_flight = 0
         self._peak_in_flight = 0
         self._review: asyncio.TimerHandle | None = None
@@ -178,6 +179,7 @@ class NamespaceLauncher:
         except ValueError as error:
             raise _refused(f"malformed request: {error}") from error
         await self.ready()
+        self._lay_out(launcher_program.layout_of(request["mounts"]))
         try:
             mounts, trees = launcher_program.detached_trees(request["mounts"])
         except (OSError, launcher_program.SetupError) as error:
@@ -227,7 +229,8 @@ class NamespaceLauncher:
         self._preparing[prepare_id] = (key, asked)
         try:
             await self._send(json.dumps({"prepare": prepare_id, "system": system,
-                                         "spares": self._spares_wanted}).encode())
+                                         "spares": self._spares_wanted,
+                                         "layout": self._layout}).encode())
             return await asked
         except asyncio.CancelledError:
             if asked.done() and not asked.cancelled() and asked.exception() is None:
@@ -235,6 +238,18 @@ class NamespaceLauncher:
             raise
         finally:
             self._preparing.pop(prepare_id, None)
+
+    def _lay_out(self, layout: list[Any]) -> None:
+        """Tell the launcher the run's layout when it differs from the last one: the
+        spares cloned from then on make it ahead (the next run likely has the same)."""
+        if layout != self._layout:
+            self._layout = layout
+            self._tell({"layout": layout})
+
+    def _tell(self, message: dict[str, Any]) -> None:
+        task = self._loop.create_task(self._send(json.dumps(message).encode()))
+        self._background.add(task)
+        task.add_done_callback(self._sent)
 
     def _ended(self, _exited: asyncio.Future[Any]) -> None:
         self._in_flight -= 1
@@ -255,9 +270,7 @@ class NamespaceLauncher:
         self._peak_in_flight = self._in_flight
         if wanted < self._spares_wanted:
             self._spares_wanted = wanted
-            task = self._loop.create_task(self._send(json.dumps({"spares": wanted}).encode()))
-            self._background.add(task)
-            task.add_done_callback(self._sent)
+            self._tell({"spares": wanted})
             while len(self._spares) > wanted:
                 self._spares.pop(0).drop()
         if self._spares_wanted > 1:

@@ -416,3 +416,46 @@ async def test_a_tool_runs_at_the_executors_nice_value_not_the_launchers(
     assert raised == "refused"
     launcher = current_launcher().pid
     assert os.getpriority(os.PRIO_PROCESS, launcher) <= os.getpriority(os.PRIO_PROCESS, 0)
+
+
+_TMP_SIZE = """
+    import os
+    found = os.statvfs("/tmp")
+    print(found.f_blocks * found.f_frsize, sorted(os.listdir("/tmp")))
+    open("/tmp/left-behind", "w").close()
+"""
+
+
+async def test_a_run_gets_its_own_tmpfs_whatever_the_spare_made_ahead(tmp_path: Path) -> None:
+    """Spares make the last run's tmpfs and folders ahead; a run laid out otherwise
+    (here: another disk quota) gets its own, and no run sees what another left."""
+    sizes = [8 << 20, 8 << 20, 16 << 20, 8 << 20]
+    for size in sizes:
+        outcome = await _run(tmp_path, _TMP_SIZE,
+                             limits=ResourceLimits(max_file_bytes=size))
+        assert outcome.ok, outcome.error
+        shown, listed = outcome.stdout.decode().split(" ", 1)
+        assert int(shown) == size
+        assert "left-behind" not in listed
+
+
+@pytest.mark.parametrize("layout", [
+    [["ro_bind", "/etc", "/tmp"]],
+    [["tmpfs", "/tmp", 511, 1024], ["ro_bind", "/etc", "/tmp/etc"]],
+    [["tmpfs", "/tmp", 511, 1024], ["dir", "/elsewhere", 511]],
+    "everything",
+])
+async def test_a_prepare_with_a_layout_that_is_not_a_tmpfs_and_its_folders_is_refused(
+        tmp_path: Path, layout: Any) -> None:
+    first = await _run(tmp_path, "print('one')")
+    assert first.ok, first.error
+    launcher = current_launcher()
+    asked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    launcher._preparing[-1] = ("a system no run has", asked)
+    await launcher._send(json.dumps({"prepare": -1, "system": _GOOD["system"],
+                                     "layout": layout}).encode())
+    with pytest.raises(ExecutionError) as refused:
+        await asyncio.wait_for(asked, WAIT)
+    assert "malformed request: a layout" in refused.value.message
+    outcome = await _run(tmp_path, "print('still serving')")
+    assert outcome.ok and outcome.stdout == b"still serving\n", outcome.error
