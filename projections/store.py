@@ -132,6 +132,9 @@ class AggregateMemory:
 
     states: dict[str, Rows] = field(default_factory=dict)
     limit: int = LIVE_MEMORY_AGGREGATES
+    open_keys: set[str] | None = None
+    """The aggregates whose rows are open (`OpenRows`), every one of them; None when
+    not known."""
 
     def recall(self, keys: Iterable[str]) -> dict[str, Rows]:
         """The remembered rows of those of `keys` this memory holds."""
@@ -147,6 +150,24 @@ class AggregateMemory:
 
     def forget(self) -> None:
         self.states.clear()
+        self.open_keys = None
+
+
+@dataclass(frozen=True)
+class OpenRows:
+    """A model whose events, but for a few, change only aggregates in an open state
+    (the approvals: a terminal event changes only a pending approval's row). Live,
+    the model keeps the set of open aggregates and folds the other events of an
+    aggregate neither open nor opened in the batch not at all: they would change
+    nothing, and its rows need not be read.
+
+    `opening(event)`: the events that may change any aggregate (always folded);
+    `is_open(rows)`: whether an aggregate's rows are open; `keys`: the SELECT of the
+    keys of the open aggregates, the same condition in SQL."""
+
+    opening: Callable[[Envelope], bool]
+    is_open: Callable[[Rows], bool]
+    keys: Select[Any]
 
 
 class MisalignedPartitions(Exception):
@@ -171,6 +192,7 @@ class AggregateModel:
     event_ids: Callable[[Rows], Collection[str]] | None = None
     cache: AggregateCache | None = None
     memory: AggregateMemory | None = field(default_factory=AggregateMemory, compare=False)
+    open_rows: OpenRows | None = None
 
     @property
     def deduplicates(self) -> bool:
@@ -198,6 +220,10 @@ class AggregateModel:
                 await self._save(target, states, existing)
 
             return Changes(rewrite, duplicates)
+        open_keys = None
+        if self.open_rows is not None:
+            open_keys = await self._open_keys(conn)
+            keyed = self.relevant(keyed, open_keys)
         before = await self._live_current(conn, {key for key, _ in keyed})
         after = dict(before)
         duplicates = self.fold_all(after, keyed)
@@ -206,8 +232,15 @@ class AggregateModel:
             await self._write_changed(target, before, after)
 
         memory = self.memory
-        return Changes(write, duplicates,
-                       None if memory is None else lambda: memory.keep(after))
+        if memory is None:
+            return Changes(write, duplicates)
+
+        def committed() -> None:
+            memory.keep(after)
+            if open_keys is not None:
+                memory.open_keys = self.still_open(open_keys, after)
+
+        return Changes(write, duplicates, committed)
 
     def fold_all(self, states: dict[str, Rows],
                  keyed: Iterable[tuple[str, Envelope]]) -> int:
@@ -220,6 +253,35 @@ class AggregateModel:
                 continue
             states[key] = self.fold(states[key], envelope)
         return duplicates
+
+    async def _open_keys(self, conn: AsyncConnection) -> set[str]:
+        """The keys of the open aggregates: remembered, else read."""
+        assert self.open_rows is not None
+        if self.memory is not None and self.memory.open_keys is not None:
+            return self.memory.open_keys
+        return set((await conn.execute(self.open_rows.keys)).scalars())
+
+    def relevant(self, keyed: list[tuple[str, Envelope]],
+                  open_keys: set[str]) -> list[tuple[str, Envelope]]:
+        """The events of `keyed` that may change something: every event of an
+        aggregate that is open, or that an event of the batch may open."""
+        assert self.open_rows is not None
+        opening = self.open_rows.opening
+        opened = {key for key, envelope in keyed if opening(envelope)}
+        return [(key, envelope) for key, envelope in keyed
+                if key in open_keys or key in opened]
+
+    def still_open(self, open_keys: set[str], after: dict[str, Rows]) -> set[str]:
+        """`open_keys` (changed in place) once the aggregates of `after` have the rows
+        they have there."""
+        assert self.open_rows is not None
+        is_open = self.open_rows.is_open
+        for key, rows in after.items():  # in place: called only once committed
+            if is_open(rows):
+                open_keys.add(key)
+            else:
+                open_keys.discard(key)
+        return open_keys
 
     async def load(self, conn: AsyncConnection, keys: Iterable[str]) -> dict[str, Rows]:
         """Current rows of each aggregate in `keys` (empty lists for new ones)."""
@@ -267,7 +329,7 @@ class AggregateModel:
                 await conn.exec_driver_sql(_delete_sql(table, conn.dialect.paramstyle),
                                            removed)
             if changed:
-                await conn.exec_driver_sql(_upsert_sql(table, conn.dialect.paramstyle),
+                await conn.exec_driver_sql(upsert_sql(table, conn.dialect.paramstyle),
                                            row_tuples(table, changed))
 
     async def _current(self, conn: AsyncConnection,
@@ -323,7 +385,7 @@ def _placeholder(paramstyle: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def _upsert_sql(table: Table, paramstyle: str) -> str:
+def upsert_sql(table: Table, paramstyle: str) -> str:
     """`INSERT ... ON CONFLICT (primary key) DO UPDATE` of every column of `table`, in
     `columns_of(table)` order (SQLite and PostgreSQL spell it alike)."""
     columns = columns_of(table)

@@ -259,6 +259,46 @@ async def test_a_runner_forgets_the_rows_it_remembers_once_another_writer_moved_
     assert row["callback_url"] == "https://elsewhere.example/" and row["cancel_requested"]
 
 
+async def test_the_audit_trail_forgets_its_chain_heads_once_another_writer_moved_them(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    """The live audit model remembers the chain heads it committed and reads none back;
+    a second runner of the trail appends a record (moving a head and a place): the
+    first runner's next batch rolls back, it forgets the heads, and the records after
+    chain on the other runner's head, so the trail still verifies."""
+    model = _models(log_prefix)["audit"]
+    assert isinstance(model, AuditModel)
+    runner = ProjectionRunner(engine, model, kafka_bootstrap, batch_size=37)
+    await runner.open()
+    try:
+        await step_to_end(runner, WAIT)
+        target = "inv-002"
+        cancel = [envelope(InvokeCancelRequested(invocation_id=target), target, when=at(t))
+                  for t in (97, 98, 99)]
+        await _produce(kafka_bootstrap, log_prefix, cancel[:1])
+        await step_to_end(runner, WAIT)  # every place has a position: heads remembered
+        requests = (f"{log_prefix}.{topics.REQUESTS}", 0)
+        assert model.remembered_head(*requests) is not None
+        await _produce(kafka_bootstrap, log_prefix, cancel[1:2])
+        await run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"],
+                                           kafka_bootstrap))  # the other writer
+        with pytest.raises(OffsetConflict):
+            async with asyncio.timeout(WAIT):
+                while not await runner.step():  # until the second cancel is fetched
+                    pass
+        assert model.remembered_head(*requests) is None
+        await step_to_end(runner, WAIT)
+        await _produce(kafka_bootstrap, log_prefix, cancel[2:])
+        await step_to_end(runner, WAIT)
+    finally:
+        await runner.close()
+    async with engine.connect() as conn:
+        verified = await verify_audit(conn)
+        types = (await conn.execute(select(func.count()).select_from(audit_log).where(
+            audit_log.c.type == "tool.invoke.cancel.requested"))).scalar_one()
+    assert verified.ok, verified.broken
+    assert types == 3
+
+
 async def test_a_live_model_writes_changed_rows_and_removes_dropped_ones(
         engine: AsyncEngine) -> None:
     """The live write path: new and changed rows upserted, rows a fold dropped deleted,
