@@ -11,13 +11,14 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, event, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.events import InvokeCancelRequested
 from contracts.kafka_binding import encode
+from projections.approvals import PENDING, approvals_model
 from projections.audit import AuditModel, AuditQuery, audit_records, verify_audit
 from projections.catalog import read_models
 from projections.database import migrate
@@ -25,8 +26,9 @@ from projections.queries import invocation_status, list_circuits, search_tools, 
 from projections.rebuild import rebuild
 from projections.runner import OffsetConflict, ProjectionRunner, stored_offsets
 from projections.search import migration_managed
-from projections.store import AggregateModel, Changes, ReadModel, Record
+from projections.store import AggregateModel, Changes, ReadModel, Record, Rows
 from projections.tables import (
+    approvals,
     audit_log,
     invocations,
     metadata,
@@ -329,6 +331,53 @@ async def test_a_live_model_writes_changed_rows_and_removes_dropped_ones(
             stored = (await conn.execute(select(registry_versions)
                                          .order_by(registry_versions.c.version))).mappings()
             assert [dict(r) for r in stored] == rows, (n, remembered.keys())
+
+
+async def test_the_live_approvals_model_reads_no_row_of_an_invocation_no_approver_saw(
+        engine: AsyncEngine) -> None:
+    """The approvals model keeps the pending approvals (the SQL of `PENDING.keys` and
+    `is_open` agree) and never reads the row of an invocation that did not wait for an
+    approver; its rows are the whole fold's, whether it remembered or re-read them."""
+    model = approvals_model()
+    log = [*invocation("inv-a", approval="approve"), *invocation("inv-b"),
+           *invocation("inv-c", approval="deny", start=1),
+           *invocation("inv-d", approval="approve", start=2)[:-3]]  # still pending
+    read: list[object] = []
+
+    def note(_conn: object, _cursor: object, statement: str, params: object,
+             *_rest: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "approvals" in statement:
+            read.append(params)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", note)
+    try:
+        for n, start in enumerate(range(0, len(log), 3)):
+            records = [Record(topics.INVOCATIONS, 0, start + i, e)
+                       for i, e in enumerate(log[start:start + 3])]
+            async with engine.begin() as conn:
+                changes = await model.prepare(conn, records)
+                await changes.write(conn)
+            if n % 3 == 2:  # now and then the next batch starts from the store
+                model.forget()
+            elif changes.committed is not None:
+                changes.committed()
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", note)
+    assert read and not any("inv-b" in str(params) for params in read)
+    reference: dict[str, Rows] = {}
+    for e in log:
+        if (key := model.aggregate_of(e)) is not None:
+            reference.setdefault(key, {approvals.name: []})
+            model.fold_all(reference, [(key, e)])
+    async with engine.connect() as conn:
+        stored = {row["invocation_id"]: dict(row) for row in
+                  (await conn.execute(select(approvals))).mappings()}
+        pending = set((await conn.execute(PENDING.keys)).scalars())
+    assert stored == {key: rows[approvals.name][0] for key, rows in reference.items()
+                      if rows[approvals.name]}
+    assert set(stored) == {"inv-a", "inv-c", "inv-d"}
+    assert pending == {key for key, rows in reference.items() if PENDING.is_open(rows)} == {
+        "inv-d"}
 
 
 def _version_row(tool_id: str, version: str) -> dict[str, object]:
