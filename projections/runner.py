@@ -612,7 +612,10 @@ class ProjectionRunner:
             if fresh and not model.deduplicates:
                 await conn.execute(insert(projection_applied), [
                     {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
-            await changes.write(conn)
+            more = await changes.write(conn)
+            if more:  # repeats the model found only while writing
+                counted[model.name].duplicates += more
+                counted[model.name].applied -= more
         kept = [(model, changes.committed) for model, _, _, _, changes in planned
                 if changes.committed is not None]
         return moved, counted, kept

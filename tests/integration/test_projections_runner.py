@@ -22,11 +22,12 @@ from projections.approvals import PENDING, approvals_model
 from projections.audit import AuditModel, AuditQuery, audit_records, verify_audit
 from projections.catalog import read_models
 from projections.database import migrate
+from projections.invocations import invocations_model
 from projections.queries import invocation_status, list_circuits, search_tools, show_tool
 from projections.rebuild import rebuild
 from projections.runner import OffsetConflict, ProjectionRunner, stored_offsets
 from projections.search import migration_managed
-from projections.store import AggregateModel, Changes, ReadModel, Record, Rows
+from projections.store import AggregateModel, Changes, ReadModel, Record, Rows, apply
 from projections.tables import (
     approvals,
     audit_log,
@@ -378,6 +379,33 @@ async def test_the_live_approvals_model_reads_no_row_of_an_invocation_no_approve
     assert set(stored) == {"inv-a", "inv-c", "inv-d"}
     assert pending == {key for key, rows in reference.items() if PENDING.is_open(rows)} == {
         "inv-d"}
+
+
+async def test_an_unknown_invocation_is_folded_as_new_and_again_if_its_row_was_there(
+        engine: AsyncEngine) -> None:
+    """A batch of an invocation neither remembered nor read folds it as new and inserts
+    its row only where there is none; an invocation whose row was there (a fact folded
+    before, forgotten since, and repeated) is read and folded again: the rows are the
+    whole fold's and the repeats are counted as such."""
+    model = invocations_model()
+    x, y = invocation("inv-x"), invocation("inv-y", start=1)
+    batches = [x[:3], [x[2], *x[3:5], y[0]], [*y[1:], x[4], *x[5:]]]
+    duplicates = []
+    for n, batch in enumerate(batches):
+        records = [Record(topics.INVOCATIONS, 0, 10 * n + i, e) for i, e in enumerate(batch)]
+        async with engine.begin() as conn:
+            duplicates.append(await apply(model, conn, records))
+        model.forget()  # every batch from the store: nothing remembered
+    reference: dict[str, Rows] = {}
+    for e in [*x, *y]:
+        if (key := model.aggregate_of(e)) is not None:
+            reference.setdefault(key, model.empty_rows())
+            model.fold_all(reference, [(key, e)])
+    async with engine.connect() as conn:
+        stored = {row["invocation_id"]: dict(row) for row in
+                  (await conn.execute(select(invocations))).mappings()}
+    assert stored == {key: rows[invocations.name][0] for key, rows in reference.items()}
+    assert duplicates == [0, 1, 1]
 
 
 def _version_row(tool_id: str, version: str) -> dict[str, object]:
