@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
+
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.events import ApprovalReceived, ApprovalRequested, InvokeCompleted, InvokeFailed
 from domain.redaction import redact
-from projections.store import AggregateModel, Row, Rows, single_row
+from projections.store import AggregateModel, OpenRows, Row, Rows, single_row
 from projections.tables import approvals, iso
 
 NAME = "approvals"
@@ -75,10 +77,26 @@ def no_event_ids(_rows: Rows) -> frozenset[str]:
     return frozenset()
 
 
+def _opening(envelope: Envelope) -> bool:
+    return isinstance(envelope.data, ApprovalRequested | ApprovalReceived)
+
+
+def _pending(rows: Rows) -> bool:
+    """Whether a terminal event would change the row: requested, no outcome yet."""
+    found = rows[approvals.name]
+    return bool(found) and found[0]["requested_at"] is not None and found[0]["outcome"] is None
+
+
+PENDING = OpenRows(opening=_opening, is_open=_pending, keys=select(approvals.c.invocation_id)
+                   .where(approvals.c.requested_at.is_not(None), approvals.c.outcome.is_(None)))
+"""A terminal event changes only a pending approval's row: the runner reads no row for
+the terminal event of an invocation that never waited for an approver."""
+
+
 def approvals_model() -> AggregateModel:
     """The approvals read model, ready for a runner."""
     return AggregateModel(name=NAME, topics=(topics.INVOCATIONS,),
                           tables=(approvals,), key_column="invocation_id",
                           aggregate_of=_invocation_of,
                           fold=single_row(approvals, evolve_approval),
-                          event_ids=no_event_ids)
+                          event_ids=no_event_ids, open_rows=PENDING)

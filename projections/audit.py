@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import and_, delete, func, select, tuple_
+from sqlalchemy import and_, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts import topics
@@ -23,7 +23,7 @@ from contracts.events import TERMINAL_TYPES as TERMINAL
 from projections.audit_document import GENESIS, audit_values, chain_hash
 from projections.audit_document import _chain_hash as stored_text_hash
 from projections.bulk_rows import insert_tuples
-from projections.store import Changes, Record
+from projections.store import Changes, Record, upsert_sql
 from projections.tables import audit_heads, audit_log, invocations, iso
 
 NAME = "audit"
@@ -32,64 +32,89 @@ ROW_COLUMNS = ("topic", "partition", "offset", "event_id", "type", "time", "invo
 """`audit_log`'s columns, the order `AuditModel` writes its row tuples in."""
 
 
+Head = tuple[int, str, int]
+"""A chain head: (last offset, hash, records)."""
+Place = tuple[str, int]
+
+
 class AuditModel:
     """Read model of the audit trail (all topics): one row per log record, keyed by its
     log position, so a record is never applied twice and needs no applied-ids row (an
-    event written twice to the log is two records, and the trail shows both)."""
+    event written twice to the log is two records, and the trail shows both).
+
+    Live, it remembers the chain heads it committed (the runner lets it only while no
+    other writer can move them, and makes it `forget` whenever it re-reads its stored
+    positions), so a batch reads no head back; each batch writes its rows and one
+    upsert of the heads it moved. A head belongs to one place (topic, partition) and
+    only a writer that moves that place's offset changes it (`place_rows`)."""
 
     name = NAME
     tables = (audit_log, audit_heads)
     deduplicates = True
+    place_rows = True
 
     def __init__(self, topic_names: tuple[str, ...] = topics.ALL_TOPICS, *,
                  keep_heads: bool = False) -> None:
         self.topics = topic_names
-        self._heads: dict[tuple[str, int], tuple[int, str, int]] | None = (
-            {} if keep_heads else None)
+        self._heads: dict[Place, Head] | None = {} if keep_heads else None
+        self._remembered: dict[Place, Head] = {}
 
     def rebuilding(self) -> AuditModel:
         """A copy for one rebuild worker: it owns its partitions' chains, so their heads
         stay in memory instead of being read back every batch."""
         return AuditModel(self.topics, keep_heads=True)
 
+    def remembered_head(self, topic: str, partition: int) -> Head | None:
+        """The head of a chain as this live model committed it last, if it remembers it."""
+        return self._remembered.get((topic, partition))
+
+    def forget(self) -> None:
+        """Drop the remembered heads: the store may have changed under them."""
+        self._remembered.clear()
+
     async def prepare(self, conn: AsyncConnection, records: Sequence[Record]) -> Changes:
         if not records:
             return Changes()
-        places = {(r.topic, r.partition) for r in records}
-        heads = self._heads
-        if heads is None or not places <= heads.keys():
-            heads = {**(heads or {}), **await _heads(conn, places - (heads or {}).keys())}
-        heads = dict(heads)
+        known = self._remembered if self._heads is None else self._heads
+        heads: dict[Place, Head] = {}
+        missing: set[Place] = set()
+        for record in records:
+            place = (record.topic, record.partition)
+            if place not in heads and place not in missing:
+                if place in known:
+                    heads[place] = known[place]
+                else:
+                    missing.add(place)
+        if missing:
+            heads.update(await _heads(conn, missing))
         rows: list[tuple[object, ...]] = []
         for record in records:
             place = (record.topic, record.partition)
-            count = heads[place][2] if place in heads else 0
-            prev = heads[place][1] if place in heads else GENESIS
+            head = heads.get(place)
             row = audit_values(record.envelope, topic=record.topic,
                                partition=record.partition, offset=record.offset,
-                               prev_hash=prev)
+                               prev_hash=GENESIS if head is None else head[1])
             rows.append((*row, record.signature))
-            heads[place] = (record.offset, row[-1], count + 1)
-        touched = sorted(places)
+            heads[place] = (record.offset, row[-1], 1 if head is None else head[2] + 1)
+        moved = [(t, p, *head) for (t, p), head in heads.items()]
 
         async def write(target: AsyncConnection) -> None:
             await insert_tuples(target, audit_log, rows)
-            await target.execute(delete(audit_heads).where(
-                tuple_(audit_heads.c.topic, audit_heads.c.partition).in_(touched)))
-            await insert_tuples(target, audit_heads, [
-                (t, p, heads[(t, p)][0], heads[(t, p)][1], heads[(t, p)][2])
-                for t, p in touched])
+            await target.exec_driver_sql(upsert_sql(audit_heads, target.dialect.paramstyle),
+                                         moved)
             if self._heads is not None:
                 self._heads.update(heads)
 
-        return Changes(write)
+        if self._heads is not None:
+            return Changes(write)
+        return Changes(write, committed=lambda: self._remembered.update(heads))
 
 
-async def _heads(conn: AsyncConnection,
-                 places: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, str, int]]:
-    if not places:
-        return {}
-    result = await conn.execute(select(audit_heads))
+_ALL_HEADS = select(audit_heads)
+
+
+async def _heads(conn: AsyncConnection, places: set[Place]) -> dict[Place, Head]:
+    result = await conn.execute(_ALL_HEADS)
     return {(r.topic, r.partition): (r.last_offset, r.hash, r.records)
             for r in result if (r.topic, r.partition) in places}
 

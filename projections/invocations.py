@@ -212,4 +212,4 @@ def invocations_model() -> AggregateModel:
                           tables=(invocations,),
                           key_column="invocation_id", aggregate_of=_invocation_of,
                           fold=single_row(invocations, evolve_invocation),
-                          event_ids=folded_event_ids)
+                          event_ids=folded_event_ids, guesses_new=True)

@@ -546,10 +546,14 @@ class ProjectionRunner:
         every partition of its topics has a stored position: from then on each batch
         checks all of them (`_write_offsets`), so no other writer can change the
         model's rows without this runner's next batch rolling back and `_seek_to_stored`
-        making the models forget."""
+        making the models forget. A model whose rows each belong to one place
+        (`place_rows`: the audit trail's chain heads) needs only the places it wrote to
+        have one, which they do once committed: a place that never had a record (an
+        empty dead-letter partition) does not keep it from remembering."""
         for model, remember in kept:
-            if all(self._positions.get((model.name, tp)) is not None
-                   for tp in self._partitions if tp.topic in model.topics):
+            if getattr(model, "place_rows", False) or all(
+                    self._positions.get((model.name, tp)) is not None
+                    for tp in self._partitions if tp.topic in model.topics):
                 remember()
 
     def _forget(self) -> None:
@@ -608,7 +612,10 @@ class ProjectionRunner:
             if fresh and not model.deduplicates:
                 await conn.execute(insert(projection_applied), [
                     {"consumer": model.name, "event_id": r.envelope.id} for r in fresh])
-            await changes.write(conn)
+            more = await changes.write(conn)
+            if more:  # repeats the model found only while writing
+                counted[model.name].duplicates += more
+                counted[model.name].applied -= more
         kept = [(model, changes.committed) for model, _, _, _, changes in planned
                 if changes.committed is not None]
         return moved, counted, kept

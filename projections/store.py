@@ -13,7 +13,12 @@ bulk path — a handful of statements per batch, whatever its size. Live, it wri
 only the rows a batch changed, as one upsert per table, and remembers the rows of
 the aggregates it committed (`AggregateMemory`), so the next batch of an invocation
 reads nothing: the runner keeps that memory only while no other writer can have
-changed the rows (see `projections.runner`).
+changed the rows (see `projections.runner`). Two more reads are spared live: a model
+with `open_rows` (approvals) keeps the set of its open aggregates and skips the events
+that change only those (a terminal event of an invocation no approver saw); one that
+`guesses_new` (invocations) folds a few aggregates it neither remembers nor has read
+as new and inserts each row only where the store has none, reading and folding again
+only those whose row was there.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ CHUNK = 500  # bound on bound parameters per IN (...) list
 REBUILD_CACHE_AGGREGATES = 20_000
 """Aggregates a rebuilding model keeps in memory (most recently touched first): an
 invocation's events sit close together in the log, so almost every load is a hit."""
+GUESSED_AGGREGATES = 4
+"""Most aggregates a live batch folds as new without reading them (`guesses_new`): each
+is one INSERT of its own, so a batch of many reads them in one SELECT instead."""
 LIVE_MEMORY_AGGREGATES = 2_000
 """Aggregates a live model remembers (most recently committed first): an invocation's
 facts follow its request within seconds, so a few thousand cover the ones in flight."""
@@ -61,7 +69,7 @@ class Record(NamedTuple):
         return self.signature is None or self.signature == "valid"
 
 
-async def _nothing(_conn: AsyncConnection) -> None:
+async def _nothing(_conn: AsyncConnection) -> int | None:
     return None
 
 
@@ -71,7 +79,9 @@ class Changes:
     runner's transaction; `duplicates` counts records the model skipped as repeats of
     events it already holds."""
 
-    write: Callable[[AsyncConnection], Awaitable[None]] = _nothing
+    write: Callable[[AsyncConnection], Awaitable[int | None]] = _nothing
+    """Writes the changes; returns how many more records it found to be repeats (a
+    model that guessed an aggregate new and found its rows while writing), if any."""
     duplicates: int = 0
     committed: Callable[[], None] | None = None
     """What the model keeps once the runner's transaction committed (its memory of the
@@ -98,8 +108,7 @@ class ReadModel(Protocol):
 async def apply(model: ReadModel, conn: AsyncConnection, records: Sequence[Record]) -> int:
     """Prepare and write `records` in `conn`'s transaction; returns the duplicates skipped."""
     changes = await model.prepare(conn, records)
-    await changes.write(conn)
-    return changes.duplicates
+    return changes.duplicates + (await changes.write(conn) or 0)
 
 
 Fold = Callable[[Rows, Envelope], Rows]
@@ -132,6 +141,9 @@ class AggregateMemory:
 
     states: dict[str, Rows] = field(default_factory=dict)
     limit: int = LIVE_MEMORY_AGGREGATES
+    open_keys: set[str] | None = None
+    """The aggregates whose rows are open (`OpenRows`), every one of them; None when
+    not known."""
 
     def recall(self, keys: Iterable[str]) -> dict[str, Rows]:
         """The remembered rows of those of `keys` this memory holds."""
@@ -147,6 +159,24 @@ class AggregateMemory:
 
     def forget(self) -> None:
         self.states.clear()
+        self.open_keys = None
+
+
+@dataclass(frozen=True)
+class OpenRows:
+    """A model whose events, but for a few, change only aggregates in an open state
+    (the approvals: a terminal event changes only a pending approval's row). Live,
+    the model keeps the set of open aggregates and folds the other events of an
+    aggregate neither open nor opened in the batch not at all: they would change
+    nothing, and its rows need not be read.
+
+    `opening(event)`: the events that may change any aggregate (always folded);
+    `is_open(rows)`: whether an aggregate's rows are open; `keys`: the SELECT of the
+    keys of the open aggregates, the same condition in SQL."""
+
+    opening: Callable[[Envelope], bool]
+    is_open: Callable[[Rows], bool]
+    keys: Select[Any]
 
 
 class MisalignedPartitions(Exception):
@@ -171,6 +201,12 @@ class AggregateModel:
     event_ids: Callable[[Rows], Collection[str]] | None = None
     cache: AggregateCache | None = None
     memory: AggregateMemory | None = field(default_factory=AggregateMemory, compare=False)
+    open_rows: OpenRows | None = None
+    guesses_new: bool = False
+    """Live, a batch of few aggregates neither remembered nor read folds them as new
+    and inserts each row only if the store has none (one row per aggregate, one table);
+    only an aggregate whose row was there is read and folded again. The SELECT that
+    would find nothing for a new invocation is not made."""
 
     @property
     def deduplicates(self) -> bool:
@@ -198,16 +234,46 @@ class AggregateModel:
                 await self._save(target, states, existing)
 
             return Changes(rewrite, duplicates)
-        before = await self._live_current(conn, {key for key, _ in keyed})
+        open_keys = None
+        if self.open_rows is not None:
+            open_keys = await self._open_keys(conn)
+            keyed = self.relevant(keyed, open_keys)
+        keys = {key for key, _ in keyed}
+        before = self.memory.recall(keys) if self.memory is not None else {}
+        guessed = self._guessable(keys - before.keys())
+        for key in guessed:
+            before[key] = self.empty_rows()
+        if len(before) < len(keys):
+            before.update(await self.load(conn, keys - before.keys()))
         after = dict(before)
         duplicates = self.fold_all(after, keyed)
+        table = self.tables[0].name
+        unsure = {key for key in guessed if len(after[key][table]) != 1}
+        if unsure:  # no row to insert tells nothing: read them after all
+            guessed -= unsure
+            duplicates += await self._refold(conn, unsure, keyed, before, after)
 
-        async def write(target: AsyncConnection) -> None:
+        async def write(target: AsyncConnection) -> int | None:
+            more = None
+            if guessed:
+                found = await self._insert_new(target, guessed, after)
+                for key in guessed - found:
+                    before[key] = after[key]  # written as it is
+                if found:
+                    more = await self._refold(target, found, keyed, before, after)
             await self._write_changed(target, before, after)
+            return more
 
         memory = self.memory
-        return Changes(write, duplicates,
-                       None if memory is None else lambda: memory.keep(after))
+        if memory is None:
+            return Changes(write, duplicates)
+
+        def committed() -> None:
+            memory.keep(after)
+            if open_keys is not None:
+                memory.open_keys = self.still_open(open_keys, after)
+
+        return Changes(write, duplicates, committed)
 
     def fold_all(self, states: dict[str, Rows],
                  keyed: Iterable[tuple[str, Envelope]]) -> int:
@@ -221,23 +287,81 @@ class AggregateModel:
             states[key] = self.fold(states[key], envelope)
         return duplicates
 
+    def empty_rows(self) -> Rows:
+        """The rows of an aggregate the store has nothing of."""
+        return {table.name: [] for table in self.tables}
+
+    def _guessable(self, unknown: set[str]) -> set[str]:
+        """The aggregates of `unknown` this batch folds as new instead of reading them."""
+        if not self.guesses_new or not unknown or len(unknown) > GUESSED_AGGREGATES \
+                or len(self.tables) != 1 or self.memory is None:
+            return set()
+        return set(unknown)
+
+    async def _insert_new(self, conn: AsyncConnection, guessed: set[str],
+                          after: dict[str, Rows]) -> set[str]:
+        """Insert the row of each aggregate of `guessed` where the store has none;
+        returns the aggregates whose row was there (nothing written for them)."""
+        table = self.tables[0]
+        statement = _insert_new_sql(table, conn.dialect.paramstyle)
+        found = set()
+        for key in sorted(guessed):
+            values = row_tuples(table, after[key][table.name])[0]
+            if (await conn.exec_driver_sql(statement, values)).rowcount != 1:
+                found.add(key)
+        return found
+
+    async def _refold(self, conn: AsyncConnection, keys: set[str],
+                      keyed: list[tuple[str, Envelope]], before: dict[str, Rows],
+                      after: dict[str, Rows]) -> int:
+        """Fold the events of `keys` again from the rows the store holds (they were
+        folded as new); returns how many more of them that finds repeated."""
+        events = [(key, envelope) for key, envelope in keyed if key in keys]
+        guessed = {key: self.empty_rows() for key in keys}
+        loaded = await self.load(conn, keys)
+        before.update(loaded)
+        after.update(loaded)
+        return self.fold_all(after, events) - self.fold_all(guessed, events)
+
+    async def _open_keys(self, conn: AsyncConnection) -> set[str]:
+        """The keys of the open aggregates: remembered, else read."""
+        assert self.open_rows is not None
+        if self.memory is not None and self.memory.open_keys is not None:
+            return self.memory.open_keys
+        return set((await conn.execute(self.open_rows.keys)).scalars())
+
+    def relevant(self, keyed: list[tuple[str, Envelope]],
+                  open_keys: set[str]) -> list[tuple[str, Envelope]]:
+        """The events of `keyed` that may change something: every event of an
+        aggregate that is open, or that an event of the batch may open."""
+        assert self.open_rows is not None
+        opening = self.open_rows.opening
+        opened = {key for key, envelope in keyed if opening(envelope)}
+        return [(key, envelope) for key, envelope in keyed
+                if key in open_keys or key in opened]
+
+    def still_open(self, open_keys: set[str], after: dict[str, Rows]) -> set[str]:
+        """`open_keys` (changed in place) once the aggregates of `after` have the rows
+        they have there."""
+        assert self.open_rows is not None
+        is_open = self.open_rows.is_open
+        for key, rows in after.items():  # in place: called only once committed
+            if is_open(rows):
+                open_keys.add(key)
+            else:
+                open_keys.discard(key)
+        return open_keys
+
     async def load(self, conn: AsyncConnection, keys: Iterable[str]) -> dict[str, Rows]:
         """Current rows of each aggregate in `keys` (empty lists for new ones)."""
         wanted = sorted(set(keys))
-        states: dict[str, Rows] = {k: {t.name: [] for t in self.tables} for k in wanted}
+        states: dict[str, Rows] = {k: self.empty_rows() for k in wanted}
         for table in self.tables:
             statement = _select_by_keys(table, self.key_column)
             for chunk in chunks(wanted):
                 result = await conn.execute(statement, {"keys": list(chunk)})
                 for row in result.mappings():
                     states[row[self.key_column]][table.name].append(dict(row))
-        return states
-
-    async def _live_current(self, conn: AsyncConnection, keys: set[str]) -> dict[str, Rows]:
-        """Rows of `keys` as the store holds them: remembered, else read."""
-        states = self.memory.recall(keys) if self.memory is not None else {}
-        if len(states) < len(keys):
-            states.update(await self.load(conn, keys - states.keys()))
         return states
 
     async def _write_changed(self, conn: AsyncConnection, before: dict[str, Rows],
@@ -267,7 +391,7 @@ class AggregateModel:
                 await conn.exec_driver_sql(_delete_sql(table, conn.dialect.paramstyle),
                                            removed)
             if changed:
-                await conn.exec_driver_sql(_upsert_sql(table, conn.dialect.paramstyle),
+                await conn.exec_driver_sql(upsert_sql(table, conn.dialect.paramstyle),
                                            row_tuples(table, changed))
 
     async def _current(self, conn: AsyncConnection,
@@ -323,7 +447,7 @@ def _placeholder(paramstyle: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def _upsert_sql(table: Table, paramstyle: str) -> str:
+def upsert_sql(table: Table, paramstyle: str) -> str:
     """`INSERT ... ON CONFLICT (primary key) DO UPDATE` of every column of `table`, in
     `columns_of(table)` order (SQLite and PostgreSQL spell it alike)."""
     columns = columns_of(table)
@@ -338,6 +462,17 @@ def _upsert_sql(table: Table, paramstyle: str) -> str:
 
 def _quoted(names: Iterable[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
+
+
+@lru_cache(maxsize=64)
+def _insert_new_sql(table: Table, paramstyle: str) -> str:
+    """`INSERT ... ON CONFLICT (primary key) DO NOTHING` of every column of `table`."""
+    columns = columns_of(table)
+    keys = [column.name for column in table.primary_key.columns]
+    mark = _placeholder(paramstyle)
+    return (f'INSERT INTO "{table.name}" ({_quoted(columns)}) '
+            f'VALUES ({", ".join(mark for _ in columns)}) '
+            f"ON CONFLICT ({_quoted(keys)}) DO NOTHING")
 
 
 @lru_cache(maxsize=64)

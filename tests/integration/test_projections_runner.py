@@ -11,22 +11,25 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, event, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts import topics
 from contracts.envelope import Envelope
 from contracts.events import InvokeCancelRequested
 from contracts.kafka_binding import encode
+from projections.approvals import PENDING, approvals_model
 from projections.audit import AuditModel, AuditQuery, audit_records, verify_audit
 from projections.catalog import read_models
 from projections.database import migrate
+from projections.invocations import invocations_model
 from projections.queries import invocation_status, list_circuits, search_tools, show_tool
 from projections.rebuild import rebuild
 from projections.runner import OffsetConflict, ProjectionRunner, stored_offsets
 from projections.search import migration_managed
-from projections.store import AggregateModel, Changes, ReadModel, Record
+from projections.store import AggregateModel, Changes, ReadModel, Record, Rows, apply
 from projections.tables import (
+    approvals,
     audit_log,
     invocations,
     metadata,
@@ -259,6 +262,46 @@ async def test_a_runner_forgets_the_rows_it_remembers_once_another_writer_moved_
     assert row["callback_url"] == "https://elsewhere.example/" and row["cancel_requested"]
 
 
+async def test_the_audit_trail_forgets_its_chain_heads_once_another_writer_moved_them(
+        engine: AsyncEngine, kafka_bootstrap: str, log_prefix: str) -> None:
+    """The live audit model remembers the chain heads it committed and reads none back;
+    a second runner of the trail appends a record (moving a head and a place): the
+    first runner's next batch rolls back, it forgets the heads, and the records after
+    chain on the other runner's head, so the trail still verifies."""
+    model = _models(log_prefix)["audit"]
+    assert isinstance(model, AuditModel)
+    runner = ProjectionRunner(engine, model, kafka_bootstrap, batch_size=37)
+    await runner.open()
+    try:
+        await step_to_end(runner, WAIT)
+        target = "inv-002"
+        cancel = [envelope(InvokeCancelRequested(invocation_id=target), target, when=at(t))
+                  for t in (97, 98, 99)]
+        await _produce(kafka_bootstrap, log_prefix, cancel[:1])
+        await step_to_end(runner, WAIT)  # every place has a position: heads remembered
+        requests = (f"{log_prefix}.{topics.REQUESTS}", 0)
+        assert model.remembered_head(*requests) is not None
+        await _produce(kafka_bootstrap, log_prefix, cancel[1:2])
+        await run_to_end(ProjectionRunner(engine, _models(log_prefix)["audit"],
+                                           kafka_bootstrap))  # the other writer
+        with pytest.raises(OffsetConflict):
+            async with asyncio.timeout(WAIT):
+                while not await runner.step():  # until the second cancel is fetched
+                    pass
+        assert model.remembered_head(*requests) is None
+        await step_to_end(runner, WAIT)
+        await _produce(kafka_bootstrap, log_prefix, cancel[2:])
+        await step_to_end(runner, WAIT)
+    finally:
+        await runner.close()
+    async with engine.connect() as conn:
+        verified = await verify_audit(conn)
+        types = (await conn.execute(select(func.count()).select_from(audit_log).where(
+            audit_log.c.type == "tool.invoke.cancel.requested"))).scalar_one()
+    assert verified.ok, verified.broken
+    assert types == 3
+
+
 async def test_a_live_model_writes_changed_rows_and_removes_dropped_ones(
         engine: AsyncEngine) -> None:
     """The live write path: new and changed rows upserted, rows a fold dropped deleted,
@@ -289,6 +332,80 @@ async def test_a_live_model_writes_changed_rows_and_removes_dropped_ones(
             stored = (await conn.execute(select(registry_versions)
                                          .order_by(registry_versions.c.version))).mappings()
             assert [dict(r) for r in stored] == rows, (n, remembered.keys())
+
+
+async def test_the_live_approvals_model_reads_no_row_of_an_invocation_no_approver_saw(
+        engine: AsyncEngine) -> None:
+    """The approvals model keeps the pending approvals (the SQL of `PENDING.keys` and
+    `is_open` agree) and never reads the row of an invocation that did not wait for an
+    approver; its rows are the whole fold's, whether it remembered or re-read them."""
+    model = approvals_model()
+    log = [*invocation("inv-a", approval="approve"), *invocation("inv-b"),
+           *invocation("inv-c", approval="deny", start=1),
+           *invocation("inv-d", approval="approve", start=2)[:-3]]  # still pending
+    read: list[object] = []
+
+    def note(_conn: object, _cursor: object, statement: str, params: object,
+             *_rest: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "approvals" in statement:
+            read.append(params)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", note)
+    try:
+        for n, start in enumerate(range(0, len(log), 3)):
+            records = [Record(topics.INVOCATIONS, 0, start + i, e)
+                       for i, e in enumerate(log[start:start + 3])]
+            async with engine.begin() as conn:
+                changes = await model.prepare(conn, records)
+                await changes.write(conn)
+            if n % 3 == 2:  # now and then the next batch starts from the store
+                model.forget()
+            elif changes.committed is not None:
+                changes.committed()
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", note)
+    assert read and not any("inv-b" in str(params) for params in read)
+    reference: dict[str, Rows] = {}
+    for e in log:
+        if (key := model.aggregate_of(e)) is not None:
+            reference.setdefault(key, {approvals.name: []})
+            model.fold_all(reference, [(key, e)])
+    async with engine.connect() as conn:
+        stored = {row["invocation_id"]: dict(row) for row in
+                  (await conn.execute(select(approvals))).mappings()}
+        pending = set((await conn.execute(PENDING.keys)).scalars())
+    assert stored == {key: rows[approvals.name][0] for key, rows in reference.items()
+                      if rows[approvals.name]}
+    assert set(stored) == {"inv-a", "inv-c", "inv-d"}
+    assert pending == {key for key, rows in reference.items() if PENDING.is_open(rows)} == {
+        "inv-d"}
+
+
+async def test_an_unknown_invocation_is_folded_as_new_and_again_if_its_row_was_there(
+        engine: AsyncEngine) -> None:
+    """A batch of an invocation neither remembered nor read folds it as new and inserts
+    its row only where there is none; an invocation whose row was there (a fact folded
+    before, forgotten since, and repeated) is read and folded again: the rows are the
+    whole fold's and the repeats are counted as such."""
+    model = invocations_model()
+    x, y = invocation("inv-x"), invocation("inv-y", start=1)
+    batches = [x[:3], [x[2], *x[3:5], y[0]], [*y[1:], x[4], *x[5:]]]
+    duplicates = []
+    for n, batch in enumerate(batches):
+        records = [Record(topics.INVOCATIONS, 0, 10 * n + i, e) for i, e in enumerate(batch)]
+        async with engine.begin() as conn:
+            duplicates.append(await apply(model, conn, records))
+        model.forget()  # every batch from the store: nothing remembered
+    reference: dict[str, Rows] = {}
+    for e in [*x, *y]:
+        if (key := model.aggregate_of(e)) is not None:
+            reference.setdefault(key, model.empty_rows())
+            model.fold_all(reference, [(key, e)])
+    async with engine.connect() as conn:
+        stored = {row["invocation_id"]: dict(row) for row in
+                  (await conn.execute(select(invocations))).mappings()}
+    assert stored == {key: rows[invocations.name][0] for key, rows in reference.items()}
+    assert duplicates == [0, 1, 1]
 
 
 def _version_row(tool_id: str, version: str) -> dict[str, object]:

@@ -127,6 +127,40 @@ def test_approval_rows_do_not_depend_on_batches_or_topic_interleaving(
     assert all(row["outcome"] is not None for row in rows.values())
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 12), st.integers(0, 10_000))
+def test_approval_rows_are_the_same_when_the_live_model_skips_closed_invocations(
+        seed: int, count: int, reading: int) -> None:
+    """Live, the approvals model keeps the set of pending approvals and folds no event
+    of an invocation neither pending nor opened in the batch (its rows are not even
+    read): the rows are those of the whole fold, and the set is exactly the pending
+    rows'."""
+    model = approvals_model()
+    assert model.open_rows is not None
+    log = _log(seed, count)
+    reference, _ = _fold(model, [log])
+    states: dict[str, Rows] = {}
+    open_keys: set[str] = set()
+    skipped = 0
+    for batch in _as_read_by(log, random.Random(reading)):
+        keyed = [(key, e) for e in batch if (key := model.aggregate_of(e)) is not None]
+        relevant = model.relevant(keyed, open_keys)
+        skipped += len(keyed) - len(relevant)
+        after = {key: states.get(key, {approvals.name: []}) for key, _ in relevant}
+        model.fold_all(after, relevant)
+        states.update(after)
+        open_keys = model.still_open(open_keys, after)
+        assert open_keys == {key for key, rows in states.items() if model.open_rows.is_open(rows)}
+
+    def stored(found: dict[str, Rows]) -> dict[str, Rows]:
+        return {key: rows for key, rows in found.items() if rows[approvals.name]}
+
+    assert stored(states) == stored(reference)
+    never_waited = sum(1 for e in log if (key := model.aggregate_of(e)) is not None
+                       and key not in stored(reference))
+    assert skipped >= never_waited  # an invocation no approver saw is never read
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 300))
 def test_an_audit_chain_does_not_depend_on_batch_boundaries(seed: int, cut: int) -> None:
