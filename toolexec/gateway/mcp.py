@@ -59,6 +59,7 @@ from toolexec.usecases.invoke import (
     invoke_tool,
     submit_tool,
 )
+from toolexec.usecases.read_your_writes import read_after_writes
 from toolexec.usecases.timeline import invocation_timeline
 
 log = structlog.get_logger(__name__)
@@ -179,13 +180,16 @@ class Gateway:
         if not invocation_id:
             raise GatewayError("action 'status' needs an invocation_id")
         reader = rights.caller(self.settings, token, read_runtime(self.settings))
-        document = await invocation_timeline(await self.engine(), invocation_id,
-                                             reader=reader)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "invocations")
+        document = await invocation_timeline(engine, invocation_id, reader=reader)
         return {"action": "status", **document, "result": _parsed(document)}
 
     async def approvals(self, token: str | None) -> dict[str, Any]:
         capability = rights.caller(self.settings, token, read_runtime(self.settings))
-        rows = await approval.list_pending(await self.engine(), capability)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "approvals")
+        rows = await approval.list_pending(engine, capability)
         return {"action": "list", "approvals": rows, "count": len(rows)}
 
     async def decide(self, invocation_id: str, verdict: Verdict, reason: str | None,
@@ -196,7 +200,9 @@ class Gateway:
         if not bootstrap:
             raise ToolexecError("no running toolexec found: start `toolexec up` first or "
                                 "set TOOLEXEC_KAFKA_BOOTSTRAP", code="E3001")
-        row = await approval.waiting_call(await self.engine(), invocation_id)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "approvals")
+        row = await approval.waiting_call(engine, invocation_id)
         async with InvocationClient(
                 bootstrap, client_options=kafka_client_options(self.settings),
                 seal_to=keys.token_seal_public_key(self.settings)) as client:
