@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from contracts.kafka_binding import UndecodableRecord, decode, header_type
 from contracts.topics import REGISTRY
 from domain.publication_limits import PublicationLimits
+from projections.catalog import read_models
 from projections.registry_table import NAME
 from projections.registry_view import RegistryLogView
 from toolexec.usecases.read_your_writes import caught_up
@@ -39,7 +40,8 @@ async def registry_caught_up(engine: AsyncEngine, bootstrap: str,
     """Wait (bounded) until the registry read model (or `model`, another one folding
     the registry topic) has folded the registry topic up to its end offsets as they
     are now; False when it has not within `timeout` (`usecases.read_your_writes`)."""
-    return await caught_up(engine, model, bootstrap, timeout, client_options=client_options)
+    return await caught_up(engine, read_models()[model], bootstrap, timeout,
+                           client_options=client_options)
 
 
 async def published_versions(bootstrap: str, limits: PublicationLimits,

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from projections.catalog import read_models
 from projections.log_identity import stored_cluster
 from projections.runner import stored_offsets
+from projections.store import ReadModel
 from toolexec.log_ends import LogEnds, log_ends
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
@@ -61,28 +62,30 @@ async def wait_for_positions(positions: Callable[[], Awaitable[Positions]], ends
         await asyncio.sleep(min(poll, left))
 
 
-async def caught_up(engine: AsyncEngine, model: str, bootstrap: str | None, timeout: float,
-                    *, client_options: Mapping[str, Any] | None = None) -> bool:
-    """Wait (bounded by `timeout`) until read model `model` in `engine` has folded its
-    topics up to the ends the log at `bootstrap` has now; False when it has not (the
-    bound passed, no broker to ask, the broker unreachable, the model on another log)."""
+async def caught_up(engine: AsyncEngine, model: ReadModel, bootstrap: str | None,
+                    timeout: float, *, client_options: Mapping[str, Any] | None = None
+                    ) -> bool:
+    """Wait (bounded by `timeout`) until `model` in `engine` has folded its topics up
+    to the ends the log at `bootstrap` has now; False when it has not (the bound
+    passed, no broker to ask, the broker unreachable, the model on another log)."""
     if bootstrap is None or timeout <= 0:
         return False
     began = time.monotonic()
-    topics = read_models()[model].topics
     try:
         async with asyncio.timeout(min(timeout, BROKER_SECONDS)):
-            ends: LogEnds = await log_ends(bootstrap, topics, client_options=client_options)
+            ends: LogEnds = await log_ends(bootstrap, model.topics,
+                                           client_options=client_options)
     except (KafkaError, OSError, TimeoutError) as error:
-        log.info("read_your_writes.no_log_ends", model=model, error=str(error))
+        log.info("read_your_writes.no_log_ends", model=model.name, error=str(error))
         return False
-    if on_another_log(await stored_cluster(engine, model), ends.cluster):
-        log.warning("read_your_writes.another_log", model=model, cluster=ends.cluster)
+    if on_another_log(await stored_cluster(engine, model.name), ends.cluster):
+        log.warning("read_your_writes.another_log", model=model.name, cluster=ends.cluster)
         return False
     left = timeout - (time.monotonic() - began)
-    folded = await wait_for_positions(lambda: stored_offsets(engine, model), ends.ends, left)
+    folded = await wait_for_positions(lambda: stored_offsets(engine, model.name), ends.ends,
+                                      left)
     if not folded:
-        log.info("read_your_writes.bound_passed", model=model, seconds=timeout)
+        log.info("read_your_writes.bound_passed", model=model.name, seconds=timeout)
     return folded
 
 
@@ -97,6 +100,6 @@ def folding_log(settings: Settings) -> str | None:
 async def read_after_writes(settings: Settings, engine: AsyncEngine, model: str) -> bool:
     """`caught_up` for a front end outside `up`, with the settings' broker and bound
     (`read_your_writes_seconds`); call it right before reading `model`."""
-    return await caught_up(engine, model, folding_log(settings),
+    return await caught_up(engine, read_models()[model], folding_log(settings),
                            settings.read_your_writes_seconds,
                            client_options=kafka_client_options(settings))
