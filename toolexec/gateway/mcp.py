@@ -19,6 +19,11 @@ Tools:
             (`tool.approval.decided`, the approver's token needs the approve scope);
 - `help`    what the tools do and how to call them.
 
+Reads of the read models `up` folds (`status`; `approval` `list`, `approve`, `deny`)
+first wait, bounded, until the read model has folded the log as far as it was when
+asked (`usecases.read_your_writes`): a `status` right after a `start`, of this
+process or another, knows the invocation.
+
 Every failure comes back as an MCP tool error (`isError`) whose structured content
 and text are `{"error": {"code": "E3xxx", "message", "details"}}`. Served over stdio
 by default, or streamable HTTP (`--http`, path `/mcp`).

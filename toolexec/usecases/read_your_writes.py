@@ -76,7 +76,7 @@ async def caught_up(engine: AsyncEngine, model: ReadModel, bootstrap: str | None
             ends: LogEnds = await log_ends(bootstrap, model.topics,
                                            client_options=client_options)
     except (KafkaError, OSError, TimeoutError) as error:
-        log.info("read_your_writes.no_log_ends", model=model.name, error=str(error))
+        log.debug("read_your_writes.no_log_ends", model=model.name, error=str(error))
         return False
     if on_another_log(await stored_cluster(engine, model.name), ends.cluster):
         log.warning("read_your_writes.another_log", model=model.name, cluster=ends.cluster)
@@ -85,7 +85,7 @@ async def caught_up(engine: AsyncEngine, model: ReadModel, bootstrap: str | None
     folded = await wait_for_positions(lambda: stored_offsets(engine, model.name), ends.ends,
                                       left)
     if not folded:
-        log.info("read_your_writes.bound_passed", model=model.name, seconds=timeout)
+        log.debug("read_your_writes.bound_passed", model=model.name, seconds=timeout)
     return folded
 
 
