@@ -19,7 +19,7 @@ Tools:
             (`tool.approval.decided`, the approver's token needs the approve scope);
 - `help`    what the tools do and how to call them.
 
-Reads of the read models `up` folds (`status`; `approval` `list`, `approve`, `deny`)
+Reads of the read models `up` folds (`search`, `load`, `execute` `status`; `approval`)
 first wait, bounded, until the read model has folded the log as far as it was when
 asked (`usecases.read_your_writes`): a `status` right after a `start`, of this
 process or another, knows the invocation.
@@ -139,11 +139,15 @@ class Gateway:
             self._engine = None
 
     async def search(self, query: str, limit: int) -> dict[str, Any]:
-        found = await registry.search(await self.engine(), self.settings, query, limit)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "registry")
+        found = await registry.search(engine, self.settings, query, limit)
         return {"query": query, **found}
 
     async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:
-        tool, found = await registry.tool_version(await self.engine(), tool_id, version)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "registry")
+        tool, found = await registry.tool_version(engine, tool_id, version)
         bootstrap = self.settings.kafka_bootstrap or (
             read_runtime(self.settings) or {}).get("kafka_bootstrap")
         texts = await registry.file_texts(self.settings, bootstrap, tool_id, found["version"])
