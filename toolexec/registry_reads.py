@@ -10,7 +10,6 @@ are now, so a tool published just before is seen.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,9 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from contracts.kafka_binding import UndecodableRecord, decode, header_type
 from contracts.topics import REGISTRY
 from domain.publication_limits import PublicationLimits
+from projections.catalog import read_models
 from projections.registry_table import NAME
 from projections.registry_view import RegistryLogView
-from projections.runner import stored_offsets
+from toolexec.usecases.read_your_writes import caught_up
 
 log = structlog.get_logger(__name__)
 
@@ -39,24 +39,9 @@ async def registry_caught_up(engine: AsyncEngine, bootstrap: str,
                              model: str = NAME) -> bool:
     """Wait (bounded) until the registry read model (or `model`, another one folding
     the registry topic) has folded the registry topic up to its end offsets as they
-    are now; False when it has not within `timeout`."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                **dict(client_options or {}))
-    await consumer.start()
-    try:
-        await consumer.topics()
-        partitions = [TopicPartition(REGISTRY, p)
-                      for p in consumer.partitions_for_topic(REGISTRY) or ()]
-        ends = await consumer.end_offsets(partitions) if partitions else {}
-    finally:
-        await consumer.stop()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stored = await stored_offsets(engine, model)
-        if all(stored.get((tp.topic, tp.partition), 0) >= end for tp, end in ends.items()):
-            return True
-        await asyncio.sleep(POLL_SECONDS)
-    return False
+    are now; False when it has not within `timeout` (`usecases.read_your_writes`)."""
+    return await caught_up(engine, read_models()[model], bootstrap, timeout,
+                           client_options=client_options)
 
 
 async def published_versions(bootstrap: str, limits: PublicationLimits,

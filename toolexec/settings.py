@@ -224,6 +224,10 @@ class Settings(BaseSettings):
 
     registry_wait_seconds: float = 5.0
     """Read-your-writes bound: how long the resolver waits for the registry view."""
+    read_your_writes_seconds: float = Field(default=5.0, ge=0)
+    """Read-your-writes bound of readers outside `up` (`toolexec mcp`, `toolexec status`):
+    how long they wait for `up`'s read models to fold the log up to its end as it was
+    when asked, before answering what the read models hold (0: no wait)."""
     max_message_bytes: int = MIB
     """Largest record toolexec produces; bigger tool publications are rejected (E3105)."""
     max_tool_files: int = Field(default=1000, ge=1)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -31,7 +33,7 @@ from contracts.envelope import new_envelope
 from contracts.events import ExecutionProgressed
 from contracts.fact_signature import FactSigner
 from contracts.kafka_binding import encode, send_event
-from tests.cli_process import clean_env, start_up, stop
+from tests.cli_process import clean_env, start_up, stop, toolexec
 from tests.waiting import WAIT
 from toolexec import keys
 from toolexec.settings import Settings
@@ -58,9 +60,10 @@ def _runtime(cwd: Path) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def _mcp(cwd: Path) -> AsyncIterator[ClientSession]:
+async def _mcp(cwd: Path, env: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(command=sys.executable, args=["-m", "toolexec.cli", "mcp"],
-                                   cwd=cwd, env=clean_env({"TOOLEXEC_SANDBOX": "rlimits"}))
+                                   cwd=cwd, env=clean_env({"TOOLEXEC_SANDBOX": "rlimits",
+                                                           **(env or {})}))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
@@ -174,29 +177,51 @@ async def test_a_tool_s_report_lines_reach_http_and_mcp(workdir: Path) -> None:
 
 
 async def test_start_then_status_until_the_result(workdir: Path) -> None:
+    """Read-your-writes across processes: the request written by one `toolexec mcp`,
+    the first status asked of another (and of `toolexec status`) knows it. `up` is
+    stopped (SIGSTOP) from before the request until the status is asked, so it cannot
+    have folded the request: the reader waits for it. With a short bound and `up`
+    still stopped, the wait ends and the reader answers what the read model holds."""
     release = workdir / "release-start"
-    async with _mcp(workdir) as session:
-        started = _structured(await session.call_tool("execute", {
-            "action": "start", "tool_id": "reporter",
-            "parameters": {"steps": 1, "release": str(release)}}))
+    up = _runtime(workdir)["pid"]
+    # the bound only stops a hang: on a loaded machine `up` may fold seconds later
+    patient = {"TOOLEXEC_READ_YOUR_WRITES_SECONDS": str(WAIT)}
+    os.kill(up, signal.SIGSTOP)
+    try:
+        async with _mcp(workdir) as starter:
+            started = _structured(await starter.call_tool("execute", {
+                "action": "start", "tool_id": "reporter",
+                "parameters": {"steps": 1, "release": str(release)}}))
         invocation_id = started["invocation_id"]
-        release.touch()
-        status: dict[str, Any] = {"status": "never found by `toolexec mcp`"}
-        for _ in range(600):
-            answer = await session.call_tool(
+        async with _mcp(workdir, patient) as session, \
+                _mcp(workdir, {"TOOLEXEC_READ_YOUR_WRITES_SECONDS": "1"}) as hasty:
+            asked = asyncio.create_task(session.call_tool(
+                "execute", {"action": "status", "invocation_id": invocation_id}))
+            unfolded = await hasty.call_tool(
                 "execute", {"action": "status", "invocation_id": invocation_id})
-            # `toolexec mcp` reads the read models `up` folds: until they have folded
-            # the request (a moment, longer on a loaded machine) the id is unknown there
-            if answer.is_error and answer.structured_content["error"]["code"] == "E3702":
+            assert unfolded.is_error, unfolded.structured_content
+            assert unfolded.structured_content["error"]["code"] == "E3702"
+            os.kill(up, signal.SIGCONT)
+            first = _structured(await asked)
+            assert first["invocation_id"] == invocation_id and not first["ended"], first
+            shown = await asyncio.to_thread(toolexec, "status", invocation_id, "--json",
+                                            cwd=workdir, env=patient)
+            assert shown.returncode == 0, shown.stderr
+            assert json.loads(shown.stdout)["invocation"]["invocation_id"] == invocation_id
+            release.touch()
+            status = first
+            for _ in range(600):
+                status = _structured(await session.call_tool(
+                    "execute", {"action": "status", "invocation_id": invocation_id}))
+                if status["ended"]:
+                    break
                 await asyncio.sleep(0.2)
-                continue
-            status = _structured(answer)
-            if status["ended"]:
-                break
-            await asyncio.sleep(0.2)
-        assert status["status"] == "completed" and status["result"] == {"steps": 1}
-        assert status["timeline"][-1]["phase"] == "completed"
+            assert status["status"] == "completed" and status["result"] == {"steps": 1}
+            assert status["timeline"][-1]["phase"] == "completed"
 
-        unknown = await session.call_tool("execute", {"action": "status",
-                                                      "invocation_id": "nope"})
-        assert unknown.is_error and unknown.structured_content["error"]["code"] == "E3702"
+            unknown = await session.call_tool("execute", {"action": "status",
+                                                          "invocation_id": "nope"})
+            assert unknown.is_error
+            assert unknown.structured_content["error"]["code"] == "E3702"
+    finally:
+        os.kill(up, signal.SIGCONT)

@@ -1,5 +1,6 @@
 """`toolexec status INVOCATION`: an invocation's timeline with its progress, from the
-invocations read model (the database `toolexec up` uses).
+invocations read model (the database `toolexec up` uses), once it has folded the log
+up to its end as it was when asked (bounded: `TOOLEXEC_READ_YOUR_WRITES_SECONDS`).
 
 No token is checked: whoever holds the database URL (or can read the embedded
 database file) is the operator and could read every row with any SQL client; callers
@@ -40,9 +41,11 @@ def register(app: typer.Typer) -> None:
 
 
 def _read(settings: Settings, invocation_id: str, as_json: bool) -> dict[str, Any]:
+    from toolexec.usecases.read_your_writes import read_after_writes
     from toolexec.usecases.timeline import invocation_timeline
 
     async def work(engine: AsyncEngine) -> dict[str, Any]:
+        await read_after_writes(settings, engine, "invocations")
         return await invocation_timeline(engine, invocation_id)
 
     try:

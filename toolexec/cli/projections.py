@@ -478,11 +478,13 @@ def search(
     as_json: JsonFlag = False,
 ) -> None:
     """Search published tools, best match first (name, tags, description, parameters)."""
+    from toolexec.usecases.read_your_writes import read_after_writes
     from toolexec.usecases.registry import search_page
 
     settings = Settings()
 
     async def work(engine: AsyncEngine) -> Any:
+        await read_after_writes(settings, engine, "registry")
         return await search_page(engine, settings, query, limit=limit, offset=offset,
                                  tool_type=tool_type, tag=tag, lifecycle=lifecycle)
 
@@ -514,12 +516,15 @@ def show(
 ) -> None:
     """Show one tool: current version, tags and every version with its integrity."""
     from projections.queries import show_tool
+    from toolexec.usecases.read_your_writes import read_after_writes
+
+    settings = Settings()
 
     async def work(engine: AsyncEngine) -> dict[str, Any] | None:
+        await read_after_writes(settings, engine, "registry")
         async with engine.connect() as conn:
             return await show_tool(conn, tool_id)
 
-    settings = Settings()
     tool = with_engine(settings, work, as_json)
     if tool is None:
         fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})

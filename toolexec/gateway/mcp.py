@@ -19,6 +19,11 @@ Tools:
             (`tool.approval.decided`, the approver's token needs the approve scope);
 - `help`    what the tools do and how to call them.
 
+Reads of the read models `up` folds (`search`, `load`, `execute` `status`; `approval`)
+first wait, bounded, until the read model has folded the log as far as it was when
+asked (`usecases.read_your_writes`): a `status` right after a `start`, of this
+process or another, knows the invocation.
+
 Every failure comes back as an MCP tool error (`isError`) whose structured content
 and text are `{"error": {"code": "E3xxx", "message", "details"}}`. Served over stdio
 by default, or streamable HTTP (`--http`, path `/mcp`).
@@ -59,6 +64,7 @@ from toolexec.usecases.invoke import (
     invoke_tool,
     submit_tool,
 )
+from toolexec.usecases.read_your_writes import read_after_writes
 from toolexec.usecases.timeline import invocation_timeline
 
 log = structlog.get_logger(__name__)
@@ -133,11 +139,15 @@ class Gateway:
             self._engine = None
 
     async def search(self, query: str, limit: int) -> dict[str, Any]:
-        found = await registry.search(await self.engine(), self.settings, query, limit)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "registry")
+        found = await registry.search(engine, self.settings, query, limit)
         return {"query": query, **found}
 
     async def load(self, tool_id: str, version: str | None) -> dict[str, Any]:
-        tool, found = await registry.tool_version(await self.engine(), tool_id, version)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "registry")
+        tool, found = await registry.tool_version(engine, tool_id, version)
         bootstrap = self.settings.kafka_bootstrap or (
             read_runtime(self.settings) or {}).get("kafka_bootstrap")
         texts = await registry.file_texts(self.settings, bootstrap, tool_id, found["version"])
@@ -179,13 +189,16 @@ class Gateway:
         if not invocation_id:
             raise GatewayError("action 'status' needs an invocation_id")
         reader = rights.caller(self.settings, token, read_runtime(self.settings))
-        document = await invocation_timeline(await self.engine(), invocation_id,
-                                             reader=reader)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "invocations")
+        document = await invocation_timeline(engine, invocation_id, reader=reader)
         return {"action": "status", **document, "result": _parsed(document)}
 
     async def approvals(self, token: str | None) -> dict[str, Any]:
         capability = rights.caller(self.settings, token, read_runtime(self.settings))
-        rows = await approval.list_pending(await self.engine(), capability)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "approvals")
+        rows = await approval.list_pending(engine, capability)
         return {"action": "list", "approvals": rows, "count": len(rows)}
 
     async def decide(self, invocation_id: str, verdict: Verdict, reason: str | None,
@@ -196,7 +209,9 @@ class Gateway:
         if not bootstrap:
             raise ToolexecError("no running toolexec found: start `toolexec up` first or "
                                 "set TOOLEXEC_KAFKA_BOOTSTRAP", code="E3001")
-        row = await approval.waiting_call(await self.engine(), invocation_id)
+        engine = await self.engine()
+        await read_after_writes(self.settings, engine, "approvals")
+        row = await approval.waiting_call(engine, invocation_id)
         async with InvocationClient(
                 bootstrap, client_options=kafka_client_options(self.settings),
                 seal_to=keys.token_seal_public_key(self.settings)) as client:
