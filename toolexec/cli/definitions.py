@@ -49,11 +49,15 @@ def list_definitions(
     """Every MCP tool's pinned definition: its hash, pinned or drifted, and the drifts
     waiting for approval with what changed."""
     from toolexec.usecases.definitions import list_pins
+    from toolexec.usecases.read_your_writes import read_after_writes
+
+    settings = Settings()
 
     async def work(engine: AsyncEngine) -> list[dict[str, Any]]:
+        await read_after_writes(settings, engine, "definitions")
         return await list_pins(engine, server)
 
-    pins = with_engine(Settings(), work, as_json)
+    pins = with_engine(settings, work, as_json)
     if as_json:
         echo_json({"definitions": pins})
         return

@@ -217,6 +217,14 @@ def _moment(text: str | None, as_json: bool) -> datetime | None:
     return moment
 
 
+async def _audit_after_writes(settings: Settings, engine: AsyncEngine) -> None:
+    """Read-your-writes for the audit commands: every event in the log when asked is in
+    the trail they read (bounded by `TOOLEXEC_READ_YOUR_WRITES_SECONDS`)."""
+    from toolexec.usecases.read_your_writes import read_after_writes
+
+    await read_after_writes(settings, engine, "audit")
+
+
 @audit_app.command("replay")
 def replay(
     since: Annotated[str | None, typer.Option(help="from this time (ISO 8601, inclusive)")] = None,
@@ -241,9 +249,11 @@ def replay(
                        type=event_type, invocation_id=invocation, tool_id=tool)
     table = Table("time", "type", "invocation", "tool", "topic/partition@offset")
     shown = not as_json and err.is_terminal
+    settings = Settings()
 
     async def work(engine: AsyncEngine) -> int:
         count = 0
+        await _audit_after_writes(settings, engine)
         async with engine.connect() as conn:
             total = await count_audit_records(conn, query) if shown else 0
             with _progress("audit replay", "records", as_json) as update:
@@ -263,7 +273,7 @@ def replay(
                 update(count, total)
         return count
 
-    count = with_engine(Settings(), work, as_json)
+    count = with_engine(settings, work, as_json)
     if output == "table" and not as_json:
         out.print(table)
         err.print(f"{count} record(s)")
@@ -277,13 +287,16 @@ def verify(as_json: JsonFlag = False) -> None:
     two. Exit 1 when any is found."""
     from projections.audit import audit_findings, verify_audit
 
+    settings = Settings()
+
     async def work(engine: AsyncEngine) -> Any:
+        await _audit_after_writes(settings, engine)
         async with engine.connect() as conn:
             with _progress("audit verify", "records", as_json) as update:
                 return await verify_audit(conn, update), await audit_findings(conn)
 
     started = time.perf_counter()
-    result, findings = with_engine(Settings(), work, as_json)
+    result, findings = with_engine(settings, work, as_json)
     seconds = time.perf_counter() - started
     broken = None if result.broken is None else {
         "topic": result.broken.topic, "partition": result.broken.partition,
@@ -358,6 +371,7 @@ def export(
     exported_at = iso(datetime.now(UTC))
 
     async def work(engine: AsyncEngine) -> tuple[int, str | None]:
+        await _audit_after_writes(settings, engine)
         async with engine.connect() as conn:
             with _progress("audit export", "records", as_json) as update:
                 last = b""

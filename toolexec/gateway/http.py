@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,6 +118,8 @@ WAIT_SLACK_SECONDS = 10.0
 HEALTH_TIMEOUT = 3.0
 CATCH_UP_SECONDS = 10.0  # right after start the read models fold a backlog
 TIMELINE_LIMIT = 1000
+SNAPSHOT_MODELS = ("invocations", "approvals", "circuits")
+"""The read models `status_snapshot` reads (the status page and its JSON)."""
 STATUS_SCRIPT = (Path(__file__).parent / "static" / "status.js").read_bytes()
 
 
@@ -667,6 +669,8 @@ def _status_routes(app: FastAPI, ctx: GatewayContext) -> None:
         filters = status_page.AuditFilters(tool=audit_tool.strip(), type=audit_type.strip(),
                                            invocation=audit_invocation.strip(),
                                            limit=max(1, min(audit_limit, 500)))
+        await _catch_up_all(ctx, (*SNAPSHOT_MODELS, "registry",
+                                  *(("audit",) if filters.active else ())))
         snapshot = await status_snapshot(ctx.engine, subject=subject)
         async with ctx.engine.connect() as conn:
             tools = await search_tools(conn, "", limit=500)
@@ -683,6 +687,7 @@ def _status_routes(app: FastAPI, ctx: GatewayContext) -> None:
         """What the status page refreshes: recent and pending invocations, breakers,
         the last hour's traffic per tool."""
         capability = caller(ctx.settings, read_token(request))
+        await _catch_up_all(ctx, SNAPSHOT_MODELS)
         snapshot = await status_snapshot(ctx.engine, subject=subject_filter(capability))
         return JSONResponse(snapshot, headers={"Cache-Control": "no-store"})
 
@@ -709,6 +714,12 @@ def _status_routes(app: FastAPI, ctx: GatewayContext) -> None:
             invocation_id=invocation_id, subject=subject_filter(capability)), TIMELINE_LIMIT)
         return html(status_page.invocation_page(invocation_view(row), records,
                                                 viewer(capability)))
+
+
+async def _catch_up_all(ctx: GatewayContext, names: Iterable[str]) -> None:
+    """Read-your-writes for a page over several read models: each folds, bounded and
+    at once, the log up to its end when asked (a `run` just ended is on the page)."""
+    await asyncio.gather(*(ctx.catch_up(name, CATCH_UP_SECONDS) for name in names))
 
 
 async def _check(probe: Awaitable[Any]) -> dict[str, Any]:
