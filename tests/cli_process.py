@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,3 +96,28 @@ def stop(process: subprocess.Popen[str]) -> None:
     state_dir = _state_dirs.pop(process.pid, None)
     if state_dir is not None:
         stop_broker(Settings(state_dir=state_dir))
+
+
+def halt(process: subprocess.Popen[str], timeout: float = 30) -> None:
+    """Stop `up` as a user does (SIGTERM, waited for up to `timeout`), then `stop`
+    whatever is left of it and the broker it started."""
+    process.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=timeout)
+    stop(process)
+
+
+@contextlib.contextmanager
+def serving_up(cwd: Path, tools: Path,
+               env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
+    """`toolexec up --tools TOOLS` running in `cwd` inside the block, halted after it."""
+    process = start_up(cwd, "--tools", str(tools), env=env)
+    try:
+        yield process
+    finally:
+        halt(process)
+
+
+def runtime(cwd: Path) -> dict[str, Any]:
+    """What the `up` running in `cwd` wrote of itself (pid, broker, gateway URL...)."""
+    return dict(json.loads((cwd / ".toolexec" / "runtime.json").read_text()))

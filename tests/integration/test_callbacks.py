@@ -6,7 +6,6 @@ at request time (E3406) on HTTP and the CLI alike; a restart sends nothing again
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import threading
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from domain.callbacks import EVENT_ID_HEADER, SIGNATURE_HEADER, verify_signature
-from tests.cli_process import REPO, start_up, stop, toolexec
+from tests.cli_process import REPO, halt, runtime, start_up, toolexec
 from tests.waiting import WAIT, until
 
 pytestmark = [pytest.mark.integration]
@@ -69,15 +68,7 @@ def receiver() -> Iterator[Receiver]:
 
 def _start(cwd: Path) -> tuple[subprocess.Popen[str], str]:
     process = start_up(cwd, "--tools", str(EXAMPLES), env=UP_ENV)
-    runtime = json.loads((cwd / ".toolexec" / "runtime.json").read_text())
-    return process, runtime["gateway_url"]
-
-
-def _halt(process: subprocess.Popen[str]) -> None:
-    process.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=30)
-    stop(process)
+    return process, runtime(cwd)["gateway_url"]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +111,7 @@ def test_a_callback_is_received_once_signed_and_recorded(receiver: Receiver,
         assert delivered[0]["event"]["data"]["terminal_event_id"] == event["id"]
         assert delivered[0]["event"]["data"]["status_code"] == 204
     finally:
-        _halt(process)
+        halt(process)
 
     process, gateway = _start(workdir)  # a restarted deliverer: nothing is sent again
     try:
@@ -129,7 +120,7 @@ def test_a_callback_is_received_once_signed_and_recorded(receiver: Receiver,
         until(lambda: _recorded(gateway, "callback.delivered", later), "its record")
         assert len(receiver.posts("/done")) == 1
     finally:
-        _halt(process)
+        halt(process)
 
 
 def test_a_failing_receiver_gets_the_retries_then_E3704(receiver: Receiver,
@@ -143,7 +134,7 @@ def test_a_failing_receiver_gets_the_retries_then_E3704(receiver: Receiver,
         assert failed[0]["event"]["data"]["attempts"] == 3
         assert len(receiver.posts("/fail")) == 3
     finally:
-        _halt(process)
+        halt(process)
 
 
 def test_a_host_not_listed_is_refused_at_request_time(workdir: Path) -> None:
@@ -160,4 +151,4 @@ def test_a_host_not_listed_is_refused_at_request_time(workdir: Path) -> None:
                        "https://hooks.example.net/x", "--json", cwd=workdir, env=UP_ENV)
         assert cli.returncode == 1 and json.loads(cli.stdout)["error"]["code"] == "E3406"
     finally:
-        _halt(process)
+        halt(process)

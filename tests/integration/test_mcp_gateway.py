@@ -20,7 +20,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.cli_process import REPO, clean_env, start_up, stop
+from tests.cli_process import REPO, clean_env, serving_up
 from tests.waiting import WAIT
 from toolexec.usecases.authoring import source_integrity
 
@@ -34,12 +34,8 @@ GATEWAY_TOOLS = {"search", "load", "execute", "approval", "help"}
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A project directory with a running `toolexec up` serving the example tools."""
     cwd = tmp_path_factory.mktemp("project")
-    process = start_up(cwd, "--tools", str(EXAMPLES), env={"TOOLEXEC_SANDBOX": "rlimits"})
-    yield cwd
-    process.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=20)
-    stop(process)  # kills it if still running, and stops the broker it leaves running
+    with serving_up(cwd, EXAMPLES, env={"TOOLEXEC_SANDBOX": "rlimits"}):
+        yield cwd
 
 
 def _free_port() -> int:

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -33,7 +32,7 @@ from contracts.envelope import new_envelope
 from contracts.events import ExecutionProgressed
 from contracts.fact_signature import FactSigner
 from contracts.kafka_binding import encode, send_event
-from tests.cli_process import clean_env, start_up, stop, toolexec
+from tests.cli_process import clean_env, runtime, serving_up, toolexec
 from tests.waiting import WAIT
 from toolexec import keys
 from toolexec.settings import Settings
@@ -47,16 +46,8 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     cwd = tmp_path_factory.mktemp("progress")
-    process = start_up(cwd, "--tools", str(TOOLS), env={"TOOLEXEC_SANDBOX": "rlimits"})
-    yield cwd
-    process.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=30)
-    stop(process)
-
-
-def _runtime(cwd: Path) -> dict[str, Any]:
-    return dict(json.loads((cwd / ".toolexec" / "runtime.json").read_text()))
+    with serving_up(cwd, TOOLS, env={"TOOLEXEC_SANDBOX": "rlimits"}):
+        yield cwd
 
 
 @contextlib.asynccontextmanager
@@ -106,7 +97,7 @@ async def _write_progress(cwd: Path, invocation_id: str) -> None:
     """Progress facts as the pipeline writes them: signed with its fact key."""
     settings = Settings(state_dir=cwd / ".toolexec")
     signer = FactSigner(keys.fact_signing_key(settings))
-    producer = AIOKafkaProducer(bootstrap_servers=_runtime(cwd)["kafka_bootstrap"])
+    producer = AIOKafkaProducer(bootstrap_servers=runtime(cwd)["kafka_bootstrap"])
     await producer.start()
     try:
         for sequence in range(STEPS):
@@ -122,7 +113,7 @@ async def _write_progress(cwd: Path, invocation_id: str) -> None:
 
 
 async def _follow_one_run(cwd: Path, write_facts: bool) -> None:
-    gateway = _runtime(cwd)["gateway_url"]
+    gateway = runtime(cwd)["gateway_url"]
     release = cwd / f"release-{write_facts}"
     try:
         await _follow(cwd, gateway, release, write_facts)
@@ -183,7 +174,7 @@ async def test_start_then_status_until_the_result(workdir: Path) -> None:
     have folded the request: the reader waits for it. With a short bound and `up`
     still stopped, the wait ends and the reader answers what the read model holds."""
     release = workdir / "release-start"
-    up = _runtime(workdir)["pid"]
+    up = runtime(workdir)["pid"]
     # the bound only stops a hang: on a loaded machine `up` may fold seconds later
     patient = {"TOOLEXEC_READ_YOUR_WRITES_SECONDS": str(WAIT)}
     os.kill(up, signal.SIGSTOP)

@@ -32,7 +32,7 @@ from contracts.envelope import new_envelope
 from contracts.events import EventData, InvokeRequested, ToolDefinitionPinned
 from contracts.fact_signature import FactSigner
 from contracts.kafka_binding import encode, send_event
-from tests.cli_process import clean_env, start_up, stop, toolexec
+from tests.cli_process import clean_env, runtime, serving_up, toolexec
 from tests.waiting import START_WAIT, WAIT
 from toolexec import keys
 from toolexec.settings import Settings
@@ -48,22 +48,14 @@ INTEGRITY = "sha256:" + "0" * 64
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     cwd = tmp_path_factory.mktemp("ryw-readers")
-    process = start_up(cwd, "--tools", str(TOOLS), env={"TOOLEXEC_SANDBOX": "rlimits"})
-    yield cwd
-    process.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=30)
-    stop(process)
-
-
-def _runtime(cwd: Path) -> dict[str, Any]:
-    return dict(json.loads((cwd / ".toolexec" / "runtime.json").read_text()))
+    with serving_up(cwd, TOOLS, env={"TOOLEXEC_SANDBOX": "rlimits"}):
+        yield cwd
 
 
 @contextlib.contextmanager
 def _up_stopped(cwd: Path) -> Iterator[None]:
     """`up` stopped (SIGSTOP) inside the block: it folds nothing until the block ends."""
-    pid = _runtime(cwd)["pid"]
+    pid = runtime(cwd)["pid"]
     os.kill(pid, signal.SIGSTOP)
     try:
         yield
@@ -80,7 +72,7 @@ async def _write(cwd: Path, data: EventData, key: str, *, signed: bool) -> None:
     if signed:
         settings = Settings(state_dir=cwd / ".toolexec")
         record = FactSigner(keys.fact_signing_key(settings)).sign([record])[0]
-    producer = AIOKafkaProducer(bootstrap_servers=_runtime(cwd)["kafka_bootstrap"])
+    producer = AIOKafkaProducer(bootstrap_servers=runtime(cwd)["kafka_bootstrap"])
     await producer.start()
     try:
         await send_event(producer, event, record=record)
@@ -178,7 +170,7 @@ def _store_held(cwd: Path) -> Iterator[sqlite3.Connection]:
 async def test_the_status_page_shows_an_invocation_written_before_it_was_asked(
         workdir: Path) -> None:
     invocation_id = f"ryw-page-{uuid.uuid4().hex[:8]}"
-    async with httpx.AsyncClient(base_url=_runtime(workdir)["gateway_url"],
+    async with httpx.AsyncClient(base_url=runtime(workdir)["gateway_url"],
                                  timeout=WAIT) as http:
         with _store_held(workdir) as held:
             await _write(workdir, _request(invocation_id), invocation_id, signed=False)

@@ -371,18 +371,24 @@ async def test_spares_cloned_for_a_burst_are_retired_once_runs_go_one_at_a_time(
 @pytest.mark.parametrize("spares", [0, launcher_program.MAX_SPARES + 1, True, "8", None])
 async def test_a_prepare_asking_for_a_bad_number_of_spares_is_refused(
         tmp_path: Path, spares: Any) -> None:
+    assert "malformed request: spares" in await _refused_prepare(tmp_path, spares=spares)
+    outcome = await _run(tmp_path, "print('still serving')")
+    assert outcome.ok and outcome.stdout == b"still serving\n", outcome.error
+
+
+async def _refused_prepare(tmp_path: Path, **fields: Any) -> str:
+    """After a first run, send the launcher a `prepare` with `fields`; the message of
+    the refusal it answers (the test fails if it prepares a PID 1 instead)."""
     first = await _run(tmp_path, "print('one')")
     assert first.ok, first.error
     launcher = current_launcher()
     asked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     launcher._preparing[-1] = ("a system no run has", asked)
     await launcher._send(json.dumps({"prepare": -1, "system": _GOOD["system"],
-                                     "spares": spares}).encode())
+                                     **fields}).encode())
     with pytest.raises(ExecutionError) as refused:
         await asyncio.wait_for(asked, WAIT)
-    assert "malformed request: spares" in refused.value.message
-    outcome = await _run(tmp_path, "print('still serving')")
-    assert outcome.ok and outcome.stdout == b"still serving\n", outcome.error
+    return refused.value.message
 
 
 async def test_a_tool_runs_under_the_executors_policy_while_the_launcher_is_batch(
@@ -447,15 +453,6 @@ async def test_a_run_gets_its_own_tmpfs_whatever_the_spare_made_ahead(tmp_path: 
 ])
 async def test_a_prepare_with_a_layout_that_is_not_a_tmpfs_and_its_folders_is_refused(
         tmp_path: Path, layout: Any) -> None:
-    first = await _run(tmp_path, "print('one')")
-    assert first.ok, first.error
-    launcher = current_launcher()
-    asked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    launcher._preparing[-1] = ("a system no run has", asked)
-    await launcher._send(json.dumps({"prepare": -1, "system": _GOOD["system"],
-                                     "layout": layout}).encode())
-    with pytest.raises(ExecutionError) as refused:
-        await asyncio.wait_for(asked, WAIT)
-    assert "malformed request: a layout" in refused.value.message
+    assert "malformed request: a layout" in await _refused_prepare(tmp_path, layout=layout)
     outcome = await _run(tmp_path, "print('still serving')")
     assert outcome.ok and outcome.stdout == b"still serving\n", outcome.error
