@@ -250,8 +250,7 @@ def lay_out(layout):
             apply_mount("", op)
         return layout
     except (OSError, SetupError, ValueError, TypeError, IndexError):
-        if layout:
-            _undo_layout(layout)
+        _undo_layout(layout)  # not empty: a step of it failed
         return []
 
 
