@@ -159,6 +159,12 @@ def read_runtime(settings: Settings) -> dict[str, Any] | None:
     return status.info if status.state == "running" else None
 
 
+def running_bootstrap(settings: Settings) -> str | None:
+    """The broker a process outside `up` talks to: the settings' one, else the running
+    `up`'s (None: neither, as in the embedded profile with no `up`)."""
+    return settings.kafka_bootstrap or (read_runtime(settings) or {}).get("kafka_bootstrap")
+
+
 def running_system(settings: Settings) -> tuple[dict[str, Any], str, str]:
     """(the runtime file, the broker's bootstrap, the read models' database URL) of the
     running system a CLI write talks to: the settings' broker, else the running `up`'s.

@@ -52,7 +52,7 @@ from domain.errors import InvalidRequest, ToolexecError
 from projections.database import make_engine, migrate
 from toolexec import keys, rights
 from toolexec.client import InvocationClient
-from toolexec.runtime_file import read_runtime
+from toolexec.runtime_file import read_runtime, running_bootstrap
 from toolexec.settings import Settings, kafka_client_options
 from toolexec.state_files import ensure_state_dir
 from toolexec.usecases import approval, registry
@@ -148,9 +148,8 @@ class Gateway:
         engine = await self.engine()
         await read_after_writes(self.settings, engine, "registry")
         tool, found = await registry.tool_version(engine, tool_id, version)
-        bootstrap = self.settings.kafka_bootstrap or (
-            read_runtime(self.settings) or {}).get("kafka_bootstrap")
-        texts = await registry.file_texts(self.settings, bootstrap, tool_id, found["version"])
+        texts = await registry.file_texts(self.settings, running_bootstrap(self.settings),
+                                          tool_id, found["version"])
         return {
             "tool_id": tool_id, "version": found["version"], "manifest": found["manifest"],
             "files": [{**f, "content": texts.get(f["path"])} for f in found["files"]],

@@ -27,7 +27,7 @@ from projections.log_identity import stored_cluster
 from projections.runner import stored_offsets
 from projections.store import ReadModel
 from toolexec.log_ends import LogEnds, log_ends
-from toolexec.runtime_file import read_runtime
+from toolexec.runtime_file import running_bootstrap
 from toolexec.settings import Settings, kafka_client_options
 
 log = structlog.get_logger(__name__)
@@ -87,17 +87,9 @@ async def caught_up(engine: AsyncEngine, model: ReadModel, bootstrap: str | None
     return folded
 
 
-def folding_log(settings: Settings) -> str | None:
-    """The broker whose log the read models of `settings` fold: the configured one, or
-    the running `up`'s (None in the embedded profile with no `up`: nobody folds)."""
-    if settings.kafka_bootstrap:
-        return settings.kafka_bootstrap
-    return (read_runtime(settings) or {}).get("kafka_bootstrap")
-
-
 async def read_after_writes(settings: Settings, engine: AsyncEngine, model: str) -> bool:
     """`caught_up` for a front end outside `up`, with the settings' broker and bound
     (`read_your_writes_seconds`); call it right before reading `model`."""
-    return await caught_up(engine, read_models()[model], folding_log(settings),
+    return await caught_up(engine, read_models()[model], running_bootstrap(settings),
                            settings.read_your_writes_seconds,
                            client_options=kafka_client_options(settings))
