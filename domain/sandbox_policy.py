@@ -85,9 +85,13 @@ def narrow_subprocess(plan: SubprocessPlan,
     processes = (None if limits.max_processes is None
                  else _at_most("max_processes", limits.max_processes, policy.max_processes,
                                cuts))
-    narrowed = dataclasses.replace(limits, memory_bytes=memory, cpu_seconds=cpu,
-                                   max_file_bytes=files, max_processes=processes)
-    return dataclasses.replace(plan, timeout_seconds=timeout, limits=narrowed), tuple(cuts)
+    if (memory, cpu, files, processes) != (limits.memory_bytes, limits.cpu_seconds,
+                                           limits.max_file_bytes, limits.max_processes):
+        limits = dataclasses.replace(limits, memory_bytes=memory, cpu_seconds=cpu,
+                                     max_file_bytes=files, max_processes=processes)
+    if timeout != plan.timeout_seconds or limits is not plan.limits:
+        plan = dataclasses.replace(plan, timeout_seconds=timeout, limits=limits)
+    return plan, tuple(cuts)
 
 
 def narrow_plan(plan: SubprocessPlan | HttpPlan | McpPlan, policy: SandboxPolicy

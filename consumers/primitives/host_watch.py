@@ -24,7 +24,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from inotify_simple import INotify, parse_events
@@ -44,11 +44,15 @@ Dependency = tuple[int, str | None]
 @dataclass(frozen=True)
 class Token:
     """What a set of dependencies had seen at a moment (see HostWatch.moment), and
-    how many times the kernel's queue had overflowed (events lost: every token ends)."""
+    how many times the kernel's queue had overflowed (events lost: every token ends).
+    `serial`: how many relevant changes the watch had seen in all; while that number
+    has not moved, nothing any token depends on changed (the usual case, one
+    comparison instead of one per dependency)."""
 
     dependencies: tuple[Dependency, ...]
     counts: tuple[int, ...]
     overflows: int
+    serial: int = field(default=-1, compare=False)
 
 
 class HostWatch:
@@ -65,6 +69,7 @@ class HostWatch:
         self._counts: dict[int, dict[str | None, int]] = {}  # changes seen to those
         self._gone: set[int] = set()  # watches the kernel removed (their inode went)
         self._overflows = 0
+        self._serial = 0  # counted changes, overflows and watches gone, in all
 
     def watch(self, paths: Iterable[str], *,
               ancestors: bool = False) -> tuple[Dependency, ...] | None:
@@ -96,14 +101,30 @@ class HostWatch:
             return None
         with self._lock:
             self._drain()
-            if any(wd in self._gone for wd, _name in dependencies):
-                return None
-            return Token(dependencies, tuple(self._counts.get(wd, {}).get(name, 0)
-                                             for wd, name in dependencies), self._overflows)
+            return self._token(dependencies)
 
     def unchanged(self, since: Token | None) -> bool:
         """True when nothing `since` depends on changed after it was taken."""
-        return since is not None and self.moment(since.dependencies) == since
+        return self.renewed(since) is not None
+
+    def renewed(self, since: Token | None) -> Token | None:
+        """`since` as of now when nothing it depends on changed after it was taken
+        (keep it instead: its next check is then one comparison), else None."""
+        if since is None or self._inotify is None:
+            return None
+        with self._lock:
+            self._drain()
+            if since.serial == self._serial:
+                return since
+            now = self._token(since.dependencies)
+            return now if now == since else None
+
+    def _token(self, dependencies: tuple[Dependency, ...]) -> Token | None:
+        if any(wd in self._gone for wd, _name in dependencies):
+            return None
+        return Token(dependencies, tuple(self._counts.get(wd, {}).get(name, 0)
+                                         for wd, name in dependencies),
+                     self._overflows, self._serial)
 
     def close(self) -> None:
         if self._inotify is not None:
@@ -131,7 +152,9 @@ class HostWatch:
     def _seen(self, wd: int, mask: int, name: str) -> None:
         if mask & _flags.Q_OVERFLOW:
             self._overflows += 1
+            self._serial += 1
         if mask & _flags.IGNORED:  # the watch is gone: whatever relied on it ends
+            self._serial += 1
             self._gone.add(wd)
             self._wanted.pop(wd, None)
             self._counts.pop(wd, None)
@@ -143,6 +166,7 @@ class HostWatch:
         for key in (None, name):
             if key in wanted:
                 counts[key] = counts.get(key, 0) + 1
+                self._serial += 1
 
 
 def _watched(path: str, ancestors: bool) -> list[tuple[str, str | None]]:
@@ -183,8 +207,12 @@ class WatchedAnswers(Generic[T]):
         """`compute()`, or its earlier answer for `key` while the paths that answer
         depends on (`paths(answer)`, watched with their ancestors) are unchanged."""
         known = self._answers.get(key)
-        if known is not None and self._watch.unchanged(known[0]):
-            return known[1]
+        if known is not None:
+            renewed = self._watch.renewed(known[0])
+            if renewed is not None:
+                if renewed is not known[0]:
+                    self._answers[key] = (renewed, known[1])
+                return known[1]
         answer = compute()
         moment = self._watch.moment(self._watch.watch(paths(answer), ancestors=True))
         if moment is None:

@@ -24,8 +24,8 @@ loopback up, that the launcher leaves for another right after), and:
    ambient sets and sets no_new_privs; makes the run's tmpfs and its folders as the
    last request laid them out (`layout`, see `layout_of`), then waits for its request
    on a socketpair of its own (its "inbox");
-2. the executor sends it a request whose `system` mounts are the same (a spare
-   that no longer fits gets an empty message and exits), with detached copies of
+2. the executor sends it a request for the same `system` mounts, without them (a
+   spare that no longer fits gets an empty message and exits), with detached copies of
    the host paths the run binds (open_tree, made read-only with mount_setattr: the
    PID 1 no longer sees the host); the PID 1 checks the request again;
 3. the PID 1 attaches those copies (move_mount) and makes the run's own tmpfs,
@@ -415,20 +415,18 @@ def _fail(message, code=SETUP_FAILED):
 _SAMPLE_REQUEST = json.dumps({
     "id": 1, "argv": ["python3", "main.py"], "env": {"PATH": "/usr/bin", "HOME": "/tmp/r"},
     "cwd": "/tmp/r", "uid": 1, "gid": 1, "rlimits": [[9, 1, 1]],
-    "system": [["ro_bind", "/usr", "/usr"], ["proc", "/proc"]],
     "mounts": [["tmpfs", "/tmp", 511, 1], ["dir", "/tmp/r", 511], ["tree", 0, "/tmp/r/a", 0]]})
 
 
-def _warm_up(system=(), layout=()):
+def _warm_up(layout=()):
     """Go through the request's parsing and the report once ahead: this process is a
     copy of the launcher, and the first write to each page it shares (objects'
     reference counts, the heap) copies that page (~0.1 ms measured on a run's path).
-    The sample carries this spare's `system` and `layout`, which its request repeats:
-    as much to parse as the request."""
+    The sample carries this spare's `layout`, which its request repeats: as much to
+    parse as the request."""
     sample = json.loads(_SAMPLE_REQUEST)
-    sample["system"] = list(system) + sample["system"]
     sample["mounts"] = list(layout) + sample["mounts"]
-    check_request(json.loads(json.dumps(sample)))
+    check_request(json.loads(json.dumps(sample)), system=False)
     json.dumps({"id": 1, "exit": 0, "rusage": list(resource.getrusage(resource.RUSAGE_SELF))})
 
 
@@ -450,7 +448,7 @@ def run_pid1(system, layout, root, inbox, channel):
     except Exception as error:  # noqa: BLE001 - reported to the run that comes
         failure = str(error) or type(error).__name__
     gc.disable()  # a short life: a collection would copy every page it touches
-    _warm_up(system, layout)
+    _warm_up(layout)
     _schedule(os.SCHED_OTHER)  # ready: the request is on the run's path
     data, fds, _flags, _ = socket.recv_fds(inbox, MAX_MESSAGE, MAX_FDS)
     if not data or len(fds) < 3:
@@ -464,7 +462,7 @@ def run_pid1(system, layout, root, inbox, channel):
                 os.close(fd)
         try:
             request = json.loads(data)
-            check_request(request)
+            check_request(request, system=False)  # this PID 1 made its `system` ahead
         except ValueError as error:
             raise SetupError(f"malformed request: {error}") from None
         if failure is not None:
@@ -513,12 +511,16 @@ _REQUIRED = {"id": int, "argv": list, "env": dict, "cwd": str, "uid": int, "gid"
              "rlimits": list, "system": list, "mounts": list}
 
 
-def check_request(request, steps=True):
+def check_request(request, steps=True, system=True):
     """The request's shape (its mount steps' too unless `steps` is false: the
-    executor checked them when it built them); raises ValueError with what is wrong."""
+    executor checked them when it built them); raises ValueError with what is wrong.
+    Without `system` the request has no `system` part: what the executor sends a
+    PID 1, which made that part ahead (see `run_message`)."""
     if not isinstance(request, dict):
         raise ValueError("a request is a JSON object")
     for key, kind in _REQUIRED.items():
+        if key == "system" and not system:
+            continue
         if not isinstance(request.get(key), kind) or isinstance(request.get(key), bool):
             raise ValueError(f"{key!r} must be a {kind.__name__}")
     if not request["argv"] or not all(isinstance(a, str) and "\0" not in a
@@ -536,7 +538,16 @@ def check_request(request, steps=True):
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in limit)):
             raise ValueError("rlimits are [resource, soft, hard] integer triples")
     if steps:
-        check_steps(request["system"] + request["mounts"])
+        check_steps((request["system"] if system else []) + request["mounts"])
+
+
+def run_message(request, mounts):
+    """What the executor sends a PID 1 for `request`: the request with the run's own
+    `mounts` (see `detached_trees`) and without its `system` part, which the PID 1,
+    prepared for that part, made ahead."""
+    message = {key: value for key, value in request.items() if key != "system"}
+    message["mounts"] = mounts
+    return json.dumps(message).encode()
 
 
 def check_steps(steps):

@@ -185,7 +185,7 @@ class NamespaceLauncher:
         except (OSError, launcher_program.SetupError) as error:
             raise _refused(f"the run cannot start: {error}") from error
         try:
-            message = json.dumps(request | {"mounts": mounts}).encode()
+            message = launcher_program.run_message(request, mounts)
             attempts = launcher_program.MAX_SPARES + 2
             for attempt in range(1, attempts + 1):
                 prepared = await self._prepared_for(request["system"])

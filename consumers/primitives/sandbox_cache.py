@@ -52,6 +52,8 @@ from consumers.primitives.run_request import RequestCache
 from domain.model import ToolFile
 
 _KEEP_TREES = 64
+TreeKey = tuple[tuple[str, str, bool], ...]
+"""A tool tree's files: (path, sha256, executable) each."""
 FileSignature = tuple[int, int, int, int, int]
 
 
@@ -78,7 +80,9 @@ class EtcView:
     def refresh(self) -> tuple[str, ...]:
         """Bring the view in step with `/etc`; the entries to bind on their mount
         points (folders, and files this process cannot read)."""
-        if self._watch.unchanged(self._checked):
+        renewed = self._watch.renewed(self._checked)
+        if renewed is not None:
+            self._checked = renewed
             return self._binds
         self._checked = None
         moment = self._watch.moment(self._watch.watch(
@@ -150,17 +154,19 @@ class ToolTrees:
     root: Path
     keep: int = _KEEP_TREES
     watch: HostWatch = field(default_factory=HostWatch)
-    _trees: OrderedDict[str, _Tree] = field(default_factory=OrderedDict)
+    _trees: OrderedDict[TreeKey, _Tree] = field(default_factory=OrderedDict)
     _retiring: list[_Tree] = field(default_factory=list)
     _made: int = 0
 
     def lease(self, store: ContentStore, files: Sequence[ToolFile]) -> Path:
         """The folder holding `files`, verified; give it back with `release`.
         Raises what `ContentStore.materialise` raises for a bad file."""
-        key = hashlib.sha256(repr([(f.path, f.sha256, f.is_executable) for f in files])
-                             .encode()).hexdigest()
+        key = tuple((f.path, f.sha256, f.is_executable) for f in files)
         tree = self._trees.get(key)
-        if tree is not None and self.watch.unchanged(tree.checked):
+        renewed = None if tree is None else self.watch.renewed(tree.checked)
+        if renewed is not None:
+            assert tree is not None
+            tree.checked = renewed
             store.check_inline(files)
         else:
             tree = self._checked(key, tree, store, files)
@@ -169,7 +175,7 @@ class ToolTrees:
         self._evict()
         return tree.path
 
-    def _checked(self, key: str, tree: _Tree | None, store: ContentStore,
+    def _checked(self, key: TreeKey, tree: _Tree | None, store: ContentStore,
                  files: Sequence[ToolFile]) -> _Tree:
         """The tree for `key` after the full checks (made again when not intact). When
         its paths can be watched it is checked once more after the watch began: the
@@ -184,7 +190,7 @@ class ToolTrees:
             return tree
         return self._intact_or_new(key, tree, store, files)  # changed meanwhile
 
-    def _intact_or_new(self, key: str, tree: _Tree | None, store: ContentStore,
+    def _intact_or_new(self, key: TreeKey, tree: _Tree | None, store: ContentStore,
                        files: Sequence[ToolFile]) -> _Tree:
         sources = store.sources(files)
         if tree is None or not _intact(tree, sources, files):
@@ -214,9 +220,10 @@ class ToolTrees:
                     shutil.rmtree(tree.path, ignore_errors=True)
                 return
 
-    def _make(self, key: str, store: ContentStore, files: Sequence[ToolFile]) -> _Tree:
+    def _make(self, key: TreeKey, store: ContentStore, files: Sequence[ToolFile]) -> _Tree:
         self._made += 1
-        path = self.root / f"{key[:16]}-{self._made}"
+        name = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+        path = self.root / f"{name}-{self._made}"
         path.mkdir(mode=0o755)
         try:
             store.materialise(files, path)
@@ -232,7 +239,7 @@ class ToolTrees:
         self._trees[key] = tree
         return tree
 
-    def _retire(self, key: str, tree: _Tree) -> None:
+    def _retire(self, key: TreeKey, tree: _Tree) -> None:
         del self._trees[key]
         if tree.leases > 0:
             self._retiring.append(tree)

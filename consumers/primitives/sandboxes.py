@@ -97,14 +97,16 @@ def rlimits_for(limits: ResourceLimits, sandbox: str,
         (resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes),
         (resource.RLIMIT_NPROC, processes, processes),
     )
-    return tuple(_capped(kind, soft, hard) for kind, soft, hard in wanted
+    root = os.geteuid() == 0
+    return tuple(_capped(kind, soft, hard, root) for kind, soft, hard in wanted
                  if soft is not None and hard is not None)
 
 
-def _capped(kind: int, soft: int, hard: int) -> RLimit:
-    current_hard = resource.getrlimit(kind)[1]
-    if os.geteuid() != 0 and current_hard != resource.RLIM_INFINITY:
-        hard = min(hard, current_hard)
+def _capped(kind: int, soft: int, hard: int, root: bool) -> RLimit:
+    if not root:
+        current_hard = resource.getrlimit(kind)[1]
+        if current_hard != resource.RLIM_INFINITY:
+            hard = min(hard, current_hard)
     return kind, min(soft, hard), hard
 
 

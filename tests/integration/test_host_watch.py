@@ -170,3 +170,20 @@ def test_a_check_of_a_removed_file_is_never_trusted_again_until_watched_anew(
     assert watch.moment(dependencies) is None  # what relied on the old inode ends
     renewed = watch.moment(watch.watch([str(target)]))
     assert renewed is not None and watch.unchanged(renewed)
+
+
+def test_a_renewed_token_holds_as_long_and_ends_on_the_same_changes(
+        tmp_path: Path, watch: HostWatch) -> None:
+    relied_on, beside = tmp_path / "relied-on", tmp_path / "beside"
+    relied_on.write_text("one")
+    beside.write_text("x")
+    token = watch.moment(watch.watch([str(relied_on)]))
+    other = watch.moment(watch.watch([str(beside)]))
+    assert watch.renewed(token) is token  # nothing changed: the very same token
+    beside.write_text("changed")  # a change the token does not rely on
+    renewed = watch.renewed(token)
+    assert renewed is not None and renewed is not token and watch.renewed(renewed) is renewed
+    assert watch.renewed(other) is None
+    relied_on.write_text("two")
+    assert watch.renewed(renewed) is None and watch.renewed(token) is None
+    assert not watch.unchanged(renewed)
