@@ -240,9 +240,9 @@ class NamespaceLauncher:
             self._preparing.pop(prepare_id, None)
 
     def prime(self) -> None:
-        """A run begins: the spare it will most likely get warms up and waits for its
-        request awake (launcher_program.PRIME). Best effort: nothing when no spare
-        is held or the message cannot be sent at once."""
+        """A run begins: the spare it will most likely get waits for its request
+        awake (launcher_program.PRIME). Best effort: nothing when no spare is held
+        or the message cannot be sent at once."""
         if self._spares and self.alive:
             with contextlib.suppress(OSError):
                 self._spares[0].inbox.send(launcher_program.PRIME)
