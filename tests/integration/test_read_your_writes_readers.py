@@ -185,3 +185,20 @@ async def test_the_status_page_shows_an_invocation_written_before_it_was_asked(
     assert f'data-invocation="{invocation_id}"' in shown.text
     assert refreshed.status_code == 200
     assert invocation_id in {row["invocation_id"] for row in refreshed.json()["invocations"]}
+
+
+async def test_the_gateway_lists_an_invocation_written_before_it_was_asked(
+        workdir: Path) -> None:
+    invocation_id = f"ryw-list-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(base_url=runtime(workdir)["gateway_url"],
+                                 timeout=WAIT) as http:
+        with _store_held(workdir) as held:
+            await _write(workdir, _request(invocation_id), invocation_id, signed=False)
+            listed = asyncio.create_task(http.get("/v1/invocations", params={"limit": 1000}))
+            # after the list was asked: what the read model holds (nothing folded since)
+            assert held.execute("SELECT count(*) FROM invocations WHERE invocation_id = ?",
+                                (invocation_id,)).fetchone() == (0,)
+            assert (await http.get("/health")).status_code in (200, 503)
+        answer = await listed
+    assert answer.status_code == 200
+    assert invocation_id in {row["invocation_id"] for row in answer.json()["invocations"]}

@@ -267,9 +267,11 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
                           tool: Annotated[str | None, Query(max_length=200)] = None,
                           status: Annotated[str | None, Query(max_length=20)] = None,
                           limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> InvocationList:
-        """Most recently updated invocations first, by tool and status. With authorization
-        on, the caller's own (its token's subject) unless the token has the audit scope."""
+        """Most recently updated invocations first, by tool and status, as of every event
+        in the log when asked. With authorization on, the caller's own (its token's
+        subject) unless the token has the audit scope."""
         capability = caller(ctx.settings, read_token(request))
+        await ctx.catch_up("invocations", CATCH_UP_SECONDS)
         async with ctx.engine.connect() as conn:
             rows = await list_invocations(conn, tool_id=tool, status=status, limit=limit,
                                           subject=subject_filter(capability))
@@ -318,9 +320,11 @@ def _invocation_routes(app: FastAPI, ctx: GatewayContext) -> None:
     async def approvals(request: Request,
                         limit: Annotated[int, Query(ge=1, le=PENDING_LIMIT)] = PENDING_LIMIT,
                         ) -> ApprovalList:
-        """Calls waiting for an approver, the oldest first. With authorization on, those
-        the token may approve (`approve` scope for the tool) or made as its subject."""
+        """Calls waiting for an approver, the oldest first, as of every event in the log
+        when asked. With authorization on, those the token may approve (`approve` scope
+        for the tool) or made as its subject."""
         capability = caller(ctx.settings, read_token(request))
+        await ctx.catch_up("approvals", CATCH_UP_SECONDS)
         rows = await list_pending(ctx.engine, capability, limit=limit)
         return ApprovalList(approvals=[PendingApproval(**row) for row in rows], count=len(rows))
 
@@ -452,7 +456,8 @@ def _definition_routes(app: FastAPI, ctx: GatewayContext) -> None:
     async def definitions(server: Annotated[str | None, Query(max_length=200)] = None
                           ) -> DefinitionList:
         """Pinned MCP tool definitions (all, or one server's), as `toolexec definitions
-        list` shows them."""
+        list` shows them, as of every event in the log when asked."""
+        await ctx.catch_up("definitions", CATCH_UP_SECONDS)
         return DefinitionList(definitions=await list_pins(ctx.engine, server))
 
     @app.post("/v1/definitions/{target}/approve", response_model=DefinitionApproved,
@@ -561,7 +566,8 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
                     lifecycle: Annotated[str | None, Query(max_length=20)] = None) -> ToolList:
         """Published tools best matching `q` (name, tags, description, parameters; typos
         and partial words too), each with `score` and `matched` fields; all by id
-        without `q`."""
+        without `q`. As of every event in the log when asked."""
+        await ctx.catch_up("registry", CATCH_UP_SECONDS)
         page = await search_page(ctx.engine, ctx.settings, q, limit=limit,
                                  offset=offset, tool_type=tool_type, tag=tag,
                                  lifecycle=lifecycle)
@@ -572,7 +578,9 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
              responses=documented(404, 503))
     async def tool(tool_id: str) -> ToolDetail:
         """One tool with every version (manifest, file hashes, integrity, lifecycle,
-        publisher signature and the trust store's verdict on it)."""
+        publisher signature and the trust store's verdict on it), as of every event in
+        the log when asked."""
+        await ctx.catch_up("registry", CATCH_UP_SECONDS)
         async with ctx.engine.connect() as conn:
             found = await show_tool(conn, tool_id)
         if found is None:
@@ -607,7 +615,9 @@ def _read_routes(app: FastAPI, ctx: GatewayContext) -> None:
     @app.get("/v1/circuits", response_model=CircuitList, tags=["circuits"],
              responses=documented(503))
     async def circuits(open_only: bool = False) -> CircuitList:
-        """Circuit-breaker state of every external service."""
+        """Circuit-breaker state of every external service, as of every event in the log
+        when asked."""
+        await ctx.catch_up("circuits", CATCH_UP_SECONDS)
         async with ctx.engine.connect() as conn:
             return CircuitList(circuits=await list_circuits(conn, open_only=open_only))
 
