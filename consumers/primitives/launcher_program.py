@@ -58,7 +58,6 @@ import select
 import signal
 import socket
 import sys
-import time
 
 SETUP_FAILED = 125
 REPORTED = 0
@@ -70,13 +69,6 @@ _UNREPORTED_TOOL_EXIT = 126
 """The PID 1's exit when its report could not be sent (the tool's own status is lost;
 never REPORTED, so that the launcher reports this end)."""
 MESSAGE_PREFIX = b"toolexec-launcher: "
-PRIME = b"prime"
-"""What the executor sends the spare PID 1 it will use as soon as a run begins, while it
-still builds the request: the PID 1 then waits for the request awake
-(`_await_request`) instead of being woken from an idle CPU by it."""
-PRIMED_WAIT_SECONDS = 0.001
-"""How long a primed PID 1 polls for its request (yielding the CPU between polls)
-before it sleeps until the request comes."""
 MAX_MESSAGE = 4 * 1024 * 1024
 MAX_FDS = 64
 MAX_SPARES = 8
@@ -438,26 +430,6 @@ def _warm_up(layout=()):
     json.dumps({"id": 1, "exit": 0, "rusage": list(resource.getrusage(resource.RUSAGE_SELF))})
 
 
-def _await_request(inbox):
-    """The request (data and fds) from `inbox`. After a PRIME it polls for the request a
-    short while (PRIMED_WAIT_SECONDS) before it sleeps again: on a machine whose idle
-    CPUs halt at once, waking this process costs about 0.1 ms on the run's path."""
-    while True:
-        data, fds, _flags, _ = socket.recv_fds(inbox, MAX_MESSAGE, MAX_FDS)
-        if data != PRIME or fds:
-            return data, fds
-        until = time.monotonic() + PRIMED_WAIT_SECONDS
-        while time.monotonic() < until:
-            try:
-                data, fds, _flags, _ = socket.recv_fds(inbox, MAX_MESSAGE, MAX_FDS,
-                                                       socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                os.sched_yield()
-                continue
-            if data != PRIME or fds:
-                return data, fds
-
-
 def run_pid1(system, layout, root, inbox, channel):
     """Runs in the clone child, PID 1 of the new namespaces (see the module docstring):
     prepares the mounts every run shows, then waits on `inbox` for its run's request
@@ -478,7 +450,7 @@ def run_pid1(system, layout, root, inbox, channel):
     gc.disable()  # a short life: a collection would copy every page it touches
     _warm_up(layout)
     _schedule(os.SCHED_OTHER)  # ready: the request is on the run's path
-    data, fds = _await_request(inbox)
+    data, fds, _flags, _ = socket.recv_fds(inbox, MAX_MESSAGE, MAX_FDS)
     if not data or len(fds) < 3:
         _schedule(os.SCHED_BATCH)
         os._exit(0)

@@ -239,14 +239,6 @@ class NamespaceLauncher:
         finally:
             self._preparing.pop(prepare_id, None)
 
-    def prime(self) -> None:
-        """A run begins: the spare it will most likely get waits for its request
-        awake (launcher_program.PRIME). Best effort: nothing when no spare is held
-        or the message cannot be sent at once."""
-        if self._spares and self.alive:
-            with contextlib.suppress(OSError):
-                self._spares[0].inbox.send(launcher_program.PRIME)
-
     def _lay_out(self, layout: list[Any]) -> None:
         """Tell the launcher the run's layout when it differs from the last one: the
         spares cloned from then on make it ahead (the next run likely has the same)."""
@@ -449,14 +441,6 @@ def launcher_for(root: Path) -> NamespaceLauncher:
         root.mkdir(mode=0o700, exist_ok=True)
         launcher = _LAUNCHERS[loop] = NamespaceLauncher(loop, root)
     return launcher
-
-
-def prime_spare() -> None:
-    """Prime the running loop's launcher's next spare (`NamespaceLauncher.prime`), if
-    that launcher runs; nothing is started here."""
-    launcher = _LAUNCHERS.get(asyncio.get_running_loop())
-    if launcher is not None:
-        launcher.prime()
 
 
 @functools.cache

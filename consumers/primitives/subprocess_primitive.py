@@ -34,7 +34,6 @@ from consumers.primitives.exit_status import (
     unwrap_init_status,
 )
 from consumers.primitives.file_store import ContentStore, relative_parts
-from consumers.primitives.namespace_launcher import prime_spare
 from consumers.primitives.namespace_process import spawn_namespaced
 from consumers.primitives.report_file import (
     ReportChannel,
@@ -96,8 +95,6 @@ async def run_subprocess(plan: SubprocessPlan, params: Mapping[str, Any], *,
     started = time.perf_counter()
     plan = narrowed(plan, policy)
     sandbox = through_launcher(sandbox, network_allowed=bubblewrap.network_allowed(plan.network))
-    if sandbox == "namespaces":
-        prime_spare()  # it warms up while the request is built
     try:
         check_process(plan.argv, plan.env)  # under every sandbox, before any is set up
         stdin = _encode_params(params)

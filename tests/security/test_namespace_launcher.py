@@ -23,7 +23,7 @@ from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.errors import ExecutionError
 from domain.model import PrimitiveOutcome, ResourceLimits, SubprocessPlan, ToolFile
 from domain.sandbox_policy import SandboxPolicy
-from tests.waiting import WAIT, eventually, process_gone, until
+from tests.waiting import WAIT, process_gone, until
 
 pytestmark = [
     pytest.mark.security,
@@ -136,28 +136,6 @@ async def test_a_mount_step_that_cannot_be_made_fails_that_run_only(
             or "the run cannot start" in failed.value.message), failed.value.message
     outcome = await _run(tmp_path, "print('still serving')")
     assert outcome.ok, outcome.error
-
-
-async def test_a_primed_spare_serves_its_run_however_often_it_was_primed(
-        tmp_path: Path) -> None:
-    assert (await _run(tmp_path, "print('first')")).ok  # a launcher and a spare held
-    launcher = current_launcher()
-    await eventually(lambda: launcher._spares, "a spare held")
-    primed = launcher._spares[0]
-    for _ in range(3):  # before, while and after it polls for its request
-        launcher.prime()
-        await asyncio.sleep(launcher_program.PRIMED_WAIT_SECONDS)
-    pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
-    try:
-        handle = await launcher.start_run(_GOOD | {"system": json.loads(primed.system)},
-                                          [pipes[0][0], pipes[1][1], pipes[2][1]])
-        status, _usage = await handle.exited
-    finally:
-        for ends in pipes:
-            for fd in ends:
-                os.close(fd)
-    assert handle.pid == primed.pid  # the primed PID 1 itself ran it
-    assert status is not None and os.waitstatus_to_exitcode(status) == 0
 
 
 async def test_a_request_the_executor_cannot_send_is_E3401_or_E3405(tmp_path: Path) -> None:
