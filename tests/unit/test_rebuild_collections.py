@@ -1,9 +1,11 @@
-"""A rebuild share runs without automatic garbage collections: after each step it
-collects that step's young objects once and sets the survivors aside."""
+"""A rebuild share runs without automatic garbage collections (after each step it
+collects that step's young objects once and sets the survivors aside), and its
+workers' fork server preloads what the main script imports."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -105,3 +107,20 @@ async def test_a_share_steps_without_collections_and_frees_each_steps_cycles(
     assert _FakeRunner.seen == [(False, True)] * 3
     assert gc.isenabled()
     assert gc.get_freeze_count() == 0
+
+
+def test_the_fork_server_preloads_the_modules_the_main_script_took_names_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import collections
+    import json
+    import types
+
+    class _NotImported:
+        __module__ = "toolexec_not_a_module_anywhere"
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(dumps=json.dumps, collections=collections, length=len,
+                         stranger=_NotImported(), number=3)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert rebuild_workers.preloaded_modules() == [*rebuild_workers.WORKER_MODULES,
+                                                   "collections", "json"]
