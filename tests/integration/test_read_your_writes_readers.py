@@ -1,6 +1,7 @@
 """Read-your-writes for the remaining readers, against a running `toolexec up`: the
 audit commands (`replay`, `verify`, `export`) and `definitions list` in processes of
-their own, and the status page (`GET /`, `GET /status.json`) inside `up`.
+their own, and the status page (`GET /`, `GET /status.json`) and the gateway's list
+of invocations inside `up`.
 
 Each test writes while `up` cannot fold (stopped with SIGSTOP, or its read models'
 SQLite store held by this process), shows that a reader with no wait (bound 0) does
@@ -167,7 +168,7 @@ def _store_held(cwd: Path) -> Iterator[sqlite3.Connection]:
         held.close()  # rolls back: the lock goes
 
 
-async def test_the_status_page_shows_an_invocation_written_before_it_was_asked(
+async def test_the_status_page_and_the_list_show_an_invocation_written_before_asked(
         workdir: Path) -> None:
     invocation_id = f"ryw-page-{uuid.uuid4().hex[:8]}"
     async with httpx.AsyncClient(base_url=runtime(workdir)["gateway_url"],
@@ -176,29 +177,16 @@ async def test_the_status_page_shows_an_invocation_written_before_it_was_asked(
             await _write(workdir, _request(invocation_id), invocation_id, signed=False)
             page = asyncio.create_task(http.get("/"))
             snapshot = asyncio.create_task(http.get("/status.json"))
-            # after the page was asked: what the read model holds (nothing folded since)
+            listed = asyncio.create_task(http.get("/v1/invocations", params={"limit": 1000}))
+            # after they were asked: what the read model holds (nothing folded since)
             assert held.execute("SELECT count(*) FROM invocations WHERE invocation_id = ?",
                                 (invocation_id,)).fetchone() == (0,)
             assert (await http.get("/health")).status_code in (200, 503)
-        shown, refreshed = await page, await snapshot
+        shown, refreshed, answer = await page, await snapshot, await listed
     assert shown.status_code == 200
     assert f'data-invocation="{invocation_id}"' in shown.text
     assert refreshed.status_code == 200
     assert invocation_id in {row["invocation_id"] for row in refreshed.json()["invocations"]}
-
-
-async def test_the_gateway_lists_an_invocation_written_before_it_was_asked(
-        workdir: Path) -> None:
-    invocation_id = f"ryw-list-{uuid.uuid4().hex[:8]}"
-    async with httpx.AsyncClient(base_url=runtime(workdir)["gateway_url"],
-                                 timeout=WAIT) as http:
-        with _store_held(workdir) as held:
-            await _write(workdir, _request(invocation_id), invocation_id, signed=False)
-            listed = asyncio.create_task(http.get("/v1/invocations", params={"limit": 1000}))
-            # after the list was asked: what the read model holds (nothing folded since)
-            assert held.execute("SELECT count(*) FROM invocations WHERE invocation_id = ?",
-                                (invocation_id,)).fetchone() == (0,)
-            assert (await http.get("/health")).status_code in (200, 503)
-        answer = await listed
     assert answer.status_code == 200
     assert invocation_id in {row["invocation_id"] for row in answer.json()["invocations"]}
+
