@@ -161,6 +161,15 @@ class SupervisedBroker:
         state = read_state(self.settings.state_dir)
         return state.data.get("broker_pid") if state is not None else None
 
+    def processes(self) -> list[int]:
+        """Process ids of the Tansu processes serving right now (the broker, and the
+        gate in front of it when there is one)."""
+        state = read_state(self.settings.state_dir)
+        if state is None:
+            return []
+        return [pid for pid in (state.data.get("broker_pid"), state.data.get("gate_pid"))
+                if isinstance(pid, int)]
+
     async def stop(self) -> None:
         """Stop the supervisor (it archives what is left first) and wait for it."""
         await asyncio.to_thread(stop_broker, self.settings)

@@ -7,9 +7,6 @@ it again without leaving a process behind:
 - the broker runs in its own session (process group), so stopping signals all of it;
 - on Linux it gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the thread that started
   it even when that process is killed with SIGKILL;
-- on Linux it runs under `SCHED_BATCH` (`batch_scheduling`) when started under the
-  normal policy: same share of the cores, but its wake-ups do not preempt a running
-  tool or the pipeline;
 - a `weakref.finalize` (also run at interpreter exit) stops it if the owner forgets.
 
 Its output goes to `<log_dir>/tansu-<port>-<random>.log` (`log_path`), never to the
@@ -114,9 +111,8 @@ async def _create_topics(bootstrap: str, topics: Mapping[str, int], replication_
         await admin.close()
 
 
-def _tansu_preexec(parent_pid: int) -> Callable[[], None] | None:
-    """preexec_fn for the broker: SIGKILL it when the starting thread goes away, and
-    schedule it as a batch process (Linux)."""
+def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """preexec_fn for the broker: SIGKILL it when the starting thread goes away (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
 
@@ -125,26 +121,8 @@ def _tansu_preexec(parent_pid: int) -> Callable[[], None] | None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
-        batch_scheduling()
 
     return preexec
-
-
-def batch_scheduling() -> None:
-    """Put the calling process (the broker's child before its exec; its threads inherit
-    it) under SCHED_BATCH if it runs under SCHED_OTHER: a real-time or idle policy is
-    kept. Best effort.
-
-    Tansu's runtime wakes its threads several times per request, and on the few cores
-    the embedded profile shares with the tools and the pipeline, each wake-up under the
-    normal policy preempted whatever ran: a sequential invocation's tool was preempted
-    by the broker ~17 times per run, answering the 1 ms fetch polls of the consumers
-    waiting for its end. A batch process keeps its fair share of the cores, so its
-    work is not starved, but waits for the next tick or a free core instead of
-    preempting on wake-up."""
-    with contextlib.suppress(OSError):
-        if os.sched_getscheduler(0) == os.SCHED_OTHER:
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
 def _stop_process(process: subprocess.Popen[bytes], grace: float) -> None:
@@ -181,13 +159,13 @@ def proxy_argv(binary: str, listener: str, origin: str) -> list[str]:
 def spawn_tansu(argv: list[str], log_file: IO[bytes],
                 extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start a Tansu process in its own session, output to `log_file`, killed (Linux)
-    when the thread that started it goes away, as a batch process (`batch_scheduling`)."""
+    when the thread that started it goes away."""
     env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
     env.update(extra_env or {})
     env["NO_COLOR"] = "1"  # plain log files
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                            preexec_fn=_tansu_preexec(os.getpid()))
+                            preexec_fn=_die_with_parent(os.getpid()))
 
 
 class EmbeddedBroker:

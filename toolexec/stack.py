@@ -28,6 +28,7 @@ from consumers.adapters.checkpoint_store import FileCheckpointStore
 from consumers.adapters.claim_store import RedisClaims, SqliteClaims
 from consumers.adapters.decision_cache import DecisionStore, MemoryDecisions, RedisDecisions
 from consumers.adapters.policy_engine import CedarEvaluator, cedar_text_from_json, compile_policies
+from consumers.ports import PrimitiveRunner
 from consumers.primitives.file_store import ContentStore
 from consumers.primitives.runner import Primitives
 from consumers.primitives.sandbox_launch import warn_about_isolation
@@ -53,6 +54,7 @@ from projections.policy_view import PolicyView
 from projections.registry_view import RegistryLogView
 from toolexec import keys
 from toolexec.broker_control import BrokerWatch, SupervisedBroker, ensure_broker
+from toolexec.broker_yield import BrokerYield, YieldingRunner
 from toolexec.deferred_commits import DeferredCommits
 from toolexec.embedded_broker import ensure_topics
 from toolexec.logs import reset_repeated_errors
@@ -446,6 +448,17 @@ class Stack:
             await commits.commit(message.consumer, positions, now=changed)
 
 
+    def _runner(self) -> PrimitiveRunner:
+        """The primitives; with the embedded broker on this host, subprocess tools run
+        with the broker yielding the cores to them (toolexec.broker_yield)."""
+        assert self._primitives is not None
+        if self.embedded is None:
+            return self._primitives
+        return YieldingRunner(self._primitives, BrokerYield(self._broker_processes))
+
+    def _broker_processes(self) -> list[int]:
+        return self.embedded.processes() if self.embedded is not None else []
+
     def _pipeline(self, state: Path) -> Pipeline:
         assert self._producer is not None
         sandbox = resolve_sandbox(self.settings.effective_sandbox,
@@ -483,7 +496,7 @@ class Stack:
                 verified=VerifiedTokens(lifetime=keys.token_lifetime(self.settings)),
                 approval_ttl_seconds=self.settings.approval_ttl_seconds,
                 opener=keys.token_opener(self.settings)),
-            runner=self._primitives, claims=self._claims, secrets=env_snapshot.get,
+            runner=self._runner(), claims=self._claims, secrets=env_snapshot.get,
             random=random.random, gate=AttemptGate(circuits=self.circuits, canaries=canaries),
             credential_grants=self.settings.credential_grants_policy(),
             checkpoints=FileCheckpointStore(state / "checkpoints"),

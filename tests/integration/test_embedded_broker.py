@@ -55,18 +55,6 @@ async def test_stopping_the_broker_leaves_no_process(tmp_path: Path) -> None:
     assert broker.log_path is not None and broker.log_path.parent == tmp_path
 
 
-async def test_the_broker_and_its_threads_run_as_batch_processes(tmp_path: Path) -> None:
-    """Its wake-ups must not preempt a running tool (embedded_broker.batch_scheduling);
-    the suite itself runs under the normal policy."""
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
-    async with EmbeddedBroker(log_dir=tmp_path) as broker:
-        assert broker.pid is not None
-        threads = [int(tid) for tid in os.listdir(f"/proc/{broker.pid}/task")]
-        assert len(threads) > 1  # its runtime's workers, started after the exec
-        assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_BATCH}
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the starter's stays
-
-
 async def test_broker_moves_to_another_port_when_its_port_is_taken(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as taken:
