@@ -447,7 +447,6 @@ class Stack:
             changed = bool(published) or next(reversed(deps.book.counted), None) != last_counted
             await commits.commit(message.consumer, positions, now=changed)
 
-
     def _runner(self) -> PrimitiveRunner:
         """The primitives; with the embedded broker on this host, subprocess tools run
         with the broker yielding the cores to them (toolexec.broker_yield)."""
