@@ -66,6 +66,9 @@ GROUP_PIN_SECONDS = 24 * 3600.0
 """A consumer group whose commits changed this recently keeps the records it has not
 consumed in the broker through retention."""
 COMPACT = "compact"
+COMPACT_RETRY_SECONDS = 30.0
+"""After a compaction the archive could not catch up with (the gate reopened, nothing
+lost), how long before it is tried again."""
 
 
 class Refused(RuntimeError):
@@ -93,6 +96,7 @@ class Supervisor:
         self._observed_high: dict[tuple[str, int], int] = {}
         self._lock_fd: int | None = None
         self._compacted_clean = False
+        self._compact_not_before = 0.0
 
     # -- state file ------------------------------------------------------------------------
     def _write(self, **changes: Any) -> None:
@@ -296,7 +300,9 @@ class Supervisor:
                 self._progress(archiver)
                 next_progress = time.monotonic() + PROGRESS_SECONDS
                 if self._compaction_due(archiver):
-                    return await self._compact(gate, archiver)
+                    outcome = await self._compact(gate, archiver)
+                    if outcome is not None:
+                        return outcome
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.1)
 
@@ -305,19 +311,30 @@ class Supervisor:
         (at a quiet moment, or regardless at four times the threshold)?"""
         threshold = self.settings.broker_compact_after_records
         taken = archiver.archived_records
-        if threshold <= 0 or taken < threshold:
+        if threshold <= 0 or taken < threshold or time.monotonic() < self._compact_not_before:
             return False
         quiet = time.monotonic() - archiver.last_archived_at
         return quiet >= self.settings.broker_compact_quiet_seconds or taken >= 4 * threshold
 
-    async def _compact(self, gate: BrokerGate | None, archiver: LogArchiver) -> str:
-        """Stop taking records and archive the rest, for a restart from the archive."""
+    async def _compact(self, gate: BrokerGate | None, archiver: LogArchiver) -> str | None:
+        """Stop taking records and archive the rest, for a restart from the archive
+        (COMPACT). Behind a gate, when the archive cannot catch up within DRAIN_SECONDS
+        (a busy machine), the gate opens again and the broker keeps serving (None): a
+        planned restart never drops a record a client was told was written; it is
+        tried again after COMPACT_RETRY_SECONDS."""
         log.warning("broker_supervisor.compacting", records_since_start=archiver.archived_records,
                     threshold=self.settings.broker_compact_after_records)
         if gate is not None:
             gate.close()  # exact: nobody writes while the rest is archived
         caught_up = await archiver.drain(DRAIN_SECONDS)
         self._observed_high.update(archiver.observed_high)
+        if gate is not None and not caught_up:
+            await gate.open()
+            self._write(gate_pid=gate.pid)
+            self._compact_not_before = time.monotonic() + COMPACT_RETRY_SECONDS
+            log.warning("broker_supervisor.compaction_postponed",
+                        lag=sum(archiver.lag().values()), retry_in_seconds=COMPACT_RETRY_SECONDS)
+            return None
         self._compacted_clean = caught_up and gate is not None
         return COMPACT
 
