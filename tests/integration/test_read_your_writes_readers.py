@@ -1,6 +1,6 @@
 """Read-your-writes for the remaining readers, against a running `toolexec up`: the
-audit commands (`replay`, `verify`, `export`) and `definitions list` in processes of
-their own, and the status page (`GET /`, `GET /status.json`) and the gateway's list
+audit commands (`replay`, `verify`, `export`), `definitions list`, `policy test` and
+the pins `lock` records in processes of their own, and the status page (`GET /`, `GET /status.json`) and the gateway's list
 of invocations inside `up`.
 
 Each test writes while `up` cannot fold (stopped with SIGSTOP, or its read models'
@@ -27,10 +27,17 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from aiokafka import AIOKafkaProducer
 
 from contracts.envelope import new_envelope
-from contracts.events import EventData, InvokeRequested, ToolDefinitionPinned
+from contracts.events import (
+    ChainLink,
+    EventData,
+    InvokeRequested,
+    PermissionDecided,
+    ToolDefinitionPinned,
+)
 from contracts.fact_signature import FactSigner
 from contracts.kafka_binding import encode, send_event
 from tests.cli_process import clean_env, runtime, serving_up, toolexec
@@ -153,6 +160,77 @@ async def test_definitions_list_shows_a_pin_written_before_it(workdir: Path) -> 
     [pin] = json.loads(stdout)["definitions"]
     assert (pin["server_tool_id"], pin["mcp_tool_name"], pin["state"]) == \
         (server, "lookup", "pinned")
+
+
+def _decided(invocation_id: str, tool_id: str) -> PermissionDecided:
+    link = ChainLink(tool_id=tool_id, version="1.0.0", integrity=INTEGRITY,
+                     tool_type="script", executor=None)
+    return PermissionDecided(invocation_id=invocation_id, tool_id=tool_id, version="1.0.0",
+                             decision="allow", reason="test", subject="agent:test",
+                             enforced=True, chain=[link])
+
+
+def _looked_at(stdout: str) -> int:
+    """How many recorded decisions a `policy test --json` read (replayed or left out)."""
+    answer = json.loads(stdout)
+    return answer["replayed"] + answer["skipped"]
+
+
+async def test_policy_test_replays_a_decision_recorded_before_it(workdir: Path) -> None:
+    tool_id = f"ryw_tool_{uuid.uuid4().hex[:8]}"
+    candidate = workdir / f"{tool_id}.cedar"
+    candidate.write_text("forbid(principal, action, resource);\n", encoding="utf-8")
+    args = ("policy", "test", str(candidate), "--tool", tool_id, "--json")
+    with _up_stopped(workdir):
+        await _write(workdir, _decided(f"ryw-policy-{uuid.uuid4().hex[:8]}", tool_id),
+                     tool_id, signed=True)
+        patient = _patient(workdir, *args)
+        unfolded = await asyncio.to_thread(toolexec, *args, cwd=workdir, env=HASTY)
+        assert unfolded.returncode == 0, unfolded.stderr
+        assert _looked_at(unfolded.stdout) == 0
+
+    code, stdout, stderr = await asyncio.to_thread(_answer, patient)
+    assert code == 0, stderr
+    assert _looked_at(stdout) == 1
+
+
+def _mcp_tools(root: Path, server: str, tool: str) -> Path:
+    """A local MCP server manifest and one of its tools (never started: `lock` only
+    resolves and verifies the chain)."""
+    (root / server).mkdir(parents=True)
+    (root / server / "server.py").write_text("", encoding="utf-8")
+    manifest = {"tool_id": server, "version": "1.0.0", "tool_type": "mcp_server",
+                "executor": "subprocess", "description": "An MCP server.",
+                "config": {"transport": "stdio", "command": sys.executable,
+                           "args": ["server.py"]}}
+    (root / server / "tool.yaml").write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    leaf = {"tool_id": tool, "version": "1.0.0", "tool_type": "mcp_tool",
+            "executor": server, "description": "Echo through the server.",
+            "config": {"mcp_tool_name": "echo"},
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}
+    (root / f"{tool}.yaml").write_text(yaml.safe_dump(leaf), encoding="utf-8")
+    return root
+
+
+async def test_lock_records_a_definition_pinned_before_it(workdir: Path) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    server, tool = f"ryw_mcp_{suffix}", f"ryw_echo_{suffix}"
+    tools = _mcp_tools(workdir / f"tools-{suffix}", server, tool)
+    definition_hash = "sha256:" + uuid.uuid4().hex * 2
+    pinned = ToolDefinitionPinned(server_tool_id=server, server_version="1.0.0",
+                                  server_integrity=INTEGRITY, mcp_tool_name="echo",
+                                  definition_hash=definition_hash, definition={"name": "echo"})
+    args = ("lock", tool, "--tools", str(tools), "--json")
+    with _up_stopped(workdir):
+        await _write(workdir, pinned, server, signed=True)
+        patient = _patient(workdir, *args)
+        unfolded = await asyncio.to_thread(toolexec, *args, cwd=workdir, env=HASTY)
+        assert unfolded.returncode == 0, unfolded.stderr
+        assert "definition_hash" not in json.loads(unfolded.stdout)["resolved_chain"][0]
+
+    code, stdout, stderr = await asyncio.to_thread(_answer, patient)
+    assert code == 0, stderr
+    assert json.loads(stdout)["resolved_chain"][0]["definition_hash"] == definition_hash
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -23,6 +23,11 @@ from toolexec.cli.output import bad_usage, echo_json, fail_with
 from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
 from toolexec.runtime_file import read_runtime
 from toolexec.settings import Settings, kafka_client_options
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from domain.policy_what_if import WhatIf
 
 err = Console(stderr=True)
 out = Console()
@@ -217,6 +222,7 @@ def _what_if(file: Path, set_id: str | None, version: str | None, since: str | N
              tool: str | None, as_json: bool) -> None:
     from toolexec.cli.projections import with_engine
     from toolexec.usecases.policy import policy_what_if, read_policy_file, what_if_json
+    from toolexec.usecases.read_your_writes import read_after_writes
 
     settings = Settings()
     moment = _since(since, as_json)
@@ -224,9 +230,16 @@ def _what_if(file: Path, set_id: str | None, version: str | None, since: str | N
         text = read_policy_file(file)
     except ToolexecError as error:
         fail_with(error, as_json)
-    result = with_engine(settings, lambda engine: policy_what_if(
-        engine, text, policy_set_id=set_id or file.stem, version=version, since=moment,
-        tool_id=tool, default=settings.policy_default), as_json)
+
+    async def work(engine: AsyncEngine) -> WhatIf:
+        # read-your-writes: the decisions, policy sets and tools on the log when asked
+        await asyncio.gather(read_after_writes(settings, engine, "audit"),
+                             read_after_writes(settings, engine, "registry"))
+        return await policy_what_if(
+            engine, text, policy_set_id=set_id or file.stem, version=version, since=moment,
+            tool_id=tool, default=settings.policy_default)
+
+    result = with_engine(settings, work, as_json)
     answer = what_if_json(result)
     if as_json:
         echo_json(answer)
