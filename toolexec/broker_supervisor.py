@@ -308,13 +308,21 @@ class Supervisor:
 
     def _compaction_due(self, archiver: LogArchiver) -> bool:
         """Has the broker taken enough since it started to be restarted from the archive
-        (at a quiet moment, or regardless at four times the threshold)?"""
+        (at a quiet moment, or regardless at four times the threshold)?
+
+        Quiet means nothing archived for a while with nothing left to archive: an
+        archiver that stalls behind a busy broker archives nothing either, and a
+        compaction then would close the gate on writers for nothing (it is postponed
+        when the archive cannot catch up)."""
         threshold = self.settings.broker_compact_after_records
         taken = archiver.archived_records
         if threshold <= 0 or taken < threshold or time.monotonic() < self._compact_not_before:
             return False
-        quiet = time.monotonic() - archiver.last_archived_at
-        return quiet >= self.settings.broker_compact_quiet_seconds or taken >= 4 * threshold
+        if taken >= 4 * threshold:
+            return True
+        idle = time.monotonic() - archiver.last_archived_at
+        return idle >= self.settings.broker_compact_quiet_seconds and not any(
+            archiver.lag().values())
 
     async def _compact(self, gate: BrokerGate | None, archiver: LogArchiver) -> str | None:
         """Stop taking records and archive the rest, for a restart from the archive
