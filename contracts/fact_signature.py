@@ -178,17 +178,7 @@ class FactVerifier:
     def verify(self, headers: Iterable[tuple[str, Any]], value: bytes | None) -> Verdict:
         """The verdict on the record with `headers` and `value`."""
         headers = list(headers)
-        kid = digests = signature = None
-        for name, raw in headers:
-            if name in SIGNATURE_HEADERS:
-                text = raw.decode("ascii", "replace") if isinstance(raw, bytes | bytearray) \
-                    else str(raw)
-                if name == CE_PREFIX + KID:
-                    kid = text
-                elif name == CE_PREFIX + SET:
-                    digests = text
-                else:
-                    signature = text
+        kid, digests, signature = _signature_values(headers)
         if kid is None and digests is None and signature is None:
             return Verdict.UNSIGNED
         if not (kid and digests and signature):
@@ -214,6 +204,29 @@ class FactVerifier:
             valid = False
         _remember(kid, digests, signature, valid)
         return valid
+
+
+_TAIL: Final = (CE_PREFIX + KID, CE_PREFIX + SET, CE_PREFIX + SIG)
+"""The signature headers in the order `FactSigner` appends them, last of a record."""
+
+
+def _signature_values(headers: list[tuple[str, Any]]) -> tuple[str | None, ...]:
+    """(key id, digests, signature) as text: the last value of each signature header
+    (None where there is none). A record as the pipeline writes it ends with the three,
+    in `_TAIL`'s order: the last of each, read without walking the other headers."""
+    if len(headers) >= 3:
+        tail = headers[-3:]
+        (kid, raw_kid), (digests, raw_digests), (sig, raw_sig) = tail
+        if (kid, digests, sig) == _TAIL and type(raw_kid) is bytes \
+                and type(raw_digests) is bytes and type(raw_sig) is bytes:
+            return (raw_kid.decode("ascii", "replace"), raw_digests.decode("ascii", "replace"),
+                    raw_sig.decode("ascii", "replace"))
+    found: dict[str, str] = {}
+    for name, raw in headers:
+        if name in SIGNATURE_HEADERS:
+            found[name] = raw.decode("ascii", "replace") if isinstance(raw, bytes | bytearray) \
+                else str(raw)
+    return tuple(found.get(name) for name in _TAIL)
 
 
 def forget_checked() -> None:

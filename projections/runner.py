@@ -622,6 +622,9 @@ class ProjectionRunner:
 
     def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
         out = []
+        topic, partition = tp.topic, tp.partition
+        verify = self._verifier.verify if topic in self._signed_topics \
+            and self._verifier is not None else None
         for record in records:
             try:
                 envelope = decode(record.key, record.value, record.headers)
@@ -632,15 +635,14 @@ class ProjectionRunner:
                             reason=bad.error.message)
                 continue
             verdict = None
-            if tp.topic in self._signed_topics:
-                assert self._verifier is not None
-                verdict = self._verifier.verify(record.headers, record.value).value
+            if verify is not None:
+                verdict = verify(record.headers, record.value).value
                 if verdict != "valid":
                     self.stats.untrusted += 1
                     log.warning("projection.untrusted_fact", projection=self.name,
                                 topic=tp.topic, partition=tp.partition, offset=record.offset,
                                 type=envelope.type, verdict=verdict, code="E3804")
-            out.append(Record(tp.topic, tp.partition, record.offset, envelope, verdict))
+            out.append(Record(topic, partition, record.offset, envelope, verdict))
         return out
 
     @staticmethod

@@ -18,6 +18,7 @@ from contracts.fact_signature import (
     FactSigner,
     FactVerifier,
     Verdict,
+    _signature_values,
     _written_digest,
     key_id,
     record_digest,
@@ -125,3 +126,49 @@ def test_a_written_fact_takes_the_bytes_reading() -> None:
     signed = FactSigner(_KEY).sign(_records())[0]
     assert _written_digest(signed.headers, signed.value) == record_digest(
         tuple(signed.headers), signed.value)
+
+
+def _signature_values_walked(headers: list[tuple[str, object]]) -> tuple[str | None, ...]:
+    """The signature headers read as `FactVerifier.verify` read them before the tail
+    was read directly: every header walked, the last of each name kept."""
+    kid = digests = signature = None
+    for name, raw in headers:
+        if name in (CE_PREFIX + "sigkid", CE_PREFIX + "sigset", CE_PREFIX + SIG):
+            text = raw.decode("ascii", "replace") if isinstance(raw, bytes | bytearray) \
+                else str(raw)
+            if name == CE_PREFIX + "sigkid":
+                kid = text
+            elif name == CE_PREFIX + "sigset":
+                digests = text
+            else:
+                signature = text
+    return kid, digests, signature
+
+
+_signature_names = st.sampled_from([CE_PREFIX + "sigkid", CE_PREFIX + "sigset", CE_PREFIX + SIG,
+                                    "ce_id", "CE_SIG", "ce_sigs"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(before=st.lists(st.tuples(_signature_names | _names, _values), max_size=6),
+       tail=st.lists(st.tuples(_signature_names, _values), max_size=4),
+       as_written=st.booleans())
+def test_the_signature_headers_read_from_the_tail_are_the_last_of_each_name(
+        before: list[tuple[str, object]], tail: list[tuple[str, object]],
+        as_written: bool) -> None:
+    """Forged or repeated signature headers anywhere, the tail as the signer writes it
+    or not: the values read are the last of each name, as a walk of every header gives."""
+    signed = FactSigner(_KEY).sign(_records())[0].headers
+    headers = [*before, *(signed if as_written else []), *tail]
+    assert _signature_values(headers) == _signature_values_walked(headers)
+
+
+def test_a_forged_signature_header_before_the_written_ones_changes_no_verdict() -> None:
+    records = FactSigner(_KEY).sign(_records())
+    verifier = FactVerifier([_KEY.public_key()])
+    forged = [replace(r, headers=[(CE_PREFIX + SIG, b"forged"), (CE_PREFIX + "sigset", b"0" * 32),
+                                  *r.headers]) for r in records]
+    assert [_check(verifier, r) for r in forged] == [Verdict.VALID] * 3
+    # the last one read decides: a forged signature after the written ones is refused
+    tampered = [replace(r, headers=[*r.headers, (CE_PREFIX + SIG, b"forged")]) for r in records]
+    assert [_check(verifier, r) for r in tampered] == [Verdict.INVALID] * 3
