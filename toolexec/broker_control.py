@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,8 @@ class SupervisedBroker:
     supervisor_pid: int
     started_here: bool
     process: subprocess.Popen[bytes] | None = None
+    _processes: tuple[tuple[int, int, int], list[int]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @property
     def pid(self) -> int | None:
@@ -163,12 +165,20 @@ class SupervisedBroker:
 
     def processes(self) -> list[int]:
         """Process ids of the Tansu processes serving right now (the broker, and the
-        gate in front of it when there is one)."""
-        state = read_state(self.settings.state_dir)
-        if state is None:
+        gate in front of it when there is one). The state file is parsed again only
+        when it was replaced (`write_state` renames a new file over it)."""
+        try:
+            stat = state_path(self.settings.state_dir).stat()
+        except FileNotFoundError:
             return []
-        return [pid for pid in (state.data.get("broker_pid"), state.data.get("gate_pid"))
+        version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if self._processes is None or self._processes[0] != version:
+            state = read_state(self.settings.state_dir)
+            pids = [] if state is None else [
+                pid for pid in (state.data.get("broker_pid"), state.data.get("gate_pid"))
                 if isinstance(pid, int)]
+            self._processes = (version, pids)
+        return list(self._processes[1])
 
     async def stop(self) -> None:
         """Stop the supervisor (it archives what is left first) and wait for it."""

@@ -15,14 +15,22 @@ fetches that carry them) keep the normal policy: a broker that is batch all the 
 made those hops slower when the cores were busy and cost API invocations (no
 subprocess, so never switched here) throughput. A broker under a real-time or idle
 policy is left as it is.
+
+The switch to batch is off the run's path: it is deferred (`defer`, in a stack the
+event loop's next turn, by then the runner has sent its spawn and awaits the tool),
+so the run does not wait for the broker's processes to be read and its threads
+listed and switched; a run that ends before the deferred switch happened cancels it.
+The switch back stays on the path, before the run's terminal fact is produced: the
+threads are listed again then (a thread the broker started meanwhile inherited batch).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from consumers.ports import PrimitiveRunner, ToolSession
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan
@@ -44,15 +52,35 @@ def set_threads_policy(pid: int, policy: int) -> None:
                 os.sched_setscheduler(tid, policy, os.sched_param(0))
 
 
+class Deferred(Protocol):
+    """A call scheduled for later (an `asyncio.Handle`)."""
+
+    def cancel(self) -> None: ...
+
+
+def at_once(call: Callable[[], None]) -> None:
+    """Run `call` now (no deferral)."""
+    call()
+
+
+def next_loop_turn(call: Callable[[], None]) -> Deferred:
+    """Run `call` at the running event loop's next turn."""
+    return asyncio.get_running_loop().call_soon(call)
+
+
 class BrokerYield:
     """Counts the subprocess tools running; the broker's processes (`pids()`, read
-    when the first one starts) are batch while any runs."""
+    when the switch to batch is made) are batch while any runs. `defer` schedules
+    that switch (the default: at once; a stack defers it to the loop's next turn)."""
 
     def __init__(self, pids: Callable[[], Iterable[int]], *,
-                 set_policy: Callable[[int, int], None] = set_threads_policy) -> None:
+                 set_policy: Callable[[int, int], None] = set_threads_policy,
+                 defer: Callable[[Callable[[], None]], Deferred | None] = at_once) -> None:
         self._pids = pids
         self._set_policy = set_policy
+        self._defer = defer
         self._running = 0
+        self._pending: Deferred | None = None
         self._yielding: tuple[int, ...] = ()
 
     @contextlib.contextmanager
@@ -60,15 +88,23 @@ class BrokerYield:
         """Around one tool's run."""
         self._running += 1
         if self._running == 1:
-            self._yielding = tuple(self._pids())
-            self._apply(os.SCHED_BATCH)
+            self._pending = self._defer(self._to_batch)
         try:
             yield
         finally:
             self._running -= 1
             if self._running == 0:
+                if self._pending is not None:  # ended before the switch was made
+                    self._pending.cancel()
+                    self._pending = None
                 self._apply(os.SCHED_OTHER)
                 self._yielding = ()
+
+    def _to_batch(self) -> None:
+        self._pending = None
+        if self._running > 0:
+            self._yielding = tuple(self._pids())
+            self._apply(os.SCHED_BATCH)
 
     def _apply(self, policy: int) -> None:
         for pid in self._yielding:

@@ -259,7 +259,7 @@ class InvocationClient:
         self._pacer.busy()
         try:
             await self._deliver(envelope, deadline)
-            return await _terminal(waiter, invocation_id, deadline, timeout)
+            return await _terminal(waiter, invocation_id, deadline, timeout, shared=False)
         finally:
             self._waiters.pop(invocation_id, None)
             self._progress.pop(invocation_id, None)
@@ -389,11 +389,13 @@ def _only_progress(progress: Progress | None) -> Progress | None:
 
 
 async def _terminal(waiter: asyncio.Future[Envelope], invocation_id: str, deadline: float,
-                    timeout: float) -> Envelope:
-    """The terminal event `waiter` gets, or E3002 when it does not come by `deadline`."""
-    remaining = max(deadline - asyncio.get_running_loop().time(), 0)
+                    timeout: float, *, shared: bool = True) -> Envelope:
+    """The terminal event `waiter` gets, or E3002 when it does not come by `deadline`.
+    A `shared` waiter (a local run's) is never cancelled from here; one of this call's
+    own is awaited as it is (each layer around it costs a turn of the event loop)."""
     try:
-        return await asyncio.wait_for(asyncio.shield(waiter), remaining)
+        async with asyncio.timeout_at(deadline):
+            return await (asyncio.shield(waiter) if shared else waiter)
     except TimeoutError:
         raise InvocationUnresolved(
             f"no terminal event for invocation {invocation_id} within {timeout:g} s; "

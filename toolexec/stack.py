@@ -54,7 +54,7 @@ from projections.policy_view import PolicyView
 from projections.registry_view import RegistryLogView
 from toolexec import keys
 from toolexec.broker_control import BrokerWatch, SupervisedBroker, ensure_broker
-from toolexec.broker_yield import BrokerYield, YieldingRunner
+from toolexec.broker_yield import BrokerYield, YieldingRunner, next_loop_turn
 from toolexec.deferred_commits import DeferredCommits
 from toolexec.embedded_broker import ensure_topics
 from toolexec.logs import reset_repeated_errors
@@ -453,7 +453,8 @@ class Stack:
         assert self._primitives is not None
         if self.embedded is None:
             return self._primitives
-        return YieldingRunner(self._primitives, BrokerYield(self._broker_processes))
+        return YieldingRunner(self._primitives,
+                              BrokerYield(self._broker_processes, defer=next_loop_turn))
 
     def _broker_processes(self) -> list[int]:
         return self.embedded.processes() if self.embedded is not None else []

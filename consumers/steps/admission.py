@@ -94,6 +94,13 @@ async def enter_attempt(gate: AttemptGate, manifest: Mapping[str, Any],
     return AttemptPass(timeout, timeout < plan_timeout, canary)
 
 
+def may_wait(gate: AttemptGate, manifest: Mapping[str, Any]) -> bool:
+    """Whether `enter_attempt` may suspend for this tool (a breaker to ask about its
+    external service, or a rate limit to wait for); otherwise it returns at once."""
+    return ((gate.circuits is not None and bool(manifest.get("external_service")))
+            or RateLimitConfig.from_manifest(manifest) is not None)
+
+
 async def _admit(gate: AttemptGate, service: str | None, manifest: Mapping[str, Any],
                  now: datetime) -> str | None:
     """Ask the breaker; returns the service when a canary slot was taken."""

@@ -51,6 +51,7 @@ from consumers.steps.admission import (
     AttemptGate,
     enter_attempt,
     leave_attempt,
+    may_wait,
     outcome_past_deadline,
 )
 from consumers.steps.cancellation import Cancellations, JobCancelled
@@ -222,9 +223,12 @@ async def _run_attempts(event: Envelope, decision: PermissionDecided, chain: Res
             if cancels.is_cancelled(decision.invocation_id):
                 raise cancels.error(decision.invocation_id)
             resume = await on_log.reports.resume_state(deps.checkpoints) if resumable else None
-            passed = await cancels.interruptible(decision.invocation_id, enter_attempt(
-                deps.gate, manifest, decision.deadline, plan.timeout_seconds,
-                clock=deps.clock, sleep=deps.sleep))
+            entering = enter_attempt(deps.gate, manifest, decision.deadline,
+                                     plan.timeout_seconds, clock=deps.clock, sleep=deps.sleep)
+            # Only checks that may wait need a task a cancel can stop; the others end at
+            # once (a task would cost the attempt a turn of the event loop).
+            passed = await (cancels.interruptible(decision.invocation_id, entering)
+                            if may_wait(deps.gate, manifest) else entering)
         except ToolexecError as refused:  # E3002 deadline, E3501 breaker, E3504 rate
             # limit, E3703 cancelled before the attempt started, E3903/E3904 the
             # checkpoint to resume from cannot be restored

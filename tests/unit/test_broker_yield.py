@@ -7,12 +7,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from domain.model import HttpPlan, PrimitiveOutcome, SubprocessPlan
-from toolexec.broker_yield import BrokerYield, YieldingRunner, set_threads_policy
+from toolexec import broker_control
+from toolexec.broker_control import SupervisedBroker
+from toolexec.broker_yield import BrokerYield, YieldingRunner, next_loop_turn, set_threads_policy
+from toolexec.settings import Settings
 
 THREADS_SCRIPT = """
 import sys, threading
@@ -117,3 +121,88 @@ def test_only_subprocess_plans_hold_the_yield() -> None:
     assert seen == [True, False]
     assert calls == [(5, os.SCHED_BATCH), (5, os.SCHED_OTHER)]
     assert runner.sandbox == "rlimits"
+
+
+class Later:
+    """A deferral the test runs by hand."""
+
+    def __init__(self) -> None:
+        self.calls: list[Callable[[], None]] = []
+        self.cancelled = 0
+
+    def __call__(self, call: Callable[[], None]) -> Later:
+        self.calls.append(call)
+        return self
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+
+    def run(self) -> None:
+        self.calls.pop(0)()
+
+
+def test_the_switch_to_batch_is_made_when_its_deferred_turn_comes() -> None:
+    calls, set_policy = recorder()
+    reads: list[int] = []
+    later = Later()
+    broker = BrokerYield(lambda: reads.append(1) or [3], set_policy=set_policy, defer=later)
+    with broker.tool_running():
+        assert calls == [] and reads == []  # nothing on the run's path
+        later.run()
+        assert calls == [(3, os.SCHED_BATCH)]
+    assert calls == [(3, os.SCHED_BATCH), (3, os.SCHED_OTHER)]
+    assert later.cancelled == 0
+
+
+def test_a_run_that_ends_before_the_deferred_switch_switches_nothing() -> None:
+    calls, set_policy = recorder()
+    later = Later()
+    broker = BrokerYield(lambda: [3], set_policy=set_policy, defer=later)
+    with broker.tool_running():
+        pass
+    assert later.cancelled == 1
+    assert calls == []
+
+
+def test_in_a_runner_the_switch_comes_once_the_run_awaits() -> None:
+    calls, set_policy = recorder()
+    broker = BrokerYield(lambda: [9], set_policy=set_policy, defer=next_loop_turn)
+    seen: list[list[tuple[int, int]]] = []
+
+    class Spawning:
+        sandbox = "rlimits"
+
+        async def run(self, plan: Any, params: Mapping[str, Any], *,
+                      secrets: Callable[[str], str | None],
+                      session: Any = None) -> PrimitiveOutcome:
+            seen.append(list(calls))  # the spawn: before any switch
+            await asyncio.sleep(0)  # the tool runs
+            seen.append(list(calls))
+            return PrimitiveOutcome(ok=True)
+
+    runner = YieldingRunner(Spawning(), broker)
+    asyncio.run(runner.run(SubprocessPlan(argv=("true",)), {}, secrets=lambda name: None))
+    assert seen == [[], [(9, os.SCHED_BATCH)]]
+    assert calls == [(9, os.SCHED_BATCH), (9, os.SCHED_OTHER)]
+
+
+def test_the_broker_processes_are_read_again_only_when_the_state_file_is_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(state_dir=tmp_path)
+    broker = SupervisedBroker(settings, "127.0.0.1:1", supervisor_pid=1, started_here=False)
+    assert broker.processes() == []  # no state file yet
+    parsed: list[int] = []
+    real_read = broker_control.read_state
+
+    def counting_read(state_dir: Path) -> Any:
+        parsed.append(1)
+        return real_read(state_dir)
+
+    monkeypatch.setattr(broker_control, "read_state", counting_read)
+    broker_control.write_state(tmp_path, {"broker_pid": 41, "gate_pid": 42})
+    assert broker.processes() == [41, 42]
+    assert broker.processes() == [41, 42]
+    assert len(parsed) == 1
+    broker_control.write_state(tmp_path, {"broker_pid": 43})  # a restarted broker
+    assert broker.processes() == [43]
+    assert len(parsed) == 2

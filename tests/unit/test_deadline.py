@@ -13,6 +13,7 @@ from consumers.steps.admission import (
     AttemptPass,
     enter_attempt,
     leave_attempt,
+    may_wait,
     outcome_past_deadline,
 )
 from contracts.envelope import new_envelope
@@ -152,3 +153,31 @@ def test_a_timeout_caused_by_the_deadline_is_reported_as_E3002() -> None:
     assert cut.error is not None and cut.error["code"] == "E3002"
     own = outcome_past_deadline(timed_out, AttemptPass(2.0, capped_by_deadline=False))
     assert own is timed_out
+
+
+def run_without_suspending(gate: AttemptGate, manifest: dict) -> AttemptPass:
+    """enter_attempt driven by hand: fails if it suspends even once."""
+    clock = Clock()
+    entering = enter_attempt(gate, manifest, later(4), 30, clock=clock, sleep=clock.sleep)
+    with pytest.raises(StopIteration) as ended:
+        entering.send(None)
+    return ended.value.value
+
+
+def test_checks_that_cannot_wait_end_without_suspending() -> None:
+    """What the execute step relies on to await them without a task of their own."""
+    script = {"tool_id": "script"}
+    view = opened(CircuitView(), later(-10))
+    assert not may_wait(AttemptGate(), script)
+    assert not may_wait(AttemptGate(circuits=view), script)  # no service to ask about
+    assert not may_wait(AttemptGate(), API)  # a service, but no breaker in this process
+    assert run_without_suspending(AttemptGate(), script).timeout_seconds == 4
+    assert run_without_suspending(AttemptGate(circuits=view), script).canary_service is None
+    assert run_without_suspending(AttemptGate(), API).canary_service is None
+
+
+def test_checks_that_may_wait_are_known() -> None:
+    assert may_wait(AttemptGate(circuits=CircuitView()), API)
+    limited = {"tool_id": "script", "rate_limit": {"requests_per_second": 2, "burst": 1}}
+    assert may_wait(AttemptGate(), limited)
+    assert not may_wait(AttemptGate(), {**limited, "rate_limit": {"requests_per_second": 0}})
