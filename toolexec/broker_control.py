@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 import structlog
 
 from domain.errors import ToolexecError
+from toolexec.child_python import module_argv
 from toolexec.embedded_broker import _tail
 from toolexec.settings import Settings
 
@@ -257,8 +257,7 @@ def _spawn_supervisor(settings: Settings, *, gated: bool,
     started it (and Ctrl-C in that command's terminal)."""
     logfile = supervisor_log_path(settings.state_dir)
     logfile.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", SUPERVISOR_MODULE,
-            "--state-dir", str(Path(settings.state_dir).resolve())]
+    argv = module_argv(SUPERVISOR_MODULE, "--state-dir", str(Path(settings.state_dir).resolve()))
     if gated:
         argv.append("--gated")
     if port:

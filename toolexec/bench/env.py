@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from domain.plan import build_plan
 from domain.registry import InMemoryRegistry
 from toolexec import keys
 from toolexec.bench.stack import bench_settings
+from toolexec.child_python import module_argv
 from toolexec.client import InvocationClient
 from toolexec.sources import load_builtin_sources, load_source
 
@@ -160,7 +160,7 @@ class ChildProcess:
 
 
 def python_module(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]
+    return module_argv(module, *args)
 
 
 class BenchEnvironment:

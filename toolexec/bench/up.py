@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from toolexec.bench.env import script_plan as build_script_plan
 from toolexec.bench.pipeline import OVERHEAD_TARGET_MS, DirectSpawn, sequential
 from toolexec.bench.report import Figure, ScenarioResult, latency_figures, percentile
 from toolexec.broker_control import stop_broker
+from toolexec.child_python import module_argv
 from toolexec.settings import Settings
 
 UP_START_SECONDS = HANG_SECONDS
@@ -57,7 +57,7 @@ class UpProcess:
                    TOOLEXEC_USER_TOOLS_DIR="", TOOLEXEC_LOG_LEVEL="WARNING")
         log = (self.root / "up.log").open("wb")
         self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", "toolexec.cli", "up", "--tools", str(self.tools_dir)],
+            module_argv("toolexec.cli", "up", "--tools", str(self.tools_dir)),
             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()  # the child holds its own copy
         try:
