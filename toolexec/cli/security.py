@@ -233,8 +233,7 @@ def _what_if(file: Path, set_id: str | None, version: str | None, since: str | N
 
     async def work(engine: AsyncEngine) -> WhatIf:
         # read-your-writes: the decisions, policy sets and tools on the log when asked
-        await asyncio.gather(read_after_writes(settings, engine, "audit"),
-                             read_after_writes(settings, engine, "registry"))
+        await read_after_writes(settings, engine, "audit", "registry")
         return await policy_what_if(
             engine, text, policy_set_id=set_id or file.stem, version=version, since=moment,
             tool_id=tool, default=settings.policy_default)

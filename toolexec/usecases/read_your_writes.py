@@ -87,9 +87,12 @@ async def caught_up(engine: AsyncEngine, model: ReadModel, bootstrap: str | None
     return folded
 
 
-async def read_after_writes(settings: Settings, engine: AsyncEngine, model: str) -> bool:
+async def read_after_writes(settings: Settings, engine: AsyncEngine, *models: str) -> bool:
     """`caught_up` for a front end outside `up`, with the settings' broker and bound
-    (`read_your_writes_seconds`); call it right before reading `model`."""
-    return await caught_up(engine, read_models()[model], running_bootstrap(settings),
-                           settings.read_your_writes_seconds,
-                           client_options=kafka_client_options(settings))
+    (`read_your_writes_seconds`); call it right before reading `models` (waited for
+    together, within the one bound)."""
+    bootstrap, options = running_bootstrap(settings), kafka_client_options(settings)
+    folded = await asyncio.gather(*(
+        caught_up(engine, read_models()[model], bootstrap, settings.read_your_writes_seconds,
+                  client_options=options) for model in models))
+    return all(folded)
