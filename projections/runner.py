@@ -623,9 +623,9 @@ class ProjectionRunner:
     def _decoded(self, tp: TopicPartition, records: list[ConsumerRecord]) -> list[Record]:
         out = []
         topic, partition = tp.topic, tp.partition
-        verify = self._verifier.verify if topic in self._signed_topics \
+        verdicts = self._verifier.verify_all(records) if topic in self._signed_topics \
             and self._verifier is not None else None
-        for record in records:
+        for index, record in enumerate(records):
             try:
                 envelope = decode(record.key, record.value, record.headers)
             except UndecodableRecord as bad:
@@ -635,8 +635,8 @@ class ProjectionRunner:
                             reason=bad.error.message)
                 continue
             verdict = None
-            if verify is not None:
-                verdict = verify(record.headers, record.value).value
+            if verdicts is not None:
+                verdict = verdicts[index].value
                 if verdict != "valid":
                     self.stats.untrusted += 1
                     log.warning("projection.untrusted_fact", projection=self.name,

@@ -78,7 +78,9 @@ REQUIRED_HEADERS: Final = [CE_PREFIX + "specversion", CE_PREFIX + "id", CE_PREFI
                            CE_PREFIX + "partitionkey"]
 FACT_HEADERS: Final[dict[str, dict[str, Any]]] = {
     CE_PREFIX + KID: _string("Id of the Ed25519 key that signed the fact's batch."),
-    CE_PREFIX + SET: _string("Digests of every fact of the signed batch, joined by `.`."),
+    CE_PREFIX + SET: _string("Digests of every fact of the signed batch (32 hex each), "
+                             "then, if any, the link to the batch signed before it on the "
+                             "partition (64 hex), joined by `.`."),
     CE_PREFIX + SIG: _string("Ed25519 signature over `sigkid.sigset`, base64url."),
     RESUME_HEADER: _string("`<L> <F>`: where a new owner of the partition resumes.",
                            pattern=r"^\d+ \d+$"),

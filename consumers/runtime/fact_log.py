@@ -6,7 +6,9 @@ resume point (`toolexec-resume`, consumers.runtime.partition_progress) while it 
 partition, and returns once the broker acknowledged every record.
 
 Each batch is signed (contracts.fact_signature): one Ed25519 signature covers the
-facts appended together. Wrapped in `consumers.runtime.delivery.DeliveringFactLog`, a batch
+facts appended together, and links to the batch signed before it for the partition
+(whichever invocation's), so a reader of the partition checks a chain of batches with
+one verification. Wrapped in `consumers.runtime.delivery.DeliveringFactLog`, a batch
 refused while the broker is away is sent again until the broker takes it.
 """
 
@@ -21,7 +23,7 @@ from consumers.runtime.partition_progress import PartitionProgress
 from consumers.runtime.recovery import RESUME_HEADER
 from contracts import topics
 from contracts.envelope import Envelope
-from contracts.fact_signature import FactSigner
+from contracts.fact_signature import FactSigner, batch_link
 from contracts.kafka_binding import KafkaRecord, encode
 
 
@@ -39,7 +41,8 @@ class PartitionFactLog:
         resume = [(RESUME_HEADER, progress.resume_header())] if progress.owned else []
         encoded = [encode(event) for event in events]
         unsigned = [([*record.headers, *resume], record.value) for record in encoded]
-        signature = self.signer.batch_headers(unsigned)
+        signature = self.signer.batch_headers(unsigned, after=progress.last_signed_batch)
+        progress.last_signed_batch = batch_link(signature)
         records = [KafkaRecord(record.key, value, [*headers, *signature])
                    for record, (headers, value) in zip(encoded, unsigned, strict=True)]
         last = await self._send(records)

@@ -44,6 +44,9 @@ class PartitionProgress:
         partition (read from the log at assignment); they are skipped."""
         self.owned = True
         """False once the partition was revoked: its facts then carry no header."""
+        self.last_signed_batch: str | None = None
+        """`chain_link` of the fact batch signed last for this partition, which the
+        next one links to (contracts.fact_signature: chained batches)."""
         self._requests: dict[int, _Request] = {}
 
     # -- requests ---------------------------------------------------------------------

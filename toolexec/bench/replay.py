@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -42,7 +43,7 @@ from contracts.events import (
     InvokeRequested,
     PermissionDecided,
 )
-from contracts.fact_signature import FactSigner, FactVerifier, forget_checked
+from contracts.fact_signature import FactSigner, FactVerifier, batch_link, forget_checked
 from contracts.kafka_binding import KafkaRecord, encode
 from domain.model import ResolvedChain, ToolSource
 from projections.audit import AuditModel, AuditQuery, audit_documents, verify_audit
@@ -127,6 +128,7 @@ def log_records(root: Path, total: int,
     for event in published:
         yield REGISTRY_TOPIC, encode(event)
     chain = script_chain(tools_dir)
+    last_batch: dict[int, str] = {}  # per partition, as the pipeline links its batches
     for number in range(max(0, total - len(published)) // LIFECYCLE_EVENTS):
         request, *facts = lifecycle(chain, now)
         yield REQUESTS_TOPIC, encode(request)
@@ -135,8 +137,16 @@ def log_records(root: Path, total: int,
             batch, facts = facts[:size], facts[size:]
             records = [replace(record, headers=[*record.headers, resume])
                        for record in map(encode, batch)]
-            for record in signer.sign(records):
+            partition = _partition_of(records[0].key)
+            signed = signer.sign(records, after=last_batch.get(partition))
+            last_batch[partition] = batch_link(signed[-1].headers[-3:])
+            for record in signed:
                 yield INVOCATIONS_TOPIC, record
+
+
+def _partition_of(key: bytes) -> int:
+    """The invocations partition the producer's default partitioner gives `key`."""
+    return DefaultPartitioner()(key, list(range(REPLAY_TOPICS[INVOCATIONS_TOPIC])), [])
 
 
 async def write_log(bootstrap: str, root: Path, total: int, signer: FactSigner) -> int:
