@@ -41,6 +41,7 @@ from projections.rebuild_workers import (
     run_share,
 )
 from projections.runner import FETCH_OPTIONS, ArchivedLog
+from projections.sqlite_pages import secure_delete, zero_free_pages
 from projections.store import ReadModel
 from projections.tables import metadata, projection_applied, projection_offsets
 
@@ -83,8 +84,8 @@ class RebuildReport:
 
 async def reset(engine: AsyncEngine, model: ReadModel) -> None:
     """Delete every row of `model`, its applied event ids and its stored offsets (one
-    transaction)."""
-    async with engine.begin() as conn:
+    transaction; on SQLite the freed pages are not zeroed: `projections.sqlite_pages`)."""
+    async with engine.begin() as conn, secure_delete(conn, "FAST"):
         for table in reversed(model.tables):
             await conn.execute(delete(table))
         await conn.execute(delete(projection_applied)
@@ -175,6 +176,9 @@ async def rebuild_together(engine: AsyncEngine, models: Sequence[ReadModel], boo
                 progress=None if progress is None else lambda done: progress(done, total))]
     finally:
         await restore_indexes(engine, tables)
+    zeroed = await zero_free_pages(engine)  # what the reset freed and the replay left
+    if zeroed:
+        log.info("rebuild.free_pages_zeroed", pages=zeroed)
     seconds = time.perf_counter() - started
     return _reports(models, results, seconds, len(shares))
 
@@ -255,7 +259,7 @@ async def _log_extent(bootstrap: str, topics: set[str], options: Mapping[str, An
 # --- secondary indexes -------------------------------------------------------------------
 
 async def _drop_indexes(engine: AsyncEngine, tables: Sequence[Table]) -> None:
-    async with engine.begin() as conn:
+    async with engine.begin() as conn, secure_delete(conn, "FAST"):
         await conn.run_sync(_each_index, tables, "drop")
 
 
