@@ -33,16 +33,9 @@ class OwnerLocks:
     def gone(self, owner: str) -> bool:
         """True when `owner` held a lock here and holds it no more."""
         try:
-            fd = os.open(self._directory / _file_name(owner), os.O_RDONLY)
+            return not lock_held(self._directory / _file_name(owner))
         except FileNotFoundError:
             return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)  # closing drops a shared lock we got
-        return True
 
     def sweep(self, needed: Iterable[str]) -> None:
         """Remove the files of gone owners, but those of `needed` owners (the ones
@@ -64,6 +57,19 @@ class OwnerLocks:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def lock_held(path: Path) -> bool:
+    """True while a process holds an exclusive `flock` on `path` (FileNotFoundError
+    when there is no such file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a shared lock we got
+    return False
 
 
 def _hold(path: Path) -> int:
