@@ -1,7 +1,9 @@
 """Idempotency claims on `invocation_id/attempt`: who may run an attempt.
 
 A claim has an owner (one executor process) and a lease that covers the attempt's
-timeout plus a grace period. The decision is pure; stores apply it atomically.
+timeout plus a grace period; a store that can tell that the owner has ended (the
+SQLite store, on one host) does not wait its lease out. The decision is pure; stores
+apply it atomically.
 
 An executor marks its claim started (conditionally: only while it still owns it)
 before it announces and runs the attempt, and concludes it (conditionally too). So an
@@ -12,6 +14,7 @@ the tool may have run (started) or certainly did not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -47,9 +50,15 @@ class ClaimDecision:
     """The row to store (acquired: the new claim) or the one found."""
 
 
+def _never_gone(owner: str) -> bool:
+    return False
+
+
 def decide(existing: ClaimRecord | None, *, key: str, owner: str, now: float,
-           lease_seconds: float) -> ClaimDecision:
-    """What a delivery of attempt `key` should do, given the claim found for it."""
+           lease_seconds: float, gone: Callable[[str], bool] = _never_gone) -> ClaimDecision:
+    """What a delivery of attempt `key` should do, given the claim found for it.
+    `gone(owner)` is True for an owner known to have ended (a store that can tell):
+    its lease is not waited out."""
     fresh = ClaimRecord(key, owner, now + lease_seconds + LEASE_GRACE_SECONDS, False)
     if existing is None:
         return ClaimDecision(ClaimStatus.ACQUIRED, fresh)
@@ -57,7 +66,7 @@ def decide(existing: ClaimRecord | None, *, key: str, owner: str, now: float,
         return ClaimDecision(ClaimStatus.FINISHED, existing)
     if existing.owner == owner:
         return ClaimDecision(ClaimStatus.RUNNING_HERE, existing)
-    if now < existing.lease_until:
+    if now < existing.lease_until and not gone(existing.owner):
         return ClaimDecision(ClaimStatus.HELD_ELSEWHERE, existing)
     return ClaimDecision(ClaimStatus.ABANDONED, existing)
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from consumers.adapters.owner_locks import lock_held
 from toolexec.broker_control import process_alive
 from toolexec.settings import Settings
 
@@ -64,17 +65,10 @@ def acquire_up_lock(settings: Settings) -> UpLock | None:
 
 def up_running(settings: Settings) -> bool:
     """True while some `toolexec up` holds this state directory's lock."""
-    path = _lock_path(settings)
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a shared lock we got
-    return False
+        return lock_held(_lock_path(settings))
+    except FileNotFoundError:
+        return False
 
 
 @dataclass(frozen=True)

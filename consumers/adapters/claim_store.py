@@ -3,7 +3,8 @@
 `RedisClaims` is the production store, shared by every executor replica (SET NX for
 the claim, an optimistic transaction for a take-over). `SqliteClaims` is durable on
 one host (embedded profile: a file under the state dir), so an executor restarted
-after a crash knows which attempts were started and not finished. `InMemoryClaims`
+after a crash knows which attempts were started and not finished, and at once (not
+after their leases) that their owner is gone (`owner_locks`). `InMemoryClaims`
 serves tests and single-shot runs. All apply the pure decision of `domain.claims`
 atomically.
 """
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from consumers.adapters.owner_locks import OwnerLocks
 from domain.claims import ClaimDecision, ClaimRecord, ClaimStatus, decide, take_over
 
 _SCHEMA = """
@@ -106,6 +108,9 @@ class SqliteClaims:
         if "started" not in columns:  # a store written before starts were marked
             self._db.execute("ALTER TABLE claims ADD COLUMN started INTEGER NOT NULL DEFAULT 1")
         self._lock = threading.Lock()
+        self._owners = OwnerLocks(path.with_name(path.name + ".owners"), owner)
+        self._owners.sweep(row[0] for row in self._db.execute(
+            "SELECT DISTINCT owner FROM claims WHERE finished = 0"))
 
     async def claim(self, key: str, *, now: float, lease_seconds: float) -> ClaimDecision:
         return self._claim(key, now, lease_seconds)
@@ -126,6 +131,7 @@ class SqliteClaims:
 
     def close(self) -> None:
         self._db.close()
+        self._owners.close()
 
     def _claim(self, key: str, now: float, lease_seconds: float) -> ClaimDecision:
         fresh = decide(None, key=key, owner=self.owner, now=now, lease_seconds=lease_seconds)
@@ -147,7 +153,7 @@ class SqliteClaims:
                 existing = (ClaimRecord(row[0], row[1], row[2], bool(row[3]), row[4],
                                         bool(row[5])) if row else None)
                 decision = decide(existing, key=key, owner=self.owner, now=now,
-                                  lease_seconds=lease_seconds)
+                                  lease_seconds=lease_seconds, gone=self._owners.gone)
                 if decision.status is ClaimStatus.ACQUIRED and decision.record is not None:
                     record = decision.record
                     self._db.execute(

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from consumers.ports import CanarySlots, Clock
 from domain.circuit_breaker import Admission, CircuitConfig
@@ -76,13 +76,13 @@ async def enter_attempt(gate: AttemptGate, manifest: Mapping[str, Any],
     not run. A returned pass holding a canary must be given back with `leave_attempt`."""
     now = clock()
     ensure_not_expired(deadline, now)
-    service = manifest.get("external_service") or None
-    canary = await _admit(gate, service, manifest, now)
+    checks = _checks(gate, manifest)
+    canary = await _admit(gate, checks.service, manifest, now) if checks.breaker else None
     try:
-        limit = RateLimitConfig.from_manifest(manifest)
-        if limit is not None:
-            key = service or f"tool:{manifest.get('tool_id')}"
-            wait = gate.rate_limits.take(key, limit, now, max_wait=remaining(deadline, now))
+        if checks.limit is not None:
+            key = checks.service or f"tool:{manifest.get('tool_id')}"
+            wait = gate.rate_limits.take(key, checks.limit, now,
+                                         max_wait=remaining(deadline, now))
             if wait > 0:
                 await sleep(wait)
                 now = clock()
@@ -95,10 +95,35 @@ async def enter_attempt(gate: AttemptGate, manifest: Mapping[str, Any],
 
 
 def may_wait(gate: AttemptGate, manifest: Mapping[str, Any]) -> bool:
-    """Whether `enter_attempt` may suspend for this tool (a breaker to ask about its
-    external service, or a rate limit to wait for); otherwise it returns at once."""
-    return ((gate.circuits is not None and bool(manifest.get("external_service")))
-            or RateLimitConfig.from_manifest(manifest) is not None)
+    """Whether `enter_attempt` may suspend for this tool (for a shared canary slot when
+    its service's breaker is half-open, or for a token of a rate limit that waits);
+    otherwise it returns without yielding to the event loop."""
+    return _may_suspend(gate, _checks(gate, manifest))
+
+
+class _Checks(NamedTuple):
+    """The checks `enter_attempt` runs for one tool on one gate."""
+
+    service: str | None
+    """The tool's external service (also the key of its rate limit)."""
+    breaker: bool
+    """Whether the service's breaker is asked (a breaker view in this process)."""
+    limit: RateLimitConfig | None
+    """The rate limit to take a token from."""
+
+
+def _checks(gate: AttemptGate, manifest: Mapping[str, Any]) -> _Checks:
+    service = manifest.get("external_service") or None
+    return _Checks(service, service is not None and gate.circuits is not None,
+                   RateLimitConfig.from_manifest(manifest))
+
+
+def _may_suspend(gate: AttemptGate, checks: _Checks) -> bool:
+    """The one rule for when `enter_attempt` can await: only a breaker asked with shared
+    canary slots (`_admit`) and a rate limit that waits rather than rejects ever do. A
+    cancel can interrupt `enter_attempt` only when this holds (`may_wait`)."""
+    waits_for_token = checks.limit is not None and checks.limit.on_limit == "wait"
+    return (checks.breaker and gate.canaries is not None) or waits_for_token
 
 
 async def _admit(gate: AttemptGate, service: str | None, manifest: Mapping[str, Any],

@@ -84,17 +84,73 @@ async def test_only_one_executor_takes_over_an_abandoned_claim(store_factory) ->
     assert (await c.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.HELD_ELSEWHERE
 
 
-async def test_sqlite_claims_survive_a_restart_and_expire(tmp_path: Path) -> None:
+async def test_sqlite_claims_survive_a_restart_and_a_gone_owner_is_not_waited_out(
+        tmp_path: Path) -> None:
     before = SqliteClaims(tmp_path / "claims.sqlite3", owner="old")
-    await before.claim("i/1", now=0, lease_seconds=1)
-    before.close()
+    await before.claim("i/1", now=0, lease_seconds=100)
+    before.close()  # its owner is gone: its lease (until 105) is not waited out
     after = SqliteClaims(tmp_path / "claims.sqlite3", owner="new")
-    assert (await after.claim("i/1", now=1, lease_seconds=1)).status is ClaimStatus.HELD_ELSEWHERE
-    late = 1 + LEASE_GRACE_SECONDS + 1
-    assert (await after.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.ABANDONED
-    abandoned = await after.claim("i/1", now=late, lease_seconds=1)
-    assert await after.take_over(abandoned.record, now=late, lease_seconds=1)
-    assert (await after.claim("i/1", now=late, lease_seconds=1)).status is ClaimStatus.RUNNING_HERE
+    abandoned = await after.claim("i/1", now=1, lease_seconds=1)
+    assert abandoned.status is ClaimStatus.ABANDONED
+    assert await after.take_over(abandoned.record, now=1, lease_seconds=1)
+    assert (await after.claim("i/1", now=1, lease_seconds=1)).status is ClaimStatus.RUNNING_HERE
+
+
+def test_a_claim_whose_owner_held_no_lock_expires_with_its_lease(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "claims.sqlite3"
+    SqliteClaims(path, owner="new").close()
+    with sqlite3.connect(path) as db:  # as a store written before owners held a lock
+        db.execute("INSERT INTO claims (key, owner, lease_until, finished, started) "
+                   "VALUES ('i/1', 'old', ?, 0, 1)", (1 + LEASE_GRACE_SECONDS,))
+    after = SqliteClaims(path, owner="new")
+    assert after._claim("i/1", 1, 1).status is ClaimStatus.HELD_ELSEWHERE
+    assert after._claim("i/1", 1 + LEASE_GRACE_SECONDS, 1).status is ClaimStatus.ABANDONED
+
+
+_HOLDER = """
+import asyncio, sys
+from pathlib import Path
+from consumers.adapters.claim_store import SqliteClaims
+store = SqliteClaims(Path(sys.argv[1]), owner="killed")
+asyncio.run(store.claim("i/1", now=0, lease_seconds=3600))
+print("claimed", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_claim_of_an_executor_killed_with_sigkill_is_abandoned_at_once(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "claims.sqlite3"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path)], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "claimed\n"
+        store = SqliteClaims(path, owner="next")
+        assert store._claim("i/1", 1, 1).status is ClaimStatus.HELD_ELSEWHERE  # alive
+        holder.kill()
+        holder.wait()
+        assert store._claim("i/1", 1, 1).status is ClaimStatus.ABANDONED  # lease or not
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_files_of_gone_owners_go_unless_they_left_claims(tmp_path: Path) -> None:
+    path, owners = tmp_path / "claims.sqlite3", tmp_path / "claims.sqlite3.owners"
+    left = SqliteClaims(path, owner="left")
+    left._claim("i/1", 0, 100)
+    left.close()
+    SqliteClaims(path, owner="done").close()
+    assert len(list(owners.iterdir())) == 2
+    live = SqliteClaims(path, owner="live")
+    assert len(list(owners.iterdir())) == 2  # "left"'s (an unfinished claim) and "live"'s
+    assert live._owners.gone("left") and not live._owners.gone("live")
+    assert not live._owners.gone("done")  # no file: taken as alive (no claim to judge)
 
 
 @pytest.mark.parametrize("store_factory", STORES, indirect=True)

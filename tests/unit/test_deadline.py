@@ -20,6 +20,7 @@ from contracts.envelope import new_envelope
 from contracts.events import CircuitStateChanged
 from domain.circuit_breaker import CircuitConfig
 from domain.deadline import DeadlineExceeded, effective_timeout, ensure_not_expired, remaining
+from domain.errors import ToolexecError
 from domain.model import PrimitiveOutcome
 from domain.rate_limit import RateLimitConfig
 from projections.circuit_view import CircuitView
@@ -177,7 +178,71 @@ def test_checks_that_cannot_wait_end_without_suspending() -> None:
 
 
 def test_checks_that_may_wait_are_known() -> None:
-    assert may_wait(AttemptGate(circuits=CircuitView()), API)
+    assert may_wait(AttemptGate(circuits=CircuitView(), canaries=SuspendingCanaries()), API)
     limited = {"tool_id": "script", "rate_limit": {"requests_per_second": 2, "burst": 1}}
     assert may_wait(AttemptGate(), limited)
     assert not may_wait(AttemptGate(), {**limited, "rate_limit": {"requests_per_second": 0}})
+
+
+class SuspendingCanaries:
+    """Shared canary slots that suspend once, as a round trip to Redis does."""
+
+    async def acquire(self, service_id: str, limit: int) -> bool:
+        await asyncio.sleep(0)
+        return True
+
+    async def release(self, service_id: str) -> None:
+        return None
+
+
+async def suspend_once(seconds: float) -> None:
+    await asyncio.sleep(0)
+
+
+def suspends(gate: AttemptGate, manifest: dict) -> bool:
+    """Whether enter_attempt, driven by hand, suspends before it ends (or refuses)."""
+    entering = enter_attempt(gate, manifest, None, 30, clock=lambda: NOW, sleep=suspend_once)
+    try:
+        entering.send(None)
+    except StopIteration:
+        return False
+    except ToolexecError as refused:  # a refusal ends it without suspending
+        assert refused.code in ("E3501", "E3504"), refused
+        return False
+    entering.close()
+    return True
+
+
+BREAKERS = {"none": None, "half-open": lambda: opened(CircuitView(), later(-3600))}
+CANARIES = {"none": None, "shared": SuspendingCanaries}
+SERVICES = {"none": {}, "empty": {"external_service": ""}, "mail": {"external_service": "mail"}}
+BREAKER_CONFIGS = {"default": {}, "tight": {"circuit_breaker_config":
+                                            API["circuit_breaker_config"]}}
+RATE_LIMITS = {"none": {}, "zero": {"rate_limit": {"requests_per_second": 0}},
+               "wait": {"rate_limit": {"requests_per_second": 2, "burst": 1}},
+               "reject": {"rate_limit": {"requests_per_second": 2, "burst": 1,
+                                         "on_limit": "reject"}}}
+
+
+@pytest.mark.parametrize("breaker", BREAKERS)
+@pytest.mark.parametrize("canaries", CANARIES)
+@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("breaker_config", BREAKER_CONFIGS)
+@pytest.mark.parametrize("rate_limit", RATE_LIMITS)
+def test_may_wait_exactly_when_enter_attempt_can_suspend(
+        breaker: str, canaries: str, service: str, breaker_config: str,
+        rate_limit: str) -> None:
+    """The execute step gives enter_attempt a task a cancel can stop only when may_wait
+    says so: were it to suspend otherwise, a cancel could not interrupt that wait.
+    Each case is driven in the state most likely to suspend: the breaker half-open,
+    the canary slots shared, the rate limit's bucket empty."""
+    make_view, make_slots = BREAKERS[breaker], CANARIES[canaries]
+    gate = AttemptGate(circuits=make_view() if make_view else None,
+                       canaries=make_slots() if make_slots else None)
+    manifest = {"tool_id": "mailer", **SERVICES[service], **BREAKER_CONFIGS[breaker_config],
+                **RATE_LIMITS[rate_limit]}
+    limit = RateLimitConfig.from_manifest(manifest)
+    if limit is not None:  # empty the bucket enter_attempt will take from
+        key = manifest.get("external_service") or "tool:mailer"
+        gate.rate_limits.take(key, limit, NOW, max_wait=None)
+    assert may_wait(gate, manifest) == suspends(gate, manifest)

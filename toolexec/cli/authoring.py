@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,9 +28,6 @@ from toolexec.usecases.authoring import (
     lock_chain,
     source_integrity,
 )
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
 
 DEFAULT_TOOLS_DIR = Path(".ai/tools")
 
@@ -206,20 +203,13 @@ def _pinned_definitions(as_json: bool) -> dict[tuple[str, str], str]:
     """(server, MCP tool name) -> pinned definition hash, from this state directory's
     read model when one exists (a lock needs no running system, and makes none); with
     a running `up`, once it has folded a pin made just before (bounded)."""
-    from toolexec.cli.projections import with_engine
+    from toolexec.cli.definitions import read_pins
     from toolexec.settings import Settings
-    from toolexec.usecases.definitions import list_pins
-    from toolexec.usecases.read_your_writes import read_after_writes
 
     settings = Settings()
     if not settings.database_url and not (settings.state_dir / "toolexec.db").exists():
         return {}
-
-    async def work(engine: AsyncEngine) -> list[dict[str, Any]]:
-        await read_after_writes(settings, engine, "definitions")  # a pin made just before
-        return await list_pins(engine)
-
-    pins = with_engine(settings, work, as_json)
+    pins = read_pins(settings, as_json)
     return {(pin["server_tool_id"], pin["mcp_tool_name"]): pin["definition_hash"]
             for pin in pins}
 

@@ -48,16 +48,7 @@ def list_definitions(
 ) -> None:
     """Every MCP tool's pinned definition: its hash, pinned or drifted, and the drifts
     waiting for approval with what changed."""
-    from toolexec.usecases.definitions import list_pins
-    from toolexec.usecases.read_your_writes import read_after_writes
-
-    settings = Settings()
-
-    async def work(engine: AsyncEngine) -> list[dict[str, Any]]:
-        await read_after_writes(settings, engine, "definitions")
-        return await list_pins(engine, server)
-
-    pins = with_engine(settings, work, as_json)
+    pins = read_pins(Settings(), as_json, server)
     if as_json:
         echo_json({"definitions": pins})
         return
@@ -67,6 +58,18 @@ def list_definitions(
                       pin["definition_hash"], _pinned(pin),
                       "\n".join(_drift(p) for p in pin["pending"]))
     out.print(table)
+
+
+def read_pins(settings: Settings, as_json: bool, server: str | None = None
+              ) -> list[dict[str, Any]]:
+    """The definitions read model's pins (one server's with `server`), once it has
+    folded a pin made just before (bounded, like every read-your-writes reader)."""
+    from toolexec.usecases.definitions import list_pins
+
+    async def work(engine: AsyncEngine) -> list[dict[str, Any]]:
+        return await list_pins(engine, server)
+
+    return with_engine(settings, work, as_json, after=("definitions",))
 
 
 def _pinned(pin: dict[str, Any]) -> str:

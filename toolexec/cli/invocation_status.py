@@ -41,15 +41,13 @@ def register(app: typer.Typer) -> None:
 
 
 def _read(settings: Settings, invocation_id: str, as_json: bool) -> dict[str, Any]:
-    from toolexec.usecases.read_your_writes import read_after_writes
     from toolexec.usecases.timeline import invocation_timeline
 
     async def work(engine: AsyncEngine) -> dict[str, Any]:
-        await read_after_writes(settings, engine, "invocations")
         return await invocation_timeline(engine, invocation_id)
 
     try:
-        return with_engine(settings, work, as_json)
+        return with_engine(settings, work, as_json, after=("invocations",))
     except ToolexecError as error:
         fail_with(error, as_json)
 

@@ -59,9 +59,13 @@ def register(app: typer.Typer) -> None:
 # --- plumbing ------------------------------------------------------------------------------
 
 def with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
-                 as_json: bool = False) -> T:
+                 as_json: bool = False, *, after: tuple[str, ...] = ()) -> T:
     """Run `work` on the read-model database of `settings` (migrated) and return its
-    value; a database that cannot be opened or read fails the command (E3001, exit 1)."""
+    value; a database that cannot be opened or read fails the command (E3001, exit 1).
+
+    `after` names the read models `work` reads: it runs once they have folded the log
+    up to its ends as they were when asked (read-your-writes, bounded by
+    `TOOLEXEC_READ_YOUR_WRITES_SECONDS`; past the bound it reads what they hold)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from projections.database import make_engine, migrate
@@ -70,6 +74,10 @@ def with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
         engine = make_engine(settings.effective_database_url)
         try:
             await migrate(engine)
+            if after:
+                from toolexec.usecases.read_your_writes import read_after_writes
+
+                await read_after_writes(settings, engine, *after)
             return await work(engine)
         finally:
             await engine.dispose()
@@ -217,14 +225,6 @@ def _moment(text: str | None, as_json: bool) -> datetime | None:
     return moment
 
 
-async def _audit_after_writes(settings: Settings, engine: AsyncEngine) -> None:
-    """Read-your-writes for the audit commands: every event in the log when asked is in
-    the trail they read (bounded by `TOOLEXEC_READ_YOUR_WRITES_SECONDS`)."""
-    from toolexec.usecases.read_your_writes import read_after_writes
-
-    await read_after_writes(settings, engine, "audit")
-
-
 @audit_app.command("replay")
 def replay(
     since: Annotated[str | None, typer.Option(help="from this time (ISO 8601, inclusive)")] = None,
@@ -253,7 +253,6 @@ def replay(
 
     async def work(engine: AsyncEngine) -> int:
         count = 0
-        await _audit_after_writes(settings, engine)
         async with engine.connect() as conn:
             total = await count_audit_records(conn, query) if shown else 0
             with _progress("audit replay", "records", as_json) as update:
@@ -273,7 +272,7 @@ def replay(
                 update(count, total)
         return count
 
-    count = with_engine(settings, work, as_json)
+    count = with_engine(settings, work, as_json, after=("audit",))
     if output == "table" and not as_json:
         out.print(table)
         err.print(f"{count} record(s)")
@@ -290,13 +289,12 @@ def verify(as_json: JsonFlag = False) -> None:
     settings = Settings()
 
     async def work(engine: AsyncEngine) -> Any:
-        await _audit_after_writes(settings, engine)
         async with engine.connect() as conn:
             with _progress("audit verify", "records", as_json) as update:
                 return await verify_audit(conn, update), await audit_findings(conn)
 
     started = time.perf_counter()
-    result, findings = with_engine(settings, work, as_json)
+    result, findings = with_engine(settings, work, as_json, after=("audit",))
     seconds = time.perf_counter() - started
     broken = None if result.broken is None else {
         "topic": result.broken.topic, "partition": result.broken.partition,
@@ -371,7 +369,6 @@ def export(
     exported_at = iso(datetime.now(UTC))
 
     async def work(engine: AsyncEngine) -> tuple[int, str | None]:
-        await _audit_after_writes(settings, engine)
         async with engine.connect() as conn:
             with _progress("audit export", "records", as_json) as update:
                 last = b""
@@ -386,7 +383,7 @@ def export(
 
     try:
         try:
-            records, kid = with_engine(settings, work, as_json)
+            records, kid = with_engine(settings, work, as_json, after=("audit",))
         finally:
             sink.flush()
             if target is not None:
@@ -492,17 +489,15 @@ def search(
     as_json: JsonFlag = False,
 ) -> None:
     """Search published tools, best match first (name, tags, description, parameters)."""
-    from toolexec.usecases.read_your_writes import read_after_writes
     from toolexec.usecases.registry import search_page
 
     settings = Settings()
 
     async def work(engine: AsyncEngine) -> Any:
-        await read_after_writes(settings, engine, "registry")
         return await search_page(engine, settings, query, limit=limit, offset=offset,
                                  tool_type=tool_type, tag=tag, lifecycle=lifecycle)
 
-    page = with_engine(settings, work, as_json)
+    page = with_engine(settings, work, as_json, after=("registry",))
     if as_json:
         echo_json({"tools": page.rows, "mode": page.mode, "total": page.total,
                    "terms": page.describe_terms(), "warning": page.warning})
@@ -530,16 +525,14 @@ def show(
 ) -> None:
     """Show one tool: current version, tags and every version with its integrity."""
     from projections.queries import show_tool
-    from toolexec.usecases.read_your_writes import read_after_writes
 
     settings = Settings()
 
     async def work(engine: AsyncEngine) -> dict[str, Any] | None:
-        await read_after_writes(settings, engine, "registry")
         async with engine.connect() as conn:
             return await show_tool(conn, tool_id)
 
-    tool = with_engine(settings, work, as_json)
+    tool = with_engine(settings, work, as_json, after=("registry",))
     if tool is None:
         fail("E3101", f"tool {tool_id!r} not found", as_json, {"tool_id": tool_id})
     from toolexec.usecases.registry import with_publishers

@@ -222,7 +222,6 @@ def _what_if(file: Path, set_id: str | None, version: str | None, since: str | N
              tool: str | None, as_json: bool) -> None:
     from toolexec.cli.projections import with_engine
     from toolexec.usecases.policy import policy_what_if, read_policy_file, what_if_json
-    from toolexec.usecases.read_your_writes import read_after_writes
 
     settings = Settings()
     moment = _since(since, as_json)
@@ -232,13 +231,12 @@ def _what_if(file: Path, set_id: str | None, version: str | None, since: str | N
         fail_with(error, as_json)
 
     async def work(engine: AsyncEngine) -> WhatIf:
-        # read-your-writes: the decisions, policy sets and tools on the log when asked
-        await read_after_writes(settings, engine, "audit", "registry")
         return await policy_what_if(
             engine, text, policy_set_id=set_id or file.stem, version=version, since=moment,
             tool_id=tool, default=settings.policy_default)
 
-    result = with_engine(settings, work, as_json)
+    # read-your-writes: the decisions, policy sets and tools on the log when asked
+    result = with_engine(settings, work, as_json, after=("audit", "registry"))
     answer = what_if_json(result)
     if as_json:
         echo_json(answer)
