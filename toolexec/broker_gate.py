@@ -6,10 +6,8 @@ not reached yet. So after a restart the broker listens on a private port, the
 restore runs there, and only then does the gate open: a Tansu proxy on the public
 port (the one clients know), forwarding to the broker and advertising itself in
 metadata. While the gate is closed, clients see the port refuse connections, exactly
-as while the broker is down. Closing it is also what makes a compaction exact (no
-writer between the archive's last catch-up and the broker's stop), so with
-compactions on a cold start serves through it too; the forwarding costs a hop per
-request, which a broker with compactions off saves by listening on the public port
+as while the broker is down. The forwarding costs a hop per request, which is why a
+broker started with no client around (a cold start) listens on the public port
 itself.
 """
 
