@@ -177,3 +177,50 @@ async def test_a_damaged_archive_is_refused_not_served(settings: Settings) -> No
 
 def _gone(process: subprocess.Popen[bytes] | None) -> bool:
     return process is None or process.poll() is not None
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known: a compaction in the broker's first incarnation (a cold start serves its port "
+    "without the gate) cannot stop writers, and records acknowledged after the archive's "
+    "last catch-up are lost (docs/durable-log.md). Serving through the gate from the cold "
+    "start fixes it but breaks a second replica's group join through `tansu proxy` "
+    "(tests/integration/test_replicas.py), so it is not in yet"))
+async def test_a_compaction_under_a_writer_loses_no_acknowledged_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a cold start, a compaction forced while a producer writes on: every record
+    the broker acknowledged is in the log afterwards, at its offset (the gate closes
+    on the writer before the rest is archived)."""
+    # the supervisor reads its settings from the environment: forced at 4 x 100 records
+    monkeypatch.setenv("TOOLEXEC_BROKER_COMPACT_AFTER_RECORDS", "100")
+    monkeypatch.setenv("TOOLEXEC_BROKER_COMPACT_QUIET_SECONDS", "3600")
+    settings = Settings(state_dir=tmp_path / ".toolexec")
+    broker = await ensure_broker(settings)
+    acknowledged: dict[tuple[int, int], bytes] = {}
+    try:
+        await ensure_topics(broker.bootstrap, TOPICS)
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all",
+                                    request_timeout_ms=2000, retry_backoff_ms=50)
+        await producer.start()
+        try:
+            n = 0
+            async with asyncio.timeout(START_WAIT * 4):
+                while not (state(settings).data.get("compactions", 0) >= 1
+                           and state(settings).status == "ready" and n > 600):
+                    value = b"v%d" % n
+                    try:
+                        meta = await producer.send_and_wait("orders", value, partition=n % 2)
+                    except Exception:  # noqa: BLE001 - the broker away for its restore
+                        await asyncio.sleep(0.05)
+                        continue
+                    acknowledged[(meta.partition, meta.offset)] = value
+                    n += 1
+        finally:
+            await producer.stop()
+        log = await read_log(state(settings).bootstrap or broker.bootstrap, TOPICS)
+    finally:
+        await asyncio.to_thread(stop_broker, settings)
+    held = {(r[1], r[2]): r[4] for r in log}
+    assert state(settings).data.get("compactions", 0) >= 1
+    missing = {place: value for place, value in acknowledged.items()
+               if held.get(place) != value}
+    assert missing == {}
