@@ -194,19 +194,26 @@ class FactVerifier:
 
     def verify(self, headers: Iterable[tuple[str, Any]], value: bytes | None) -> Verdict:
         """The verdict on the record with `headers` and `value`."""
-        headers = list(headers)
+        batch = self._batch_of(list(headers), value)
+        if isinstance(batch, Verdict):
+            return batch
+        return Verdict.VALID if self._batch_valid(self._verify_keys[batch[0]], *batch) \
+            else Verdict.INVALID
+
+    def _batch_of(self, headers: list[tuple[str, Any]], value: bytes | None
+                  ) -> Verdict | tuple[str, str, str]:
+        """The record's batch (key id, digests, signature) when only the batch's
+        signature is left to check; otherwise the record's verdict."""
         kid, digests, signature = _signature_values(headers)
         if kid is None and digests is None and signature is None:
             return Verdict.UNSIGNED
         if not (kid and digests and signature):
             return Verdict.INVALID
-        key = self._verify_keys.get(kid)
-        if key is None:
+        if kid not in self._verify_keys:
             return Verdict.UNKNOWN_KEY
         if record_digest(headers, value) not in digests.split("."):
             return Verdict.INVALID
-        return Verdict.VALID if self._batch_valid(key, kid, digests, signature) \
-            else Verdict.INVALID
+        return kid, digests, signature
 
     def verify_all(self, records: Sequence[Any]) -> list[Verdict]:
         """The verdicts on `records` (each with `headers` and `value`, e.g. one fetch's
@@ -216,21 +223,14 @@ class FactVerifier:
         link of its last batch, it never takes one from the log.)"""
         verdicts: list[Verdict] = []
         batches: dict[tuple[str, str, str], list[int]] = {}
-        keys = self._verify_keys
         for index, record in enumerate(records):
             headers = record.headers if type(record.headers) is list else list(record.headers)
-            kid, digests, signature = _signature_values(headers)
-            if kid is None and digests is None and signature is None:
-                verdicts.append(Verdict.UNSIGNED)
-            elif not (kid and digests and signature):
-                verdicts.append(Verdict.INVALID)
-            elif kid not in keys:
-                verdicts.append(Verdict.UNKNOWN_KEY)
-            elif record_digest(headers, record.value) not in digests.split("."):
-                verdicts.append(Verdict.INVALID)
+            batch = self._batch_of(headers, record.value)
+            if isinstance(batch, Verdict):
+                verdicts.append(batch)
             else:
                 verdicts.append(Verdict.VALID)  # if its batch is: settled below
-                batches.setdefault((kid, digests, signature), []).append(index)
+                batches.setdefault(batch, []).append(index)
         for batch, valid in self._batches_valid(list(batches)).items():
             if not valid:
                 for index in batches[batch]:

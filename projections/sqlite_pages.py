@@ -4,8 +4,8 @@ A rebuild drops a read model's secondary indexes, deletes its rows and folds the
 again. Builds of SQLite with `secure_delete` on (Debian's) zero every page a drop or
 a delete frees and write it to the WAL: 0.5-1 s and ~170 MiB of WAL for a
 100,000-event rebuild's rows. So both run with `secure_delete=FAST` (`secure_delete`),
-which clears deleted content only within the pages they write anyway; the replay then reuses the freed pages for the
-rows it folds again, and SQLite clears a page it reuses. What the replay does not
+which clears deleted content only within the pages they write anyway; the replay then
+reuses the freed pages for the rows it folds again, and SQLite clears a page it reuses. What the replay does not
 reuse is zeroed at the end (`zero_free_pages`), so a rebuild still purges what the
 models held before (e.g. text a stricter redaction rule now hides), at the cost of
 the pages left over rather than of every page deleted.
