@@ -2,7 +2,8 @@
 
 PostgreSQL comes from `TOOLEXEC_TEST_DATABASE_URL` (a server URL; each test gets a
 fresh database on it) or from PyPI `pgserver`, started once per session. Tests on
-PostgreSQL are skipped, saying why, only when neither is available.
+PostgreSQL are skipped, saying why, only when neither is available; a pgserver that
+will not start (after its retries) fails them.
 Import the fixtures into a test module: ``from tests.projection_db import *``.
 """
 
@@ -23,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from projections.database import make_engine, migrate
 from projections.runner import ProjectionRunner
 from projections.store import ReadModel
+from toolexec.local_postgres import pgserver_installed, start_pgserver
 
 TEST_DATABASE_ENV = "TOOLEXEC_TEST_DATABASE_URL"
 
@@ -36,14 +38,11 @@ def postgres_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     if external:
         yield external
         return
-    try:
-        import pgserver  # type: ignore[import-untyped]
-    except ImportError:
+    if not pgserver_installed():
         pytest.skip("PostgreSQL tests need PyPI pgserver or TOOLEXEC_TEST_DATABASE_URL")
-    try:
-        server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
-    except Exception as error:  # noqa: BLE001 - any start failure means "skip, saying why"
-        pytest.skip(f"pgserver could not start PostgreSQL: {error}")
+    # pgserver is installed with the test extra: a server that will not start is a
+    # failure of every PostgreSQL test, never a silent skip
+    server = start_pgserver(tmp_path_factory.mktemp("pg"))
     try:
         yield server.get_uri()
     finally:

@@ -55,6 +55,7 @@ from projections.store import ReadModel
 from toolexec.bench.env import SCRIPT_PARAMS, bench_sources, script_chain, write_bench_tools
 from toolexec.bench.report import Figure, ScenarioResult
 from toolexec.embedded_broker import ensure_topics
+from toolexec.local_postgres import pgserver_installed, start_pgserver
 from toolexec.publishing import publish_event
 
 REGISTRY_TOPIC = "bench.replay.registry"
@@ -283,13 +284,10 @@ async def store(kind: str, root: Path) -> AsyncIterator[AsyncEngine | None]:
     if kind == "sqlite":
         url = f"sqlite:///{root / 'replay.sqlite3'}"
     else:
-        try:
-            import pgserver  # type: ignore[import-untyped]
-        except ImportError:
+        if not pgserver_installed():
             yield None
             return
-        server = await asyncio.to_thread(pgserver.get_server, root / "replay-pg",
-                                         cleanup_mode="stop")
+        server = await asyncio.to_thread(start_pgserver, root / "replay-pg")
         url = server.get_uri()
     engine = make_engine(url)
     try:

@@ -39,6 +39,7 @@ from projections.queries import search_tools_page
 from projections.registry_table import registry_model
 from projections.store import Record, apply
 from toolexec.bench.report import Figure, ScenarioResult, latency_figures, percentile
+from toolexec.local_postgres import pgserver_installed, start_pgserver
 
 RELEVANCE_DIR = Path(__file__).resolve().parents[2] / "tests" / "search_relevance"
 KINDS = ("exact", "typo", "partial", "paraphrase")
@@ -260,12 +261,10 @@ async def scratch_postgres(database_url: str | None, root: Path) -> AsyncIterato
     if database_url and database_url.startswith(("postgres", "postgresql")):
         base = make_url(async_url(database_url))
     else:
-        try:
-            import pgserver  # type: ignore[import-untyped]
-        except ImportError:
+        if not pgserver_installed():
             yield None
             return
-        server = pgserver.get_server(root / "pg", cleanup_mode="stop")
+        server = start_pgserver(root / "pg")
         base = make_url(server.get_uri())
     name = f"toolexec_bench_search_{uuid.uuid4().hex[:8]}"
     admin = base.set(drivername="postgresql").render_as_string(hide_password=False)
