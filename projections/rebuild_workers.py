@@ -16,6 +16,7 @@ import gc
 import multiprocessing
 import queue as queues
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -221,6 +222,22 @@ def _wait_for(go: Any) -> bool:
         if parent is not None and not parent.is_alive():
             return False
     return True
+
+
+def start_fork_server() -> None:
+    """Start the fork server that worker processes are forked from, in the background:
+    its imports take about a second, which a command can overlap with its own set-up
+    before it rebuilds (the rebuild then forks its workers at once)."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        threading.Thread(target=_ensure_fork_server, name="toolexec-fork-server",
+                         daemon=True).start()
+
+
+def _ensure_fork_server() -> None:
+    from multiprocessing import forkserver
+
+    _context()  # the modules it preloads
+    forkserver.ensure_running()
 
 
 def _context() -> Any:

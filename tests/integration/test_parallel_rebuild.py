@@ -179,3 +179,24 @@ async def test_a_failing_worker_stops_the_rebuild_and_says_why(kafka_bootstrap: 
     with pytest.raises(WorkerFailed) as failure:
         await asyncio.wait_for(run_workers(shares), 120)
     assert failure.value.kind == "KeyError" and "no-such-model" in str(failure.value)
+
+
+def test_the_fork_server_started_early_is_the_one_the_workers_come_from() -> None:
+    import multiprocessing
+    import time
+    from multiprocessing import forkserver
+
+    from projections import rebuild_workers
+
+    rebuild_workers.start_fork_server()
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 120
+    while server._forkserver_pid is None:  # started in the background
+        assert time.monotonic() < deadline, "the fork server never started"
+        time.sleep(0.05)
+    started = server._forkserver_pid
+    process = rebuild_workers._context().Process(target=int)
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    assert server._forkserver_pid == started and multiprocessing.active_children() == []

@@ -119,10 +119,13 @@ def rebuild_command(
     """Drop a read model and replay it from offset 0, showing progress and events/s."""
     from projections.catalog import read_models
     from projections.rebuild import default_workers, rebuild_together
-    from projections.rebuild_workers import WorkerFailed
+    from projections.rebuild_workers import WorkerFailed, start_fork_server
     from projections.runner import OffsetConflict
     from toolexec.read_models import SIGNED_TOPICS, embedded_archive, fact_verifier
 
+    processes = workers or default_workers()
+    if processes > 1:
+        start_fork_server()  # its start overlaps with connecting and migrating
     models = read_models()
     if name is not None and name not in models:
         fail("usage", f"unknown read model {name!r}; one of {', '.join(models)}", as_json,
@@ -130,7 +133,6 @@ def rebuild_command(
     chosen = [models[name]] if name else list(models.values())
     settings = Settings()
     bootstrap = _bootstrap(settings, as_json)
-    processes = workers or default_workers()
 
     async def work(engine: AsyncEngine) -> list[RebuildReport]:
         with _progress(" + ".join(m.name for m in chosen), "events", as_json) as update:
