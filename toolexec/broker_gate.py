@@ -1,4 +1,4 @@
-"""The gate in front of a restarted broker: a Kafka-protocol relay on the public port.
+"""The gate in front of the embedded broker: a Kafka-protocol relay on the public port.
 
 A broker restarted under connected clients comes back empty and is refilled from the
 archive; a client reconnecting in the middle would write at offsets the restore has
@@ -75,7 +75,7 @@ class BrokerGate:
         return self._process is not None and self._process.poll() is None
 
     async def open(self) -> None:
-        """Start the proxy and wait until a metadata request through it is answered."""
+        """Start the relay and wait until a metadata request through it is answered."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"gate-{self.port}-{secrets.token_hex(3)}.log"
         with self.log_path.open("wb") as log_file:
