@@ -1,14 +1,21 @@
-"""The gate in front of a restarted broker: `tansu proxy` on the public port.
+"""The gate in front of the embedded broker: a Kafka-protocol relay on the public port.
 
 A broker restarted under connected clients comes back empty and is refilled from the
 archive; a client reconnecting in the middle would write at offsets the restore has
-not reached yet. So after a restart the broker listens on a private port, the
-restore runs there, and only then does the gate open: a Tansu proxy on the public
-port (the one clients know), forwarding to the broker and advertising itself in
-metadata. While the gate is closed, clients see the port refuse connections, exactly
-as while the broker is down. The forwarding costs a hop per request, which is why a
-broker started with no client around (a cold start) listens on the public port
-itself.
+not reached yet. So the broker listens on a private port, the restore runs there,
+and only then does the gate open: `toolexec.kafka_relay` on the public port (the one
+clients know), relaying each client connection to the broker over one of its own and
+advertising itself in metadata. While the gate is closed, clients see the port refuse
+connections, exactly as while the broker is down. Closing it is also what makes a
+compaction exact (no writer between the archive's last catch-up and the broker's
+stop), so with compactions on a cold start serves through it too; the relay costs a
+hop per request, which a broker with compactions off saves by listening on the
+public port itself.
+
+(`tansu proxy` 0.6 was the gate before: it forwards every client over four broker
+connections, one request at a time, and a second replica's consumers, whose
+JoinGroups and long-poll fetches wait at the broker, starved the first one's
+heartbeats past their session timeout.)
 """
 
 from __future__ import annotations
@@ -30,11 +37,10 @@ from toolexec.embedded_broker import (
     HOST,
     EmbeddedBrokerError,
     _port_open,
-    _resolve_binary,
     _signal_group,
     _stop_process,
     _tail,
-    proxy_argv,
+    gate_argv,
     spawn_tansu,
 )
 
@@ -44,17 +50,15 @@ READY_TIMEOUT = 20.0
 
 
 class BrokerGate:
-    """`tansu proxy` listening on `port`, forwarding to `origin` (`host:port`)."""
+    """The relay listening on `port`, forwarding to `origin` (`host:port`)."""
 
-    def __init__(self, port: int, origin: str, *, log_dir: Path, binary: str | None = None,
-                 stop_grace: float = 5.0,
+    def __init__(self, port: int, origin: str, *, log_dir: Path, stop_grace: float = 5.0,
                  client_options: Mapping[str, Any] | None = None) -> None:
         self.port = port
         self.client_options = dict(client_options or {})
         self.origin = origin
         self.log_dir = log_dir
         self.stop_grace = stop_grace
-        self._binary = binary
         self._process: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
 
@@ -71,14 +75,11 @@ class BrokerGate:
         return self._process is not None and self._process.poll() is None
 
     async def open(self) -> None:
-        """Start the proxy and wait until a metadata request through it is answered."""
+        """Start the relay and wait until a metadata request through it is answered."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.log_dir / f"tansu-proxy-{self.port}-{secrets.token_hex(3)}.log"
-        listener = f"tcp://{HOST}:{self.port}"
+        self.log_path = self.log_dir / f"gate-{self.port}-{secrets.token_hex(3)}.log"
         with self.log_path.open("wb") as log_file:
-            self._process = spawn_tansu(
-                proxy_argv(self._binary or _resolve_binary(), listener, f"tcp://{self.origin}"),
-                log_file)
+            self._process = spawn_tansu(gate_argv(self.bootstrap, self.origin), log_file)
         deadline = time.monotonic() + READY_TIMEOUT
         try:
             while not await _port_open(self.port):

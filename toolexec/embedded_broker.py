@@ -38,6 +38,8 @@ import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
+from toolexec.child_python import module_argv
+
 log = structlog.get_logger(__name__)
 
 HOST = "127.0.0.1"
@@ -149,17 +151,16 @@ def broker_argv(binary: str, listener: str, *, storage_engine: str,
             "--storage-engine", storage_engine, "--cluster-id", cluster_id]
 
 
-def proxy_argv(binary: str, listener: str, origin: str) -> list[str]:
-    """The one place that decides how `tansu proxy` (a Kafka-protocol forwarder that
-    advertises itself in metadata) is launched."""
-    return [binary, "proxy", "--listener-url", listener, "--advertised-listener-url", listener,
-            "--origin-url", origin]
+def gate_argv(listen: str, origin: str) -> list[str]:
+    """The one place that decides how the broker's gate (`toolexec.kafka_relay`, a
+    Kafka-protocol relay that advertises itself) is launched; `host:port` each."""
+    return module_argv("toolexec.kafka_relay", "--listen", listen, "--origin", origin)
 
 
 def spawn_tansu(argv: list[str], log_file: IO[bytes],
                 extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a Tansu process in its own session, output to `log_file`, killed (Linux)
-    when the thread that started it goes away."""
+    """Start a Tansu process (or the gate in front of one) in its own session, output
+    to `log_file`, killed (Linux) when the thread that started it goes away."""
     env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
     env.update(extra_env or {})
     env["NO_COLOR"] = "1"  # plain log files

@@ -210,7 +210,8 @@ class Settings(BaseSettings):
     broker_compact_after_records: int = Field(default=50_000, ge=0)
     """Records the embedded broker may take after it (re)started before it is restarted
     from the archive (retention applied, history in compressed batches) at the next
-    quiet moment: what bounds its memory. 0 = never."""
+    quiet moment: what bounds its memory. 0 = never. Above 0 the broker serves through
+    its gate from the cold start on (a compaction is exact only behind it)."""
     broker_compact_quiet_seconds: float = Field(default=5.0, ge=0)
     """How long nothing must have been written before that restart (it is forced, quiet
     or not, at four times `broker_compact_after_records`)."""

@@ -179,12 +179,6 @@ def _gone(process: subprocess.Popen[bytes] | None) -> bool:
     return process is None or process.poll() is not None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known: a compaction in the broker's first incarnation (a cold start serves its port "
-    "without the gate) cannot stop writers, and records acknowledged after the archive's "
-    "last catch-up are lost (docs/durable-log.md). Serving through the gate from the cold "
-    "start fixes it but breaks a second replica's group join through `tansu proxy` "
-    "(tests/integration/test_replicas.py), so it is not in yet"))
 async def test_a_compaction_under_a_writer_loses_no_acknowledged_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """From a cold start, a compaction forced while a producer writes on: every record

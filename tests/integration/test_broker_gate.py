@@ -1,0 +1,136 @@
+"""The broker's gate (`toolexec.kafka_relay` in front of a real Tansu): it advertises
+itself to every client, relays each client over a broker connection of its own (a
+waiting request holds up no one else), and refuses connections while closed."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from tests.waiting import WAIT
+from toolexec.broker_gate import BrokerGate
+from toolexec.embedded_broker import HOST, EmbeddedBroker, free_port
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "gated"
+WAITING_FETCHES = 6  # more than tansu proxy 0.6's four broker connections
+FETCH_WAIT_MS = 20_000  # never reached: the fetches are cut off by closing the gate
+
+
+@pytest.fixture
+async def gate(tmp_path: Path) -> AsyncIterator[BrokerGate]:
+    async with EmbeddedBroker({TOPIC: 2}, log_dir=tmp_path) as broker:
+        gate = BrokerGate(free_port(), broker.bootstrap, log_dir=tmp_path)
+        await gate.open()
+        try:
+            yield gate
+        finally:
+            gate.close()
+
+
+def test_librdkafka_produces_and_consumes_in_a_group_through_the_gate(
+        gate: BrokerGate) -> None:
+    """librdkafka asks Metadata v12 and FindCoordinator v4+ (flexible versions): it
+    finds the gate, never the broker's private port, and joins a group through it."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    producer = confluent_kafka.Producer({"bootstrap.servers": gate.bootstrap})
+    values = [f"v{n}".encode() for n in range(6)]
+    for n, value in enumerate(values):
+        producer.produce(TOPIC, value, partition=n % 2)
+    assert producer.flush(WAIT) == 0
+    brokers = producer.list_topics(timeout=WAIT).brokers
+    assert {f"{b.host}:{b.port}" for b in brokers.values()} == {gate.bootstrap}
+    consumer = confluent_kafka.Consumer({
+        "bootstrap.servers": gate.bootstrap, "group.id": f"gate-{uuid.uuid4().hex[:6]}",
+        "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 2000, "fetch.wait.max.ms": 100})
+    got: list[bytes] = []
+    deadline = time.monotonic() + WAIT
+    try:
+        consumer.subscribe([TOPIC])
+        while len(got) < len(values) and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is None, message.error()
+                got.append(message.value())
+        assignment = {part.partition for part in consumer.assignment()}
+    finally:
+        consumer.close()
+    assert sorted(got) == sorted(values)
+    assert assignment == {0, 1}
+
+
+async def test_requests_waiting_at_the_broker_hold_up_no_other_client(
+        gate: BrokerGate) -> None:
+    """Six clients each wait in a long-poll fetch of an empty partition; a seventh
+    client is answered while all of them still wait."""
+    fetches = [await _connect(gate.port) for _ in range(WAITING_FETCHES)]
+    try:
+        pending = [asyncio.create_task(_exchange(conn, _fetch_request(n)))
+                   for n, conn in enumerate(fetches)]
+        producer = AIOKafkaProducer(bootstrap_servers=gate.bootstrap)
+        await producer.start()
+        try:
+            async with asyncio.timeout(WAIT):
+                await producer.send_and_wait(TOPIC, b"x", partition=1)
+        finally:
+            await producer.stop()
+        assert not any(task.done() for task in pending)
+    finally:
+        gate.close()  # cuts the waiting fetches off
+        for _, writer in fetches:
+            writer.close()
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(result, (OSError, asyncio.IncompleteReadError)) for result in results)
+
+
+async def test_a_closed_gate_refuses_connections_and_an_open_one_serves(
+        gate: BrokerGate) -> None:
+    reader, writer = await _connect(gate.port)
+    gate.close()
+    with pytest.raises(asyncio.IncompleteReadError):  # a client connected before is dropped
+        async with asyncio.timeout(WAIT):
+            await reader.readexactly(1)
+    writer.close()
+    with pytest.raises(OSError), socket.create_connection((HOST, gate.port), timeout=WAIT):
+        pass
+    await gate.open()
+    producer = AIOKafkaProducer(bootstrap_servers=gate.bootstrap)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(TOPIC, b"after", partition=0)
+    finally:
+        await producer.stop()
+    assert meta.offset >= 0
+
+
+async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection(HOST, port)
+
+
+def _fetch_request(correlation: int) -> bytes:
+    """Fetch v4 of (empty) partition 0 of TOPIC, waiting FETCH_WAIT_MS for 1 byte."""
+    topic = TOPIC.encode()
+    body = (struct.pack(">hhi", 1, 4, correlation) + struct.pack(">h", 4) + b"test"
+            + struct.pack(">iiiib", -1, FETCH_WAIT_MS, 1, 1 << 20, 0)
+            + struct.pack(">ih", 1, len(topic)) + topic
+            + struct.pack(">iiqi", 1, 0, 0, 1 << 20))
+    return struct.pack(">i", len(body)) + body
+
+
+async def _exchange(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                    request: bytes) -> bytes:
+    reader, writer = conn
+    writer.write(request)
+    await writer.drain()
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    return await reader.readexactly(size)
