@@ -121,6 +121,17 @@ def test_quick_bench_pairs_each_figure_with_a_same_run_baseline(quick_report: di
     assert {"rebuild events/s", "raw aiokafka events/s", "ratio"} <= set(figures["replay"])
 
 
+def test_quick_bench_reports_the_cpu_of_the_stack_and_of_the_whole_broker(
+        quick_report: dict) -> None:
+    # the broker is its supervisor's process tree (Tansu, the gate): never left out
+    figures = {s["name"]: s["figures"] for s in quick_report["scenarios"]}
+    for name in ("overhead", "throughput", "script-throughput"):
+        assert figures[name]["stack CPU ms/invocation"] > 0, name
+        assert figures[name]["broker CPU ms/invocation"] > 0, name
+    assert figures["gateway-overhead"]["broker CPU ms/invocation"] > 0
+    assert figures["idle"]["broker % of a core"] >= 0
+
+
 def test_quick_bench_invocations_all_complete(quick_report: dict) -> None:
     for scenario in quick_report["scenarios"]:
         assert scenario["figures"].get("errors", 0) == 0, scenario

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -176,7 +177,7 @@ class BenchEnvironment:
         self.bootstrap = ""
         self.tools_dir = self.root / "tools"
         self.client: InvocationClient | None = None
-        self.broker_pids: list[int] = []
+        self.broker_supervisor_pid: int | None = None
 
     async def __aenter__(self) -> BenchEnvironment:
         try:
@@ -193,7 +194,7 @@ class BenchEnvironment:
                                         str(self.tools_dir), str(self.execute_workers))
         announced = json.loads(await self.stack.start())
         self.bootstrap = announced["bootstrap"]
-        self.broker_pids: list[int] = announced.get("broker_pids", [])
+        self.broker_supervisor_pid = announced.get("broker_supervisor_pid")
         verify_keys = keys.fact_verify_keys(bench_settings(self.root / "state"))
         self.client = InvocationClient(self.bootstrap, verifier=FactVerifier(verify_keys))
         await self.client.start()
@@ -216,37 +217,65 @@ def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU seconds of process `pid` so far (Linux /proc), else None."""
     if pid is None:
         return None
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
+
+
+def tree_cpu_seconds(pid: int | None) -> float | None:
+    """CPU seconds of process `pid` and of every process under it so far, the ended
+    ones its tree has reaped included (Linux /proc), else None: the embedded broker
+    measured whole, its supervisor, Tansu (a new one after each compaction) and the
+    gate in front of it."""
+    if pid is None or _stat(pid) is None:
+        return None
+    stats = {p: stat for p in _pids() if (stat := _stat(p)) is not None}
+    children: dict[int, list[int]] = {}
+    for child, (parent, _own, _reaped) in stats.items():
+        children.setdefault(parent, []).append(child)
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        if current in stats:
+            _parent, own, reaped = stats[current]
+            total += own + reaped
+        todo.extend(children.get(current, ()))
+    return total
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _stat(pid: int) -> tuple[int, float, float] | None:
+    """(parent pid, own CPU seconds, reaped children's CPU seconds) of `pid`."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        tick = os.sysconf("SC_CLK_TCK")
+        return (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                (int(fields[13]) + int(fields[14])) / tick)
     except (OSError, ValueError, IndexError):
         return None
 
 
 class CpuMeter:
-    """CPU seconds the stack process and its broker (Tansu and the supervisor that
-    archives its log) spend between `start()` and `figures(calls)`: cost per
-    invocation whatever else the machine is doing."""
+    """CPU seconds the stack process and its broker (the supervisor that archives its
+    log, Tansu and the gate: `tree_cpu_seconds`) spend between `start()` and
+    `figures(calls)`: cost per invocation whatever else the machine is doing."""
 
     def __init__(self, env: BenchEnvironment) -> None:
-        self._pids: dict[str, list[int]] = {"stack": [env.stack.pid] if env.stack.pid else []}
-        if env.broker_pids:
-            self._pids["broker"] = list(env.broker_pids)
+        self._groups: dict[str, Callable[[], float | None]] = {
+            "stack": lambda: cpu_seconds(env.stack.pid)}
+        if env.broker_supervisor_pid:
+            self._groups["broker"] = lambda: tree_cpu_seconds(env.broker_supervisor_pid)
         self._began: dict[str, float | None] = {}
 
     def start(self) -> None:
-        self._began = {name: processes_cpu(pids) for name, pids in self._pids.items()}
+        self._began = {name: measure() for name, measure in self._groups.items()}
 
     def figures(self, calls: int) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, pids in self._pids.items():
-            now, began = processes_cpu(pids), self._began.get(name)
+        for name, measure in self._groups.items():
+            now, began = measure(), self._began.get(name)
             if now is not None and began is not None and calls:
                 out[f"{name} CPU ms/invocation"] = round((now - began) / calls * 1000, 3)
         return out
-
-
-def processes_cpu(pids: list[int]) -> float | None:
-    """CPU seconds of all of `pids` so far; None when one cannot be read."""
-    seconds = [cpu_seconds(pid) for pid in pids]
-    return None if not seconds or None in seconds else sum(s for s in seconds if s)

@@ -63,9 +63,9 @@ async def run_stack(state_dir: Path, tools_dir: Path, workers: int) -> None:
         await stack.registry.catch_up(REGISTRY_WAIT_SECONDS)
         heap.settle()  # as `up` does once started
         broker = stack.embedded
-        pids = [p for p in ((broker.pid, broker.supervisor_pid) if broker else ()) if p]
         print(json.dumps({"bootstrap": stack.bootstrap, "published": len(events),
-                          "broker_pids": pids}), flush=True)
+                          "broker_supervisor_pid": broker.supervisor_pid if broker else None}),
+              flush=True)
         await _answer(started[0])
 
 

@@ -24,7 +24,8 @@ from toolexec.bench.env import (
     SCRIPT_PARAMS,
     SCRIPT_TOOL,
     BenchEnvironment,
-    processes_cpu,
+    cpu_seconds,
+    tree_cpu_seconds,
 )
 from toolexec.bench.env import script_plan as build_script_plan
 from toolexec.bench.pipeline import OVERHEAD_TARGET_MS, DirectSpawn, sequential
@@ -95,16 +96,17 @@ class UpProcess:
         assert self.runtime is not None
         return str(self.runtime["gateway_url"])
 
-    def pids(self) -> dict[str, list[int]]:
-        """`up`, and its broker: Tansu and the supervisor archiving its log."""
+    def pids(self) -> dict[str, int | None]:
+        """`up`, and its broker's supervisor (the broker is measured as its tree)."""
         assert self.process is not None and self.runtime is not None
-        broker = [int(pid) for name in ("broker_pid", "broker_supervisor_pid")
-                  if (pid := self.runtime.get(name))]
-        return {"up": [self.process.pid], "broker": broker}
+        supervisor = self.runtime.get("broker_supervisor_pid")
+        return {"up": self.process.pid, "broker": int(supervisor) if supervisor else None}
 
 
-def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
-    return {name: processes_cpu(group) for name, group in pids.items()}
+def _cpu(pids: dict[str, int | None]) -> dict[str, float | None]:
+    """CPU seconds so far of `up` (its own process) and of its broker: the supervisor,
+    Tansu and the gate (`tree_cpu_seconds`)."""
+    return {"up": cpu_seconds(pids["up"]), "broker": tree_cpu_seconds(pids["broker"])}
 
 
 async def gateway_overhead(env: BenchEnvironment, *, calls: int,
