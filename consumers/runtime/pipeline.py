@@ -131,8 +131,7 @@ class Pipeline:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
-        for task in self._recovering.values():
-            task.cancel()
+        await self._end_recoveries()
         try:
             async with asyncio.timeout(STOP_GRACE_SECONDS):
                 await self.runs.drain()
@@ -142,9 +141,19 @@ class Pipeline:
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
+        await self._end_recoveries()  # any that a rebalance started meanwhile
         if self._reader_consumer is not None:
             await self._reader_consumer.stop()
             self._reader_consumer = None
+
+    async def _end_recoveries(self) -> None:
+        """Cancel the partitions' recoveries and wait for them to end: one left running
+        would meet the stopped consumer and fail with nobody to hear it."""
+        tasks = list(self._recovering.values())
+        self._recovering.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @property
     def running(self) -> bool:
