@@ -41,7 +41,7 @@ from toolexec.embedded_broker import (
     _stop_process,
     _tail,
     gate_argv,
-    spawn_tansu,
+    spawn_broker_process,
 )
 
 log = structlog.get_logger(__name__)
@@ -79,7 +79,7 @@ class BrokerGate:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"gate-{self.port}-{secrets.token_hex(3)}.log"
         with self.log_path.open("wb") as log_file:
-            self._process = spawn_tansu(gate_argv(self.bootstrap, self.origin), log_file)
+            self._process = spawn_broker_process(gate_argv(self.bootstrap, self.origin), log_file)
         deadline = time.monotonic() + READY_TIMEOUT
         try:
             while not await _port_open(self.port):

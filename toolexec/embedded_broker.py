@@ -157,10 +157,11 @@ def gate_argv(listen: str, origin: str) -> list[str]:
     return module_argv("toolexec.kafka_relay", "--listen", listen, "--origin", origin)
 
 
-def spawn_tansu(argv: list[str], log_file: IO[bytes],
+def spawn_broker_process(argv: list[str], log_file: IO[bytes],
                 extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a Tansu process (or the gate in front of one) in its own session, output
-    to `log_file`, killed (Linux) when the thread that started it goes away."""
+    """Start a process of the embedded broker (Tansu, or the gate in front of it) in its
+    own session, output to `log_file`, killed (Linux) when the thread that started it
+    goes away."""
     env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
     env.update(extra_env or {})
     env["NO_COLOR"] = "1"  # plain log files
@@ -339,7 +340,7 @@ class EmbeddedBroker:
         with os.fdopen(fd, "wb") as log_file:
             self.started_at = time.time()
             began = time.monotonic()
-            self._process = spawn_tansu(
+            self._process = spawn_broker_process(
                 broker_argv(binary, listener, storage_engine=self.storage_engine,
                             cluster_id=self.cluster_id),
                 log_file, self.env)

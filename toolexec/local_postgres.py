@@ -34,17 +34,18 @@ def start_pgserver(data_dir: Path, attempts: int = START_ATTEMPTS) -> Any:
     `cleanup()`). Raises ImportError without pgserver, else the last start's error."""
     import pgserver  # type: ignore[import-untyped]
 
-    for attempt in range(1, attempts + 1):
+    def started() -> Any:
+        server = pgserver.get_server(data_dir, cleanup_mode="stop")
+        wait_until_ready(server.get_uri())
+        return server
+
+    for attempt in range(1, attempts):
         try:
-            server = pgserver.get_server(data_dir, cleanup_mode="stop")
-            wait_until_ready(server.get_uri())
-            return server
+            return started()
         except (subprocess.SubprocessError, OSError) as error:
-            if attempt == attempts:
-                raise
             log.warning("pgserver.start_retried", attempt=attempt, error=str(error)[:300])
             time.sleep(PAUSE_SECONDS * attempt)
-    raise AssertionError("unreachable")
+    return started()  # the last try: its error is raised
 
 
 def wait_until_ready(url: str, seconds: float = READY_SECONDS) -> None:

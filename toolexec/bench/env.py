@@ -226,18 +226,19 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
     ones its tree has reaped included (Linux /proc), else None: the embedded broker
     measured whole, its supervisor, Tansu (a new one after each compaction) and the
     gate in front of it."""
-    if pid is None or _stat(pid) is None:
+    if pid is None:
         return None
     stats = {p: stat for p in _pids() if (stat := _stat(p)) is not None}
+    if pid not in stats:
+        return None
     children: dict[int, list[int]] = {}
     for child, (parent, _own, _reaped) in stats.items():
         children.setdefault(parent, []).append(child)
     total, todo = 0.0, [pid]
     while todo:
         current = todo.pop()
-        if current in stats:
-            _parent, own, reaped = stats[current]
-            total += own + reaped
+        _parent, own, reaped = stats[current]
+        total += own + reaped
         todo.extend(children.get(current, ()))
     return total
 
