@@ -16,6 +16,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from toolexec.kafka_wire import Malformed, Reader, uvarint
+
 METADATA = 3
 FIND_COORDINATOR = 10
 DESCRIBE_CLUSTER = 60
@@ -25,64 +27,13 @@ MAX_VERSION = {METADATA: 12, FIND_COORDINATOR: 6, DESCRIBE_CLUSTER: 1}
 Address = tuple[str, int]
 
 
-class _Malformed(ValueError):
-    """The response is not what its api key and version say."""
-
-
-class _Reader:
+class _Reader(Reader):
     """A cursor over a response body that notes where each broker address is."""
 
     def __init__(self, data: bytes, *, compact: bool) -> None:
-        self.data = data
-        self.pos = 0
-        self.compact = compact
+        super().__init__(data, compact=compact)
         self.edits: list[tuple[int, int, int, Address]] = []
         """(host start, host end, port end, (host, port)) of each broker entry."""
-
-    def skip(self, n: int) -> None:
-        if self.pos + n > len(self.data):
-            raise _Malformed("truncated")
-        self.pos += n
-
-    def int32(self) -> int:
-        start = self.pos
-        self.skip(4)
-        return int(struct.unpack_from(">i", self.data, start)[0])
-
-    def uvarint(self) -> int:
-        shift = value = 0
-        while True:
-            if self.pos >= len(self.data) or shift > 28:
-                raise _Malformed("bad varint")
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-
-    def string(self) -> str | None:
-        if self.compact:
-            n = self.uvarint() - 1
-        else:
-            start = self.pos
-            self.skip(2)
-            n = int(struct.unpack_from(">h", self.data, start)[0])
-        if n < 0:
-            return None
-        start = self.pos
-        self.skip(n)
-        return self.data[start:self.pos].decode("utf-8", "replace")
-
-    def array_length(self) -> int:
-        n = self.uvarint() - 1 if self.compact else self.int32()
-        return max(n, 0)
-
-    def tagged_fields(self) -> None:
-        if self.compact:
-            for _ in range(self.uvarint()):
-                self.uvarint()
-                self.skip(self.uvarint())
 
     def address(self) -> None:
         """A host then a port (int32): noted for rewriting."""
@@ -148,17 +99,8 @@ _PARSERS: dict[int, tuple[Callable[[_Reader, int], None], int]] = {
 def _encode(host: str, port: int, *, compact: bool) -> bytes:
     raw = host.encode()
     if compact:
-        return _uvarint(len(raw) + 1) + raw + struct.pack(">i", port)
+        return uvarint(len(raw) + 1) + raw + struct.pack(">i", port)
     return struct.pack(">h", len(raw)) + raw + struct.pack(">i", port)
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def rewrite_response(frame: bytes, api_key: int, api_version: int, *, origin: Address,
@@ -174,7 +116,7 @@ def rewrite_response(frame: bytes, api_key: int, api_version: int, *, origin: Ad
         reader.skip(4 + 4)  # size, correlation_id
         reader.tagged_fields()  # response header v1 (flexible versions)
         parser(reader, api_version)
-    except _Malformed:
+    except Malformed:
         return frame
     pieces: list[bytes] = []
     copied = 4

@@ -9,9 +9,20 @@ under a few consumer groups heartbeats queued past their session timeout).
 Bytes are relayed as they come, framed only to find each request's api key and each
 response's correlation id; the responses that name brokers (Metadata,
 FindCoordinator, DescribeCluster) are held whole and the broker's address in them is
-replaced by the relay's (`toolexec.kafka_addresses`). The process runs until it is
-signalled; stopping it drops every client connection, and the port then refuses
-connections.
+replaced by the relay's (`toolexec.kafka_addresses`).
+
+A waiting fetch is answered when records arrive, as Kafka does (Tansu holds every
+fetch for its full wait, so its consumers had to poll every millisecond): a classic
+fetch waiting `HOLD_FROM_MS` or more is held here. The relay asks the broker for it
+(with a 1 ms wait, answered at once when records are there) only when records may be
+there: it knows each partition's end from the fetch answers it relays, until a
+produce to that partition is acknowledged through it (`toolexec.kafka_fetches`,
+`Wakeups`). A produce that reaches the broker by another way wakes no one: its
+records come with the fetch's wait, as before. Requests behind a held fetch on the
+same connection wait for its answer (a broker answers a connection in order).
+
+The process runs until it is signalled; stopping it drops every client connection,
+and the port then refuses connections.
 """
 
 from __future__ import annotations
@@ -20,13 +31,28 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from toolexec.kafka_addresses import REWRITTEN_KEYS, Address, rewrite_response
+from toolexec.kafka_fetches import (
+    FETCH,
+    PRODUCE,
+    FetchWait,
+    Place,
+    read_fetch,
+    read_fetch_answer,
+    read_produce,
+)
 
 CHUNK = 256 * 1024
 REQUEST_HEAD = 12  # size, api_key, api_version, correlation_id
 RESPONSE_HEAD = 8  # size, correlation_id
+HOLD_FROM_MS = 10
+"""A fetch waiting this long or longer is held by the relay (shorter ones are polls
+the client chose, relayed as they are)."""
+ASK_WAIT_MS = 1
+"""The wait of the relay's own asks for a held fetch: Tansu answers one with records
+at once, and one with no wait at all without reading the log (always empty)."""
 
 
 class ProtocolError(ValueError):
@@ -50,7 +76,14 @@ class FrameScanner:
         self._held: bytearray | None = None
 
     def feed(self, chunk: bytes) -> bytes:
-        out: list[bytes] = []
+        """What to send on for `chunk`, in one piece."""
+        return b"".join(self.pieces(chunk))
+
+    def pieces(self, chunk: bytes) -> Iterator[bytes]:
+        """What to send on for `chunk`: bytes passed through, and each held frame
+        (transformed) as a piece of its own. Lazy: a held frame's `transform` runs as
+        its piece is reached, so the consumer may act on it before the next frame is
+        read."""
         i, n = 0, len(chunk)
         while i < n:
             if self._left:
@@ -58,11 +91,11 @@ class FrameScanner:
                 if self._held is not None:
                     self._held += chunk[i:i + take]
                 else:
-                    out.append(chunk[i:i + take])
+                    yield chunk[i:i + take]
                 self._left -= take
                 i += take
-                if not self._left:
-                    self._end_frame(out)
+                if not self._left and self._held is not None:
+                    yield self._release()
                 continue
             take = min(self.head_size - len(self._head), n - i)
             self._head += chunk[i:i + take]
@@ -76,25 +109,226 @@ class FrameScanner:
                 raise ProtocolError(f"a frame of {self._left + self.head_size} bytes")
             if self._inspect(head):
                 self._held = bytearray(head)
+                if not self._left:
+                    yield self._release()
             else:
-                out.append(head)
-            if not self._left:
-                self._end_frame(out)
-        return b"".join(out)
+                yield head
 
-    def _end_frame(self, out: list[bytes]) -> None:
-        if self._held is not None:
-            out.append(self._transform(bytes(self._held)))
-            self._held = None
+    def _release(self) -> bytes:
+        assert self._held is not None
+        frame, self._held = bytes(self._held), None
+        return self._transform(frame)
+
+
+Generation = tuple[int, int]
+"""(produces of unknown partitions, produces to the partition) acknowledged so far."""
+
+
+class Wakeups:
+    """What one relay knows of the log: the produces acknowledged through it, per
+    partition, the fetches waiting for them, and each partition's end as the last
+    fetch answer told it (valid until the next produce to the partition)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[Place, int] = {}
+        self._everything = 0
+        self._ends: dict[Place, tuple[int, Generation]] = {}
+        self._waiting: dict[Place, set[asyncio.Event]] = {}
+
+    def mark(self, places: Iterable[Place]) -> dict[Place, Generation]:
+        """The generation of each of `places` now."""
+        return {place: (self._everything, self._counts.get(place, 0)) for place in places}
+
+    def learn(self, ends: Mapping[Place, int], mark: Mapping[Place, Generation]) -> None:
+        """`ends` were read by a fetch asked at `mark`: kept for the partitions no
+        produce has reached since."""
+        now = self.mark(ends)
+        for place, end in ends.items():
+            if mark.get(place) == now[place]:
+                self._ends[place] = (end, now[place])
+
+    def at_end(self, offsets: Mapping[Place, int]) -> bool:
+        """Whether no records can be there for a fetch from `offsets`: each
+        partition's end is known and not beyond its offset."""
+        now = self.mark(offsets)
+        for place, offset in offsets.items():
+            known = self._ends.get(place)
+            if known is None or known[1] != now[place] or offset < known[0]:
+                return False
+        return bool(offsets)
+
+    def produced(self, places: frozenset[Place] | None) -> None:
+        """A produce to `places` (None: unknown) was acknowledged: wake their fetches."""
+        if places is None:
+            self._everything += 1
+            for events in self._waiting.values():
+                for event in events:
+                    event.set()
+            return
+        for place in places:
+            self._counts[place] = self._counts.get(place, 0) + 1
+            for event in self._waiting.get(place, ()):
+                event.set()
+
+    async def wait(self, mark: Mapping[Place, Generation], seconds: float) -> None:
+        """Until a produce to one of `mark`'s partitions after it, or `seconds`."""
+        if self.mark(mark) != mark:
+            return
+        event = asyncio.Event()
+        for place in mark:
+            self._waiting.setdefault(place, set()).add(event)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), seconds)
+        finally:
+            for place in mark:
+                waiters = self._waiting.get(place)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiting[place]
+
+
+class _Connection:
+    """One client connection and its own connection to the broker."""
+
+    def __init__(self, relay: Relay, client_out: asyncio.StreamWriter,
+                 origin_out: asyncio.StreamWriter) -> None:
+        self.relay = relay
+        self.client_out = client_out
+        self.origin_out = origin_out
+        self.rewritten: dict[bytes, tuple[int, int]] = {}  # correlation -> (api key, version)
+        self.produces: dict[bytes, frozenset[Place] | None] = {}  # correlation -> places
+        self._to_hold: tuple[FetchWait, bytes] | None = None
+        self._asked: bytes | None = None  # correlation id of the relay's own ask
+        self._answer: asyncio.Future[bytes] | None = None
+        self._answer_due = False
+        self.requests = FrameScanner(REQUEST_HEAD, self._holds_request, self._request)
+        self.responses = FrameScanner(RESPONSE_HEAD, self._holds_response, self._response)
+
+    # requests
+
+    def _holds_request(self, head: bytes) -> bool:
+        api_key = int.from_bytes(head[4:6], "big")
+        if api_key in REWRITTEN_KEYS:
+            self.rewritten[head[8:12]] = (api_key, int.from_bytes(head[6:8], "big"))
+            return False
+        return api_key in (FETCH, PRODUCE)
+
+    def _request(self, frame: bytes) -> bytes:
+        api_key = int.from_bytes(frame[4:6], "big")
+        version = int.from_bytes(frame[6:8], "big")
+        correlation = frame[8:12]
+        if api_key == PRODUCE:
+            produced = read_produce(frame, version)
+            if produced is None:
+                self.produces[correlation] = None
+            elif produced.acks == 0:  # no answer will come: wake as it goes
+                self.relay.wakeups.produced(produced.places)
+            else:
+                self.produces[correlation] = produced.places
+            return frame
+        fetch = read_fetch(frame, version)
+        if (fetch is None or fetch.in_session or fetch.min_bytes <= 0 or not fetch.offsets
+                or fetch.max_wait_ms < self.relay.hold_from_ms):
+            return frame
+        self._to_hold = (fetch, frame)
+        return b""
+
+    async def pump_requests(self, source: asyncio.StreamReader) -> None:
+        """Client to broker; a held fetch is served before the next request is read
+        (a broker answers a connection's requests in order)."""
+        while chunk := await source.read(CHUNK):
+            for piece in self.requests.pieces(chunk):
+                if piece:
+                    self.origin_out.write(piece)
+                if self._to_hold is not None:
+                    fetch, frame = self._to_hold
+                    self._to_hold = None
+                    await self.origin_out.drain()
+                    await self._serve(fetch, frame)
+            await self.origin_out.drain()
+
+    async def _serve(self, fetch: FetchWait, frame: bytes) -> None:
+        """Answer a held fetch: asked of the broker only when records may be there,
+        else once a produce reaches one of its partitions or its wait is over."""
+        loop = asyncio.get_running_loop()
+        wakeups = self.relay.wakeups
+        version = int.from_bytes(frame[6:8], "big")
+        deadline = loop.time() + fetch.max_wait_ms / 1000
+        ask = fetch.with_wait(frame, ASK_WAIT_MS)
+        answer: bytes | None = None
+        while True:
+            mark = wakeups.mark(fetch.offsets)
+            if wakeups.at_end(fetch.offsets) and loop.time() < deadline:
+                await wakeups.wait(mark, deadline - loop.time())
+                if answer is not None and wakeups.mark(fetch.offsets) == mark:
+                    break  # the wait is over and nothing came: the empty answer stands
+                continue
+            answer = await self._ask(ask)
+            read = read_fetch_answer(answer, version)
+            if read is None:
+                break
+            wakeups.learn(read.ends, mark)  # the next fetch, from those ends, may wait here
+            if read.found or loop.time() >= deadline:
+                break
+            if wakeups.mark(fetch.offsets) == mark and not wakeups.at_end(fetch.offsets):
+                break  # empty, yet records should be there: the client's to see
+        self.client_out.write(answer)
+        await self.client_out.drain()
+
+    async def _ask(self, frame: bytes) -> bytes:
+        self._asked = frame[8:12]
+        self._answer = asyncio.get_running_loop().create_future()
+        self.origin_out.write(frame)
+        await self.origin_out.drain()
+        return await self._answer
+
+    # responses
+
+    def _holds_response(self, head: bytes) -> bool:
+        correlation = head[4:8]
+        if correlation in self.produces:
+            self.relay.wakeups.produced(self.produces.pop(correlation))
+            return False
+        if correlation == self._asked:
+            self._asked = None
+            self._answer_due = True
+            return True
+        return correlation in self.rewritten
+
+    def _response(self, frame: bytes) -> bytes:
+        if self._answer_due:
+            return frame
+        api_key, version = self.rewritten.pop(frame[4:8])
+        return rewrite_response(frame, api_key, version, origin=self.relay.origin,
+                                public=self.relay.listen)
+
+    async def pump_responses(self, source: asyncio.StreamReader) -> None:
+        """Broker to client; the answers to the relay's own asks go to `_serve`."""
+        while chunk := await source.read(CHUNK):
+            for piece in self.responses.pieces(chunk):
+                if self._answer_due:
+                    self._answer_due = False
+                    assert self._answer is not None
+                    self._answer.set_result(piece)
+                else:
+                    self.client_out.write(piece)
+            await self.client_out.drain()
 
 
 class Relay:
     """Listens on `listen` and relays each connection to `origin`, advertising
-    `listen` in place of `origin`."""
+    `listen` in place of `origin`. A classic fetch that waits `hold_from_ms` or more
+    is held here and answered as soon as a produce through this relay lands in one
+    of its partitions (None: every fetch is relayed as it is)."""
 
-    def __init__(self, listen: Address, origin: Address) -> None:
+    def __init__(self, listen: Address, origin: Address, *,
+                 hold_from_ms: int | None = HOLD_FROM_MS) -> None:
         self.listen = listen
         self.origin = origin
+        self.hold_from_ms = hold_from_ms if hold_from_ms is not None else 2**31
+        self.wakeups = Wakeups()
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -117,26 +351,9 @@ class Relay:
         except OSError:
             client_out.close()
             return
-        pending: dict[bytes, tuple[int, int]] = {}  # correlation id -> (api key, version)
-
-        def note_request(head: bytes) -> bool:
-            api_key = int.from_bytes(head[4:6], "big")
-            if api_key in REWRITTEN_KEYS:
-                pending[head[8:12]] = (api_key, int.from_bytes(head[6:8], "big"))
-            return False
-
-        def is_rewritten(head: bytes) -> bool:
-            return head[4:8] in pending
-
-        def rewrite(frame: bytes) -> bytes:
-            api_key, version = pending.pop(frame[4:8])
-            return rewrite_response(frame, api_key, version, origin=self.origin,
-                                    public=self.listen)
-
-        requests = FrameScanner(REQUEST_HEAD, note_request, bytes)
-        responses = FrameScanner(RESPONSE_HEAD, is_rewritten, rewrite)
-        pumps = [asyncio.create_task(_pump(client_in, origin_out, requests)),
-                 asyncio.create_task(_pump(origin_in, client_out, responses))]
+        connection = _Connection(self, client_out, origin_out)
+        pumps = [asyncio.create_task(connection.pump_requests(client_in)),
+                 asyncio.create_task(connection.pump_responses(origin_in))]
         try:
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -147,15 +364,6 @@ class Relay:
             for pump in pumps:
                 with contextlib.suppress(asyncio.CancelledError, OSError, ProtocolError):
                     await pump
-
-
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter,
-                scanner: FrameScanner) -> None:
-    while chunk := await source.read(CHUNK):
-        data = scanner.feed(chunk)
-        if data:
-            sink.write(data)
-            await sink.drain()
 
 
 def _address(text: str) -> Address:

@@ -1,6 +1,7 @@
 """The broker's gate (`toolexec.kafka_relay` in front of a real Tansu): it advertises
 itself to every client, relays each client over a broker connection of its own (a
-waiting request holds up no one else), and refuses connections while closed."""
+waiting request holds up no one else), answers a waiting fetch when a produce lands,
+and refuses connections while closed."""
 
 from __future__ import annotations
 
@@ -13,17 +14,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.waiting import WAIT
 from toolexec.broker_gate import BrokerGate
 from toolexec.embedded_broker import HOST, EmbeddedBroker, free_port
+from toolexec.kafka_fetches import FetchAnswer, read_fetch_answer
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "gated"
 WAITING_FETCHES = 6  # more than tansu proxy 0.6's four broker connections
 FETCH_WAIT_MS = 20_000  # never reached: the fetches are cut off by closing the gate
+LONGER_THAN_THE_TEST_MS = int(WAIT * 1000) * 10
 
 
 @pytest.fixture
@@ -113,18 +116,111 @@ async def test_a_closed_gate_refuses_connections_and_an_open_one_serves(
     assert meta.offset >= 0
 
 
+async def test_a_waiting_fetch_is_answered_when_a_produce_lands(gate: BrokerGate) -> None:
+    """Tansu alone would hold this fetch for its whole wait (far longer than the test
+    waits); the gate answers it with the records as soon as they are acknowledged, and
+    one request sent behind it on the same connection is answered after it."""
+    reader, writer = await _connect(gate.port)
+    try:
+        writer.write(_fetch_request(1, wait_ms=LONGER_THAN_THE_TEST_MS, partition=1)
+                     + _metadata_request(2))
+        await writer.drain()
+        await _produce(gate.bootstrap, 1, b"first", b"second")
+        async with asyncio.timeout(WAIT):
+            first, answer = await _answer(reader)
+            second, _ = await _answer(reader)
+    finally:
+        writer.close()
+    assert (first, second) == (1, 2)
+    assert answer is not None and answer.found
+    assert answer.ends[(TOPIC, 1)] >= 1
+
+
+async def test_a_waiting_fetch_with_nothing_new_is_answered_empty_at_the_end_of_its_wait(
+        gate: BrokerGate) -> None:
+    """The first fetch learns the partition's end from the broker, the second waits
+    at the gate without asking; a produce to another partition wakes neither."""
+    await _produce(gate.bootstrap, 0, b"old")
+    reader, writer = await _connect(gate.port)
+    try:
+        answers = []
+        for correlation in (1, 2):
+            writer.write(_fetch_request(correlation, wait_ms=300, partition=0, offset=1))
+            await writer.drain()
+            if correlation == 2:
+                await _produce(gate.bootstrap, 1, b"elsewhere")
+            async with asyncio.timeout(WAIT):
+                answers.append(await _answer(reader))
+    finally:
+        writer.close()
+    for correlation, (got, answer) in zip((1, 2), answers, strict=True):
+        assert got == correlation
+        assert answer is not None and not answer.found
+        assert answer.ends == {(TOPIC, 0): 1}
+
+
+async def test_a_consumer_waiting_long_gets_each_record_as_it_is_produced(
+        gate: BrokerGate) -> None:
+    """An aiokafka consumer whose fetches wait far longer than the test: each record
+    produced reaches it while it waits."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=gate.bootstrap, enable_auto_commit=False,
+                                fetch_max_wait_ms=LONGER_THAN_THE_TEST_MS,
+                                request_timeout_ms=2 * LONGER_THAN_THE_TEST_MS)
+    await consumer.start()
+    try:
+        place = TopicPartition(TOPIC, 1)
+        consumer.assign([place])
+        await consumer.seek_to_end(place)
+        for value in (b"one", b"two", b"three"):
+            await _produce(gate.bootstrap, 1, value)
+            async with asyncio.timeout(WAIT):
+                batch = await consumer.getmany(place, timeout_ms=int(WAIT * 1000))
+            assert [record.value for record in batch[place]] == [value]
+    finally:
+        await consumer.stop()
+
+
 async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.open_connection(HOST, port)
 
 
-def _fetch_request(correlation: int) -> bytes:
-    """Fetch v4 of (empty) partition 0 of TOPIC, waiting FETCH_WAIT_MS for 1 byte."""
+def _fetch_request(correlation: int, *, wait_ms: int = FETCH_WAIT_MS, partition: int = 0,
+                   offset: int = 0) -> bytes:
+    """Fetch v4 of one partition of TOPIC (by default the empty partition 0), waiting
+    `wait_ms` for 1 byte."""
     topic = TOPIC.encode()
     body = (struct.pack(">hhi", 1, 4, correlation) + struct.pack(">h", 4) + b"test"
-            + struct.pack(">iiiib", -1, FETCH_WAIT_MS, 1, 1 << 20, 0)
+            + struct.pack(">iiiib", -1, wait_ms, 1, 1 << 20, 0)
             + struct.pack(">ih", 1, len(topic)) + topic
-            + struct.pack(">iiqi", 1, 0, 0, 1 << 20))
+            + struct.pack(">iiqi", 1, partition, offset, 1 << 20))
     return struct.pack(">i", len(body)) + body
+
+
+def _metadata_request(correlation: int) -> bytes:
+    """Metadata v1 of every topic."""
+    body = (struct.pack(">hhi", 3, 1, correlation) + struct.pack(">h", 4) + b"test"
+            + struct.pack(">i", -1))
+    return struct.pack(">i", len(body)) + body
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, FetchAnswer | None]:
+    """The next response on a connection: its correlation id, and what it says when it
+    is a Fetch v4 answer."""
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    body = await reader.readexactly(size)
+    frame = struct.pack(">i", size) + body
+    return struct.unpack(">i", body[:4])[0], read_fetch_answer(frame, 4)
+
+
+async def _produce(bootstrap: str, partition: int, *values: bytes) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        async with asyncio.timeout(WAIT):
+            for value in values:
+                await producer.send_and_wait(TOPIC, value, partition=partition)
+    finally:
+        await producer.stop()
 
 
 async def _exchange(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
