@@ -8,22 +8,24 @@ gateway and idle scenarios), runs the scenarios and prints a table (or --json). 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import sys
 import tempfile
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from toolexec.bench.report import ScenarioResult, machine_info, render, report_document
+if TYPE_CHECKING:
+    from toolexec.bench.report import ScenarioResult
+
+# The scenarios and the report are imported when the bench runs: registering the
+# command imports nothing of the bench but this module.
 
 SCENARIOS = ("overhead", "gateway-overhead", "throughput", "script-throughput", "idle",
              "hot-path", "replay", "sandbox", "search", "checkpoints")
@@ -76,6 +78,10 @@ def bench(
         "--scenario", help=f"run only these ({', '.join(SCENARIOS)}); repeatable")] = [],  # noqa: B006
 ) -> None:
     """Performance figures with same-run baselines (exit 0 even when a target is missed)."""
+    import asyncio
+
+    from toolexec.bench.report import machine_info, render, report_document
+
     unknown = [name for name in scenario if name not in SCENARIOS]
     if unknown:
         err.print(f"[red]bad usage:[/] unknown scenario(s) {', '.join(unknown)}; "
@@ -108,6 +114,8 @@ async def _stopped_by_sigterm(bench_run: Awaitable[list[ScenarioResult]]) -> lis
     """Run the bench; SIGTERM cancels it, as Ctrl-C does, so that every stack, `up`
     and broker it started is stopped and its folders removed on the way out (the
     default SIGTERM ends the process at once and leaves them running)."""
+    import asyncio
+
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
@@ -196,6 +204,10 @@ async def _now(result: ScenarioResult) -> ScenarioResult:
 
 async def _guarded(name: str, run: Callable[[], Awaitable[ScenarioResult]]) -> ScenarioResult:
     """Run one scenario; an exception becomes a row carrying the error."""
+    import traceback
+
+    from toolexec.bench.report import ScenarioResult
+
     err.print(f"bench: {name}...")
     try:
         return await run()

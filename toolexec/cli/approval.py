@@ -3,7 +3,6 @@ for an approver, and list them."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -12,8 +11,6 @@ from rich.markup import escape
 
 from toolexec.cli.gateway_call import gateway_call, no_running_system
 from toolexec.cli.output import USAGE, bad_usage, fail
-from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings, kafka_client_options
 
 err = Console(stderr=True)
 out = Console()
@@ -51,6 +48,9 @@ def deny(invocation_id: InvocationId, reason: Reason = None, approved_hash: Hash
 
 def approvals(token: Token = None, as_json: Json = False) -> None:
     """The calls waiting for an approver (oldest first), from the running gateway."""
+    from toolexec.runtime_file import read_runtime
+    from toolexec.settings import Settings
+
     settings = Settings()
     url = (read_runtime(settings) or {}).get("gateway_url")
     status, body = (gateway_call(url, "GET", "/v1/approvals", token=token or settings.token)
@@ -70,6 +70,11 @@ def approvals(token: Token = None, as_json: Json = False) -> None:
 
 def _decide(invocation_id: str, verdict: str, reason: str | None, approved_hash: str | None,
             token: str | None, as_json: bool) -> None:
+    import asyncio
+
+    from toolexec.runtime_file import read_runtime
+    from toolexec.settings import Settings, kafka_client_options
+
     if not invocation_id.strip():
         bad_usage("the invocation id is empty", as_json)
     settings = Settings()
@@ -106,6 +111,7 @@ async def _through_broker(bootstrap: str, invocation_id: str, verdict: Any, reas
     from domain.errors import ToolexecError
     from toolexec import keys, rights
     from toolexec.client import InvocationClient
+    from toolexec.settings import Settings
     from toolexec.usecases.approval import decide_approval
 
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,18 +18,18 @@ from rich.table import Table
 
 from domain.errors import ToolexecError
 from domain.model import Issue, ToolSource
-from domain.validation import validate_source
 from toolexec.cli.output import bad_usage, echo_json, fail_with
-from toolexec.sources import SourceError, bash_syntax_check, discover, load_builtin_sources
-from toolexec.usecases.authoring import (
-    LOCAL_REGISTRY_URL,
-    errors_of,
-    known_tools,
-    lock_chain,
-    source_integrity,
-)
+
+if TYPE_CHECKING:
+    from toolexec.sources import SourceError
+
+# Validation, the sources and the authoring use cases are imported by the commands, so
+# that `toolexec --help` starts quickly.
 
 DEFAULT_TOOLS_DIR = Path(".ai/tools")
+LOCAL_REGISTRY_URL = "urn:toolexec:local"
+"""`lock --registry-url`'s default: `toolexec.usecases.authoring.LOCAL_REGISTRY_URL`,
+written out so that the help needs no import of the use case (a test keeps them equal)."""
 
 out = Console()
 err = Console(stderr=True)
@@ -71,6 +71,10 @@ def validate(
 
     Checks the manifest, executor rules and per-type requirements of every tool found
     under PATH; exits 1 when any tool has an error."""
+    from domain.validation import validate_source
+    from toolexec.sources import SourceError, bash_syntax_check, discover, load_builtin_sources
+    from toolexec.usecases.authoring import known_tools
+
     _require_existing(paths, as_json)
     found = discover(paths)
     if not found:
@@ -90,6 +94,8 @@ def validate(
 
 
 def _tool_report(source: ToolSource, issues: list[Issue]) -> dict[str, Any]:
+    from toolexec.usecases.authoring import errors_of
+
     manifest = source.manifest
     return {
         "tool_id": manifest.get("tool_id"),
@@ -141,6 +147,7 @@ def integrity(
 ) -> None:
     """Print the canonical integrity (sha256:<hex>) of the tool source at PATH."""
     from domain.publisher_signature import sign_integrity
+    from toolexec.usecases.authoring import source_integrity
     from toolexec.usecases.publish import publisher_private_key
 
     _require_existing([path], as_json)
@@ -182,6 +189,8 @@ def lock(
     integrity and checks parent -> child schemas. An MCP tool's entry also pins the
     definition its server announces (read from the definitions read model of this
     state directory when it exists)."""
+    from toolexec.usecases.authoring import lock_chain
+
     tool_id, _, version_range = tool.partition("@")
     if not tool_id:
         bad_usage(f"expected TOOL or TOOL@RANGE, got {tool!r}", as_json)

@@ -7,19 +7,19 @@ the archive of the log under `<state_dir>/log/`), started by `toolexec up` or
 
 from __future__ import annotations
 
-import asyncio
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from toolexec.cli.output import echo_json, fail
-from toolexec.runtime_file import runtime_status
-from toolexec.settings import Settings
 
-# The broker control (aiokafka) is imported by the commands, so that `toolexec --help`
-# starts quickly.
+if TYPE_CHECKING:
+    from toolexec.settings import Settings
+
+# The settings and the broker control (aiokafka) are imported by the commands, so that
+# `toolexec --help` starts quickly.
 
 err = Console(stderr=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
@@ -47,6 +47,7 @@ def broker_report(settings: Settings) -> dict[str, Any]:
         supervisor_running,
     )
     from toolexec.log_archive import LogArchive
+    from toolexec.runtime_file import runtime_status
 
     state = read_state(settings.state_dir)
     running = supervisor_running(state)
@@ -83,6 +84,8 @@ def broker_report(settings: Settings) -> dict[str, Any]:
 @broker_app.command("status")
 def status(as_json: JsonFlag = False) -> None:
     """Whether the state directory's broker runs, where, and how much is archived."""
+    from toolexec.settings import Settings
+
     settings = Settings()
     _embedded(settings, as_json)
     report = broker_report(settings)
@@ -112,7 +115,10 @@ def status(as_json: JsonFlag = False) -> None:
 @broker_app.command("start")
 def start(as_json: JsonFlag = False) -> None:
     """Start the state directory's broker (restoring its log) unless it runs already."""
+    import asyncio
+
     from toolexec.broker_control import BrokerUnavailable, ensure_broker
+    from toolexec.settings import Settings
 
     settings = Settings()
     _embedded(settings, as_json)
@@ -133,6 +139,8 @@ def stop(force: Annotated[bool, typer.Option(
          as_json: JsonFlag = False) -> None:
     """Stop the state directory's broker: it archives what is left, then exits."""
     from toolexec.broker_control import stop_broker
+    from toolexec.runtime_file import runtime_status
+    from toolexec.settings import Settings
 
     settings = Settings()
     _embedded(settings, as_json)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 import typer
@@ -11,8 +10,6 @@ from rich.markup import escape
 
 from toolexec.cli.gateway_call import gateway_call, no_running_system
 from toolexec.cli.output import bad_usage
-from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings, kafka_client_options
 
 err = Console(stderr=True)
 out = Console()
@@ -37,6 +34,11 @@ def cancel(
     `POST /v1/invocations/{id}/cancel` answers.
     With only TOOLEXEC_KAFKA_BOOTSTRAP set, the event is emitted directly. The
     invocation then ends with E3703 unless it ends first."""
+    import asyncio
+
+    from toolexec.runtime_file import read_runtime
+    from toolexec.settings import Settings, kafka_client_options
+
     if not invocation_id.strip():
         bad_usage("the invocation id is empty", as_json)
     settings = Settings()

@@ -9,7 +9,6 @@ or admin. Exit 0 on success, 1 on a failure carrying an E3xxx code, 2 on bad usa
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -19,11 +18,11 @@ from rich.table import Table
 
 from toolexec.cli.output import echo_json, fail_with
 from toolexec.cli.projections import with_engine
-from toolexec.runtime_file import running_system
-from toolexec.settings import Settings, kafka_client_options
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from toolexec.settings import Settings
 
 err = Console(stderr=True)
 out = Console()
@@ -48,6 +47,8 @@ def list_definitions(
 ) -> None:
     """Every MCP tool's pinned definition: its hash, pinned or drifted, and the drifts
     waiting for approval with what changed."""
+    from toolexec.settings import Settings
+
     pins = read_pins(Settings(), as_json, server)
     if as_json:
         echo_json({"definitions": pins})
@@ -94,8 +95,12 @@ def approve(
     as_json: JsonFlag = False,
 ) -> None:
     """Approve a drifted MCP tool definition: calls to the tool run again."""
+    import asyncio
+
     from domain.errors import ToolexecError
     from toolexec import rights
+    from toolexec.runtime_file import running_system
+    from toolexec.settings import Settings, kafka_client_options
     from toolexec.usecases.definitions import approve as approve_definition
 
     settings = Settings()

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from domain.errors import ToolexecError
 from toolexec.cli.output import echo_json, fail_with
 from toolexec.cli.projections import with_engine
-from toolexec.settings import Settings
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from toolexec.settings import Settings
 
 out = Console()
 err = Console(stderr=True)
@@ -59,6 +59,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show an invocation's timeline, its latest progress and its checkpoints."""
+    from toolexec.settings import Settings
+
     settings = Settings()
     document = _read(settings, invocation_id, as_json)
     if follow and not document["ended"]:
@@ -75,6 +77,8 @@ def _follow(settings: Settings, invocation_id: str, document: dict[str, Any],
             as_json: bool) -> dict[str, Any]:
     """Poll the read model until the invocation ends, drawing its progress (on stderr,
     on a terminal only: the JSON document on stdout stays the last state alone)."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                   TimeElapsedColumn(), console=err, disable=as_json) as bar:
         task = bar.add_task(_label(document), total=None)

@@ -11,7 +11,6 @@ Exit 0 on success, 1 on a failure carrying an E3xxx code, 2 on bad usage.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,11 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from toolexec.cli.output import bad_usage, fail_with
-from toolexec.runtime_file import running_system
-from toolexec.settings import Settings, kafka_client_options
 
 if TYPE_CHECKING:
-
     from domain.lifecycle import LifecycleChange
 
 err = Console(stderr=True)
@@ -75,10 +71,14 @@ def restore(
 
 def _change(tool: str, state: str, reason: str | None, replacement: str | None,
             token: str | None, as_json: bool, *, version_required: bool) -> None:
+    import asyncio
+
     from domain.errors import ToolexecError
     from domain.lifecycle import LifecycleChange
     from domain.semver import is_valid_version
     from toolexec import rights
+    from toolexec.runtime_file import running_system
+    from toolexec.settings import Settings, kafka_client_options
     from toolexec.usecases.lifecycle import change_lifecycle
 
     tool_id, _, version = tool.partition("@")

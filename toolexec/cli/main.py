@@ -1,6 +1,12 @@
 """The `toolexec` application (Typer): every command registered, and the entry point
 of the console script. Every command takes --json and exits 0 on success, 1 on a
-failure carrying an E3xxx code, 2 on bad usage."""
+failure carrying an E3xxx code, 2 on bad usage.
+
+Importing it is light (Typer, rich, the command modules): each command imports the
+machinery it uses (settings, Kafka, SQL, the stack...) when it runs, so `--help`
+starts quickly and so does the fork server of `projections rebuild`, which preloads
+this module (`projections.rebuild_workers.preloaded_modules`).
+`tests/unit/test_cli_imports.py` keeps it so."""
 
 from __future__ import annotations
 
@@ -29,8 +35,6 @@ from toolexec.cli import (
     security,
 )
 from toolexec.cli.output import USAGE, exit_code_of, print_error, wants_json
-from toolexec.logs import configure_logging
-from toolexec.settings import Settings
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -54,6 +58,9 @@ mcp.register(app)  # mcp: search, load, execute, help for agents
 @app.callback()
 def _configure() -> None:
     """Logs go to stderr (quiet by default; TOOLEXEC_LOG_LEVEL=INFO for more)."""
+    from toolexec.logs import configure_logging
+    from toolexec.settings import Settings
+
     configure_logging(Settings(), default_level="WARNING")
 
 

@@ -9,8 +9,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from toolexec.settings import Settings
-
 err = Console(stderr=True)
 
 
@@ -25,6 +23,7 @@ def mcp_command(
     tools: Annotated[list[Path], typer.Option("--tools", help="extra tool directories")] = [],  # noqa: B006
 ) -> None:
     """MCP server exposing search, load, execute (run | sign | lock) and help."""
+    from toolexec.settings import Settings
     from toolexec.system import serve_mcp
 
     if http:

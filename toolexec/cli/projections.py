@@ -8,7 +8,6 @@ uses (`TOOLEXEC_DATABASE_URL`, else SQLite under the state directory).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import sys
@@ -21,22 +20,19 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from domain.errors import ToolexecError
 from toolexec.cli.output import echo_json, fail, fail_with
-from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
-from toolexec.state_files import ensure_state_dir
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from projections.rebuild import RebuildReport
+    from toolexec.settings import Settings
 
-# SQLAlchemy, Alembic and the projections are imported by the commands that use them,
-# so that `toolexec --help` and the offline commands start quickly.
+# The settings, SQLAlchemy, Alembic and the projections are imported by the commands
+# that use them, so that `toolexec --help` and the offline commands start quickly.
 
 err = Console(stderr=True)
 out = Console()
@@ -66,9 +62,12 @@ def with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
     `after` names the read models `work` reads: it runs once they have folded the log
     up to its ends as they were when asked (read-your-writes, bounded by
     `TOOLEXEC_READ_YOUR_WRITES_SECONDS`; past the bound it reads what they hold)."""
+    import asyncio
+
     from sqlalchemy.exc import SQLAlchemyError
 
     from projections.database import make_engine, migrate
+    from toolexec.state_files import ensure_state_dir
 
     async def run() -> T:
         engine = make_engine(settings.effective_database_url)
@@ -91,6 +90,8 @@ def with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]],
 
 
 def _bootstrap(settings: Settings, as_json: bool) -> str:
+    from toolexec.runtime_file import read_runtime
+
     if settings.kafka_bootstrap:
         return settings.kafka_bootstrap
     running = read_runtime(settings)
@@ -122,6 +123,7 @@ def rebuild_command(
     from projections.rebuild_workers import WorkerFailed, start_fork_server
     from projections.runner import OffsetConflict
     from toolexec.read_models import SIGNED_TOPICS, embedded_archive, fact_verifier
+    from toolexec.settings import Settings, consumer_kwargs, kafka_client_options
 
     processes = workers or default_workers()
     if processes > 1:
@@ -198,6 +200,8 @@ def _progress(description: str, unit: str,
               as_json: bool) -> Iterator[Callable[[int, int], None]]:
     """A rich progress bar on stderr when it is a terminal (never with --json); yields
     the `update(done, total)` to call as work goes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]:>9,.0f} " + unit + "/s"),
                   TimeElapsedColumn(), console=err,
@@ -246,6 +250,7 @@ def replay(
         audit_records,
         count_audit_records,
     )
+    from toolexec.settings import Settings
 
     query = AuditQuery(since=_moment(since, as_json), until=_moment(until, as_json),
                        type=event_type, invocation_id=invocation, tool_id=tool)
@@ -287,6 +292,7 @@ def verify(as_json: JsonFlag = False) -> None:
     invocation never requested and every terminal event of an invocation that has
     two. Exit 1 when any is found."""
     from projections.audit import audit_findings, verify_audit
+    from toolexec.settings import Settings
 
     settings = Settings()
 
@@ -363,6 +369,7 @@ def export(
     `toolexec audit verify-export` checks offline. A broken chain is not exported."""
     from projections.audit_export import ExportBroken, export_audit
     from projections.tables import iso
+    from toolexec.settings import Settings
 
     settings = Settings()
     key = _pipeline_key(settings, as_json) if signed else None
@@ -458,6 +465,7 @@ def public_key_command(as_json: JsonFlag = False) -> None:
     from cryptography.hazmat.primitives import serialization
 
     from contracts.fact_signature import key_id
+    from toolexec.settings import Settings
 
     public = _pipeline_key(Settings(), as_json).public_key()
     pem = public.public_bytes(serialization.Encoding.PEM,
@@ -491,6 +499,7 @@ def search(
     as_json: JsonFlag = False,
 ) -> None:
     """Search published tools, best match first (name, tags, description, parameters)."""
+    from toolexec.settings import Settings
     from toolexec.usecases.registry import search_page
 
     settings = Settings()
@@ -527,6 +536,7 @@ def show(
 ) -> None:
     """Show one tool: current version, tags and every version with its integrity."""
     from projections.queries import show_tool
+    from toolexec.settings import Settings
 
     settings = Settings()
 

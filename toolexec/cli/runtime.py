@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 from pathlib import Path
@@ -14,23 +13,15 @@ from rich.markup import escape
 
 from domain.errors import ToolexecError
 from toolexec.cli.output import echo_json, fail_with
-from toolexec.runtime_file import (
-    acquire_up_lock,
-    read_runtime,
-    remove_runtime,
-    replace_stale_runtime,
-    runtime_status,
-    write_runtime,
-)
-from toolexec.settings import Settings
-from toolexec.usecases.invoke import ToolSpec, invoke_tool, parse_parameters, read_lockfile
 
 if TYPE_CHECKING:
     from contracts.envelope import Envelope
     from toolexec.publishing import Publication
+    from toolexec.settings import Settings
 
-# The client, the stack and the publishing code (Kafka, FastStream, SQLAlchemy) are
-# imported by the commands that use them, so that `toolexec --help` starts quickly.
+# The settings, the use cases, the client, the stack and the publishing code (Kafka,
+# FastStream, SQLAlchemy) are imported by the commands that use them, so that
+# `toolexec --help` starts quickly.
 
 err = Console(stderr=True)
 out = Console()
@@ -59,8 +50,12 @@ def up(
 ) -> None:
     """Run the whole system (embedded default: broker, consumers, read models, HTTP
     gateway); Ctrl-C stops it."""
+    import asyncio
+
     from toolexec.broker_control import BrokerUnavailable
     from toolexec.keys import trust_store
+    from toolexec.runtime_file import acquire_up_lock, replace_stale_runtime, runtime_status
+    from toolexec.settings import Settings
 
     settings = Settings()
     if gateway_port is not None:
@@ -90,10 +85,13 @@ def up(
 
 
 async def _up(settings: Settings, tools: list[Path]) -> None:
+    import asyncio
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    from toolexec.runtime_file import remove_runtime, write_runtime
     from toolexec.system import running_system  # FastAPI, uvicorn, Kafka only for `up`
 
     async with running_system(settings, tools) as system:
@@ -140,6 +138,11 @@ def run(
 ) -> None:
     """Invoke a tool through the pipeline and print its result. With authorization on,
     the token must also hold the publish scope for tools of `--tools` not yet published."""
+    import asyncio
+
+    from toolexec.settings import Settings
+    from toolexec.usecases.invoke import ToolSpec, invoke_tool, parse_parameters, read_lockfile
+
     settings = Settings()
     try:
         spec = ToolSpec.parse(tool)
@@ -216,6 +219,10 @@ def publish(
     published with the same contents is left as it is, with other contents rejected
     (E3103). With authorization on, the token needs the publish scope on each tool
     (admin for runtimes, primitives and MCP servers)."""
+    import asyncio
+
+    from toolexec.runtime_file import read_runtime
+    from toolexec.settings import Settings
     from toolexec.usecases.publish import publish_paths
 
     settings = Settings()
@@ -232,6 +239,8 @@ def publish(
 
 def _warn_if_up_is_gone(settings: Settings) -> None:
     """Say so when the `up` of this state directory ended without stopping cleanly."""
+    from toolexec.runtime_file import runtime_status
+
     status = runtime_status(settings)
     if status.state == "stale" and not settings.kafka_bootstrap:
         err.print(f"[yellow]warning[/] {escape(status.describe())}; this command uses the "

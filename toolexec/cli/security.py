@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 import uuid
@@ -18,11 +17,7 @@ from rich.table import Table
 
 from domain.errors import ToolexecError
 from domain.scopes import Scopes, is_namespace
-from toolexec import rights
 from toolexec.cli.output import bad_usage, echo_json, fail_with
-from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
-from toolexec.runtime_file import read_runtime
-from toolexec.settings import Settings, kafka_client_options
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -110,6 +105,9 @@ def issue(
 ) -> None:
     """Sign a capability token (RS256) granting the tools it may invoke (--tool) and
     its scopes (--publish, --lifecycle, --approve, --policy, --audit, --admin)."""
+    from toolexec.keys import ensure_dev_keys, issue_token, load_private_key
+    from toolexec.settings import Settings
+
     grants = [_tool_grant(t) for t in tool]
     scopes = Scopes(publish=_namespaces("--publish", publish),
                     lifecycle=_namespaces("--lifecycle", lifecycle),
@@ -154,6 +152,11 @@ def apply(
 ) -> None:
     """Validate a policy file and emit policy.updated to the running system. With
     authorization on, the token needs the policy scope (or admin)."""
+    import asyncio
+
+    from toolexec import rights
+    from toolexec.runtime_file import read_runtime
+    from toolexec.settings import Settings, kafka_client_options
     from toolexec.usecases.policy import apply_policy, policy_event, read_policy_file
 
     if dry_run:
@@ -221,6 +224,7 @@ def _since(text: str | None, as_json: bool) -> datetime | None:
 def _what_if(file: Path, set_id: str | None, version: str | None, since: str | None,
              tool: str | None, as_json: bool) -> None:
     from toolexec.cli.projections import with_engine
+    from toolexec.settings import Settings
     from toolexec.usecases.policy import policy_what_if, read_policy_file, what_if_json
 
     settings = Settings()
