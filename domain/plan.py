@@ -40,18 +40,13 @@ from domain.model import (
     ToolVersion,
 )
 from domain.paths import relative_parts
+from domain.quantities import parse_cpu, parse_size
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_MCP_STARTUP_SECONDS = 10.0
 MCP_CALLABLE_TRANSPORTS: tuple[str, ...] = ("stdio", "sse", "streamable_http")
 EXECUTION_SECTIONS: tuple[str, ...] = ("resource_limits", "network_policy", "retry_policy")
 _NO_BODY_METHODS = frozenset({"GET", "HEAD"})
-_SIZE = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?")
-_SIZE_UNITS: dict[str, int] = {
-    "": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
-    "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4,
-}
-_CPU = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m?)")
 _ENV_NAME = re.compile(r"[^=\x00\n]+")
 """Matched whole (`fullmatch`): `$` would also accept a name ending in a newline."""
 EXECUTION_KEYS: tuple[str, ...] = ("command", "base_args", "env")
@@ -114,27 +109,6 @@ def manifest_timeout(manifest: Mapping[str, Any], tool_id: str = "") -> float | 
         if value is not None:
             return _positive_number(value, f"{tool_id}: {where}")
     return None
-
-
-def parse_size(text: Any, what: str = "size") -> int:
-    """Bytes of a Kubernetes-style quantity: `512Mi`, `2Gi`, `100M`, or an integer."""
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
-        return text
-    match = _SIZE.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise _invalid(f"{what} {text!r} is not a size such as '512Mi' or '2Gi'")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2) or ""]
-
-
-def parse_cpu(text: Any, what: str = "cpu") -> float:
-    """Cores of a Kubernetes-style CPU quantity: `500m` -> 0.5, `2` -> 2.0."""
-    if isinstance(text, int | float) and not isinstance(text, bool) and text > 0:
-        return float(text)
-    match = _CPU.fullmatch(text) if isinstance(text, str) else None
-    if match is None or float(match.group(1)) <= 0:
-        raise _invalid(f"{what} {text!r} is not a CPU quantity such as '500m' or '2'")
-    value = float(match.group(1))
-    return value / 1000 if match.group(2) else value
 
 
 # ------------------------------------------------------------------------------- mcp

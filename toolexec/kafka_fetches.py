@@ -44,6 +44,15 @@ class FetchWait:
     """Offset of max_wait_ms in the frame."""
     in_session: bool
     """Part of an incremental fetch session (KIP-227): asked as it came, never again."""
+    options: bytes
+    """The request's fields between its wait and its partitions (minimum and maximum
+    bytes, isolation level, session)."""
+
+    @property
+    def key(self) -> tuple[bytes, tuple[tuple[Place, int], ...]]:
+        """What the broker's answer depends on, whatever the correlation id, the wait
+        and the order of the partitions (aiokafka shuffles them)."""
+        return self.options, tuple(sorted(self.offsets.items()))
 
     def with_wait(self, frame: bytes, wait_ms: int) -> bytes:
         """`frame` with its max_wait_ms replaced."""
@@ -68,6 +77,7 @@ def read_fetch(frame: bytes, version: int) -> FetchWait | None:
         if version >= 7:
             session_id, epoch = r.int32(), r.int32()
             in_session = session_id != 0 or epoch != -1
+        options = frame[wait_at + 4:r.pos]
         offsets: dict[Place, int] = {}
         for _ in range(r.array_length()):
             topic = r.string() or ""
@@ -79,7 +89,7 @@ def read_fetch(frame: bytes, version: int) -> FetchWait | None:
                 r.skip((8 if version >= 5 else 0) + 4)  # log_start_offset, max_bytes
     except Malformed:
         return None
-    return FetchWait(max_wait, min_bytes, offsets, wait_at, in_session)
+    return FetchWait(max_wait, min_bytes, offsets, wait_at, in_session, options)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from domain.credentials import CredentialGrants
 from domain.errors import ChainInvalid
-from domain.plan import parse_size
 from domain.publication_limits import PublicationLimits
+from domain.quantities import parse_size
 from domain.sandbox_policy import SandboxPolicy
 from projections.kafka_connection import kafka_ssl_context
 

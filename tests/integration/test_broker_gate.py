@@ -6,11 +6,12 @@ and refuses connections while closed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from tests.waiting import WAIT
 from toolexec.broker_gate import BrokerGate
 from toolexec.embedded_broker import HOST, EmbeddedBroker, free_port
 from toolexec.kafka_fetches import FetchAnswer, read_fetch_answer
+from toolexec.kafka_relay import REQUEST_HEAD, FrameScanner, Relay
 
 pytestmark = pytest.mark.integration
 
@@ -178,6 +180,72 @@ async def test_a_consumer_waiting_long_gets_each_record_as_it_is_produced(
             assert [record.value for record in batch[place]] == [value]
     finally:
         await consumer.stop()
+
+
+async def test_an_idle_consumer_costs_the_broker_one_fetch(tmp_path: Path) -> None:
+    """A consumer at the end of its partition fetching again and again: the relay asks
+    the broker once (to learn the end) and answers every later wait itself."""
+    async with EmbeddedBroker({TOPIC: 2}, log_dir=tmp_path) as broker:
+        await _produce(broker.bootstrap, 0, b"only")
+        counter = _CountingProxy(broker.bootstrap)
+        await counter.start()
+        relay = Relay((HOST, free_port()), (HOST, counter.port))
+        await relay.start()
+        reader, writer = await _connect(relay.listen[1])
+        try:
+            answers = []
+            for correlation in range(1, 6):
+                writer.write(_fetch_request(correlation, wait_ms=50, partition=0, offset=1))
+                await writer.drain()
+                async with asyncio.timeout(WAIT):
+                    answers.append(await _answer(reader))
+        finally:
+            writer.close()
+            await relay.close()
+            await counter.close()
+    assert [got for got, _ in answers] == [1, 2, 3, 4, 5]
+    assert all(answer is not None and not answer.found and answer.ends == {(TOPIC, 0): 1}
+               for _, answer in answers)
+    assert counter.fetches == 1
+
+
+class _CountingProxy:
+    """A plain TCP forwarder to a broker that counts the Fetch requests it forwards."""
+
+    def __init__(self, origin: str) -> None:
+        host, _, port = origin.rpartition(":")
+        self.origin = (host, int(port))
+        self.fetches = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._connection, HOST, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    def _is_fetch(self, head: bytes) -> bool:
+        self.fetches += int.from_bytes(head[4:6], "big") == 1
+        return False
+
+    async def _connection(self, client_in: asyncio.StreamReader,
+                          client_out: asyncio.StreamWriter) -> None:
+        origin_in, origin_out = await asyncio.open_connection(*self.origin)
+        requests = FrameScanner(REQUEST_HEAD, self._is_fetch, bytes)
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter,
+                       feed: Callable[[bytes], bytes]) -> None:
+            while chunk := await source.read(65536):
+                sink.write(feed(chunk))
+                await sink.drain()
+            sink.close()
+
+        with contextlib.suppress(OSError):
+            await asyncio.gather(pump(client_in, origin_out, requests.feed),
+                                 pump(origin_in, client_out, bytes))
 
 
 async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
