@@ -204,6 +204,8 @@ class _Connection:
         self._answer: asyncio.Future[bytes] | None = None
         self._answer_due = False
         self._empty: tuple[object, Mapping[Place, Generation], bytes] | None = None
+        self._fetched: set[Place] = set()  # every partition fetched on this connection
+        self._answered: dict[Place, Generation] = {}  # their generations at the last answer
         self.requests = FrameScanner(REQUEST_HEAD, self._holds_request, self._request)
         self.responses = FrameScanner(RESPONSE_HEAD, self._holds_response, self._response)
 
@@ -252,24 +254,32 @@ class _Connection:
 
     async def _serve(self, fetch: FetchWait, frame: bytes) -> None:
         """Answer a held fetch: asked of the broker only when records may be there,
-        else once a produce reaches one of its partitions or its wait is over."""
+        else once a produce reaches one of its partitions or its wait is over. A
+        produce to another partition this connection fetched before (since its last
+        answer) ends the wait too, empty: the client may be waiting to fetch that one
+        (aiokafka sends no fetch to a broker while one is in flight there)."""
         loop = asyncio.get_running_loop()
         wakeups = self.relay.wakeups
         version = int.from_bytes(frame[6:8], "big")
         deadline = loop.time() + fetch.max_wait_ms / 1000
         ask = fetch.with_wait(frame, ASK_WAIT_MS)
         asked = (version, fetch.key)
+        self._fetched.update(fetch.offsets)
         answer: bytes | None = None
+        over = False  # the wait is over: the next answer is the answer
         while True:
             mark = wakeups.mark(fetch.offsets)
             if wakeups.at_end(fetch.offsets):
-                if loop.time() < deadline:
-                    await wakeups.wait(mark, deadline - loop.time())
+                others = {place: self._answered.get(place, generation) for place, generation
+                          in wakeups.mark(self._fetched.difference(fetch.offsets)).items()}
+                if not over and loop.time() < deadline:
+                    await wakeups.wait({**mark, **others}, deadline - loop.time())
                     if wakeups.mark(fetch.offsets) != mark:
-                        continue  # a produce landed: ask
+                        continue  # a produce landed here: ask
                 answer = answer or self._same_as_before(asked, mark, frame[8:12])
                 if answer is not None:
-                    break  # the wait is over and nothing came: the empty answer stands
+                    break  # nothing came here: the empty answer stands
+                over = True
             answer = await self._ask(ask)
             read = read_fetch_answer(answer, version)
             if read is None:
@@ -280,9 +290,11 @@ class _Connection:
             unchanged = wakeups.mark(fetch.offsets) == mark
             if unchanged:
                 self._empty = (asked, mark, answer)
-            if loop.time() >= deadline or (unchanged and not wakeups.at_end(fetch.offsets)):
+            if over or loop.time() >= deadline or (
+                    unchanged and not wakeups.at_end(fetch.offsets)):
                 break  # the wait is over, or empty yet records should be there
         self.client_out.write(answer)
+        self._answered = wakeups.mark(self._fetched)
         await self.client_out.drain()
 
     def _same_as_before(self, asked: object, mark: Mapping[Place, Generation],

@@ -182,6 +182,28 @@ async def test_a_consumer_waiting_long_gets_each_record_as_it_is_produced(
         await consumer.stop()
 
 
+async def test_a_produce_to_a_partition_fetched_before_ends_a_wait_elsewhere(
+        gate: BrokerGate) -> None:
+    """aiokafka sends a broker no fetch while one is in flight there: a client waiting
+    on a quiet partition may be waiting to fetch a busy one again. A produce to a
+    partition this connection fetched before ends the wait, empty."""
+    reader, writer = await _connect(gate.port)
+    try:
+        writer.write(_fetch_request(1, wait_ms=10, partition=1))
+        await writer.drain()
+        async with asyncio.timeout(WAIT):
+            await _answer(reader)
+        writer.write(_fetch_request(2, wait_ms=LONGER_THAN_THE_TEST_MS, partition=0))
+        await writer.drain()
+        await _produce(gate.bootstrap, 1, b"busy")
+        async with asyncio.timeout(WAIT):
+            got, answer = await _answer(reader)
+    finally:
+        writer.close()
+    assert got == 2
+    assert answer is not None and not answer.found and answer.ends == {(TOPIC, 0): 0}
+
+
 async def test_an_idle_consumer_costs_the_broker_one_fetch(tmp_path: Path) -> None:
     """A consumer at the end of its partition fetching again and again: the relay asks
     the broker once (to learn the end) and answers every later wait itself."""
