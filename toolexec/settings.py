@@ -41,8 +41,10 @@ SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 # Tansu every hop costs up to fetch_max_wait_ms: kept short there while work is in
 # flight (measured: 500 ms wait -> 249 ms p50 per hop, 5 ms -> 2.8 ms, 1 ms -> 0.8 ms)
 # and long while idle (consumers.runtime.fetch_pacing). Its gate (toolexec.kafka_relay)
-# answers a waiting fetch when a produce lands, as Kafka does: behind it (compactions
-# on, the default) a consumer waits long, busy or idle (`gate_wakes_fetches`).
+# answers a waiting fetch of 10 ms or more when a produce lands, as Kafka does: behind
+# it (compactions on, the default) idle consumers and the read models' runner are
+# woken by new records. The busy wait stays 1 ms there too: readers that
+# read to the end of a partition (recovery, read-your-writes) would wait out a long one.
 # A heartbeat every third of the session: a member that dies is noticed after the
 # session timeout, as with any interval; the others learn of a rebalance within one
 # interval (each heartbeat is a broker request, idle or not).
@@ -171,9 +173,7 @@ class Settings(BaseSettings):
     """Consumer rebalance timeout; None = the profile default (1000 / client default)."""
     fetch_max_wait_ms: int | None = None
     """Longest a fetch waits for records while a consumer is busy; None = the profile
-    default (100 ms in production; embedded: the idle wait behind the gate, which
-    answers a fetch when records arrive, and 1 ms straight to Tansu, which holds every
-    fetch this long)."""
+    default (1 / 100 ms). Low for brokers that hold every fetch this long (Tansu)."""
     fetch_idle_wait_ms: int | None = None
     """Fetch wait of a consumer idle for a few seconds; None = the profile default
     (500 ms). Tansu answers a waiting fetch only halfway through or at its end: an idle
@@ -391,13 +391,6 @@ class Settings(BaseSettings):
         return self.kafka_bootstrap is None
 
     @property
-    def gate_wakes_fetches(self) -> bool:
-        """True when clients reach the embedded broker through its gate from its cold
-        start on (compactions on), which answers a waiting fetch as soon as a produce
-        lands: no consumer needs to poll."""
-        return self.embedded and self.broker_compact_after_records > 0
-
-    @property
     def auth_required(self) -> bool:
         """`require_auth`, or the profile default."""
         return (not self.embedded) if self.require_auth is None else self.require_auth
@@ -449,8 +442,6 @@ def consumer_kwargs(settings: Settings) -> dict[str, Any]:
     tuning: dict[str, Any] = dict(
         EMBEDDED_CONSUMER_TUNING if settings.embedded else PRODUCTION_CONSUMER_TUNING
     )
-    if settings.gate_wakes_fetches:
-        tuning["fetch_max_wait_ms"] = settings.fetch_idle_wait_ms or IDLE_FETCH_WAIT_MS
     overrides = {
         "session_timeout_ms": settings.session_timeout_ms,
         "heartbeat_interval_ms": settings.heartbeat_interval_ms,
