@@ -233,7 +233,7 @@ class _Connection:
             return frame
         fetch = read_fetch(frame, version)
         if (fetch is None or fetch.in_session or fetch.min_bytes <= 0 or not fetch.offsets
-                or fetch.max_wait_ms < self.relay.hold_from_ms):
+                or fetch.max_wait_ms < HOLD_FROM_MS):
             return frame
         self._to_hold = (fetch, frame)
         return b""
@@ -270,9 +270,10 @@ class _Connection:
         while True:
             mark = wakeups.mark(fetch.offsets)
             if wakeups.at_end(fetch.offsets):
-                others = {place: self._answered.get(place, generation) for place, generation
-                          in wakeups.mark(self._fetched.difference(fetch.offsets)).items()}
                 if not over and loop.time() < deadline:
+                    others = {place: self._answered.get(place, generation)
+                              for place, generation
+                              in wakeups.mark(self._fetched.difference(fetch.offsets)).items()}
                     await wakeups.wait({**mark, **others}, deadline - loop.time())
                     if wakeups.mark(fetch.offsets) != mark:
                         continue  # a produce landed here: ask
@@ -350,15 +351,13 @@ class _Connection:
 
 class Relay:
     """Listens on `listen` and relays each connection to `origin`, advertising
-    `listen` in place of `origin`. A classic fetch that waits `hold_from_ms` or more
+    `listen` in place of `origin`. A classic fetch that waits `HOLD_FROM_MS` or more
     is held here and answered as soon as a produce through this relay lands in one
-    of its partitions (None: every fetch is relayed as it is)."""
+    of its partitions."""
 
-    def __init__(self, listen: Address, origin: Address, *,
-                 hold_from_ms: int | None = HOLD_FROM_MS) -> None:
+    def __init__(self, listen: Address, origin: Address) -> None:
         self.listen = listen
         self.origin = origin
-        self.hold_from_ms = hold_from_ms if hold_from_ms is not None else 2**31
         self.wakeups = Wakeups()
         self._server: asyncio.Server | None = None
 
