@@ -22,6 +22,8 @@ TOOL_TYPES: tuple[str, ...] = (
 LIFECYCLE_STATES: tuple[str, ...] = ("active", "deprecated", "sunset", "removed")
 
 MAX_CHAIN_DEPTH = 16
+LOCAL_REGISTRY_URL = "urn:toolexec:local"
+"""The registry a lockfile records when its chain was resolved from local sources."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,10 +47,3 @@ def test_importing_the_application_leaves_the_heavy_parts_out(
 
 def test_of_the_bench_only_its_command_registration_is_imported(imported: set[str]) -> None:
     assert set(_loaded(imported, "toolexec.bench")) == BENCH_REGISTRATION
-
-
-def test_the_lock_commands_registry_default_is_the_use_cases() -> None:
-    from toolexec.cli import authoring
-    from toolexec.usecases import authoring as usecase
-
-    assert authoring.LOCAL_REGISTRY_URL == usecase.LOCAL_REGISTRY_URL

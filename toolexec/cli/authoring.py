@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from domain.errors import ToolexecError
-from domain.model import Issue, ToolSource
+from domain.model import LOCAL_REGISTRY_URL, Issue, ToolSource
 from toolexec.cli.output import bad_usage, echo_json, fail_with
 
 if TYPE_CHECKING:
@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 # that `toolexec --help` starts quickly.
 
 DEFAULT_TOOLS_DIR = Path(".ai/tools")
-LOCAL_REGISTRY_URL = "urn:toolexec:local"
-"""`lock --registry-url`'s default: `toolexec.usecases.authoring.LOCAL_REGISTRY_URL`,
-written out so that the help needs no import of the use case (a test keeps them equal)."""
 
 out = Console()
 err = Console(stderr=True)

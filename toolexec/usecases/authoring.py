@@ -14,7 +14,7 @@ from domain.child_validation import ensure_chain_valid
 from domain.errors import InvalidRequest, ToolexecError
 from domain.integrity import compute_integrity, seal, verify_chain
 from domain.lockfile import freeze
-from domain.model import Issue, ResolvedChain, ToolSource
+from domain.model import LOCAL_REGISTRY_URL, Issue, ResolvedChain, ToolSource
 from domain.publication import plan_publication
 from domain.registry import InMemoryRegistry
 from domain.validation import validate_source
@@ -25,8 +25,6 @@ from toolexec.sources import (
     load_builtin_sources,
     load_source,
 )
-
-LOCAL_REGISTRY_URL = "urn:toolexec:local"
 
 
 def known_tools(sources: Iterable[ToolSource]) -> dict[str, str]:
