@@ -42,9 +42,10 @@ SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 # flight (measured: 500 ms wait -> 249 ms p50 per hop, 5 ms -> 2.8 ms, 1 ms -> 0.8 ms)
 # and long while idle (consumers.runtime.fetch_pacing). Its gate (toolexec.kafka_relay)
 # answers a waiting fetch of 10 ms or more when a produce lands, as Kafka does: behind
-# it (compactions on, the default) idle consumers and the read models' runner are
-# woken by new records. The busy wait stays 1 ms there too: readers that
-# read to the end of a partition (recovery, read-your-writes) would wait out a long one.
+# it (compactions on, the default) consumers that follow new records wait long, busy
+# or idle, and are woken by them (`fetch_waits`). This profile wait stays 1 ms for
+# readers that read a partition to its end (the pipeline's recovery): they learn they
+# are there from an empty answer, and would wait out a long wait.
 # A heartbeat every third of the session: a member that dies is noticed after the
 # session timeout, as with any interval; the others learn of a rebalance within one
 # interval (each heartbeat is a broker request, idle or not).
@@ -391,6 +392,13 @@ class Settings(BaseSettings):
         return self.kafka_bootstrap is None
 
     @property
+    def gate_wakes_fetches(self) -> bool:
+        """True when clients reach the embedded broker through its gate from its cold
+        start on (compactions on), which answers a waiting fetch as soon as a produce
+        lands through it: a consumer following new records need not poll."""
+        return self.embedded and self.broker_compact_after_records > 0
+
+    @property
     def auth_required(self) -> bool:
         """`require_auth`, or the profile default."""
         return (not self.embedded) if self.require_auth is None else self.require_auth
@@ -424,13 +432,22 @@ class Settings(BaseSettings):
 
 
 IDLE_FETCH_WAIT_MS = 500
+WOKEN_BUSY_WAIT_MS = 100
+"""Busy wait of a consumer following new records behind the gate, which answers it
+when a produce lands: the wait bounds only what the gate cannot see coming (a fetch
+sent while its partitions were paused, records that reached Tansu another way)."""
 
 
 def fetch_waits(settings: Settings) -> tuple[int, int]:
-    """(busy, idle) fetch waits for `settings`' profile (consumers.runtime.fetch_pacing)."""
+    """(busy, idle) fetch waits of a consumer that follows new records, paced by
+    `consumers.runtime.fetch_pacing`, for `settings`' profile. Behind the embedded
+    broker's gate it is woken by new records and need not poll while busy; a reader
+    that reads a partition to its end keeps `consumer_kwargs`' wait."""
     busy = consumer_kwargs(settings)["fetch_max_wait_ms"]
-    idle = settings.fetch_idle_wait_ms or IDLE_FETCH_WAIT_MS
-    return busy, max(idle, busy)
+    idle = max(settings.fetch_idle_wait_ms or IDLE_FETCH_WAIT_MS, busy)
+    if settings.gate_wakes_fetches and settings.fetch_max_wait_ms is None:
+        busy = min(max(busy, WOKEN_BUSY_WAIT_MS), idle)
+    return busy, idle
 
 
 def consumer_kwargs(settings: Settings) -> dict[str, Any]:

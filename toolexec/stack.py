@@ -503,8 +503,7 @@ class Stack:
             definitions=DefinitionDeps(pins=self.definitions, announced=self._primitives,
                                        publish=DeliveringPublisher(self.publish),
                                        clock=utc_now))
-        options = {k: v for k, v in consumer_kwargs(self.settings).items()
-                   if k != "fetch_max_wait_ms"}
+        options = consumer_kwargs(self.settings)  # its wait: the recovery reader's
         assert self._signer is not None
         return Pipeline(self.bootstrap, self._producer, deps,
                         DeadLetters(DeliveringPublisher(self.publish), utc_now),

@@ -86,6 +86,10 @@ class Pipeline:
         self._client_options = dict(client_options or {})
         """Connection options (security) of both consumers."""
         self._pacer = pacer or FetchPacer(5, 500)
+        self._read_wait_ms: int = (consumer_options or {}).get(
+            "fetch_max_wait_ms", self._pacer.short_ms)
+        """Fetch wait of the recovery reader, which reads partitions to their end and
+        learns it is there from an empty answer: short, whatever the pacer's waits."""
         self._max_in_flight = max_in_flight
         self._observe = observe
         self.runs = InvocationRuns(deps, dead_letters, consumer=f"{group}/invocation",
@@ -111,7 +115,7 @@ class Pipeline:
         """Join the group; recovery and consumption go on in the background."""
         self._reader_consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
-            fetch_max_wait_ms=self._pacer.short_ms, **self._client_options)
+            fetch_max_wait_ms=self._read_wait_ms, **self._client_options)
         await self._reader_consumer.start()
         self._reader = LogReader(self._reader_consumer, self._verifier)
         self._partitions = self._check_partitions(self._reader_consumer)
