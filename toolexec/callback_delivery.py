@@ -61,7 +61,7 @@ from domain.callbacks import (
 from domain.errors import ToolexecError
 from toolexec import keys
 from toolexec.log_reading import events_to
-from toolexec.settings import Settings, consumer_kwargs
+from toolexec.settings import Settings, consumer_kwargs, fetch_waits
 
 log = structlog.get_logger(__name__)
 
@@ -238,7 +238,10 @@ class CallbackDeliverer:
         self._at_once = asyncio.Semaphore(AT_ONCE)
 
     async def start(self) -> None:
-        options = consumer_kwargs(self._settings)
+        # Callbacks are not on any caller's path: the idle wait, woken by new facts
+        # behind the gate and by Kafka, instead of a poll every millisecond.
+        options = {**consumer_kwargs(self._settings),
+                   "fetch_max_wait_ms": fetch_waits(self._settings)[1]}
         self._facts = AIOKafkaConsumer(
             topics.INVOCATIONS, bootstrap_servers=self._bootstrap, group_id=self._group,
             enable_auto_commit=False, auto_offset_reset="earliest", **options,

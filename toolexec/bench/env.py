@@ -24,6 +24,7 @@ from toolexec import keys
 from toolexec.bench.stack import bench_settings
 from toolexec.child_python import module_argv
 from toolexec.client import InvocationClient
+from toolexec.settings import fetch_waits
 from toolexec.sources import load_builtin_sources, load_source
 
 SCRIPT_TOOL = "bench_noop"
@@ -195,8 +196,10 @@ class BenchEnvironment:
         announced = json.loads(await self.stack.start())
         self.bootstrap = announced["bootstrap"]
         self.broker_supervisor_pid = announced.get("broker_supervisor_pid")
-        verify_keys = keys.fact_verify_keys(bench_settings(self.root / "state"))
-        self.client = InvocationClient(self.bootstrap, verifier=FactVerifier(verify_keys))
+        settings = bench_settings(self.root / "state")
+        verify_keys = keys.fact_verify_keys(settings)
+        self.client = InvocationClient(self.bootstrap, verifier=FactVerifier(verify_keys),
+                                       fetch_waits=fetch_waits(settings))
         await self.client.start()
 
     async def read_model_lag(self) -> dict[str, dict[str, float]]:
