@@ -174,7 +174,9 @@ class Settings(BaseSettings):
     """Consumer rebalance timeout; None = the profile default (1000 / client default)."""
     fetch_max_wait_ms: int | None = None
     """Longest a fetch waits for records while a consumer is busy; None = the profile
-    default (1 / 100 ms). Low for brokers that hold every fetch this long (Tansu)."""
+    default: 100 ms in production; embedded 1 ms (Tansu holds every fetch this long),
+    and behind its gate, which wakes a waiting fetch when records arrive, 100 ms for
+    the consumers that follow new records (`fetch_waits`)."""
     fetch_idle_wait_ms: int | None = None
     """Fetch wait of a consumer idle for a few seconds; None = the profile default
     (500 ms). Tansu answers a waiting fetch only halfway through or at its end: an idle
