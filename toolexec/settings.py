@@ -448,7 +448,7 @@ def fetch_waits(settings: Settings) -> tuple[int, int]:
     busy = consumer_kwargs(settings)["fetch_max_wait_ms"]
     idle = max(settings.fetch_idle_wait_ms or IDLE_FETCH_WAIT_MS, busy)
     if settings.gate_wakes_fetches and settings.fetch_max_wait_ms is None:
-        busy = min(max(busy, WOKEN_BUSY_WAIT_MS), idle)
+        busy = min(WOKEN_BUSY_WAIT_MS, idle)  # in place of the profile's 1 ms poll
     return busy, idle
 
 
