@@ -16,16 +16,22 @@ public port itself.
 connections, one request at a time, and a second replica's consumers, whose
 JoinGroups and long-poll fetches wait at the broker, starved the first one's
 heartbeats past their session timeout.)
+
+Given `on_produce`, the gate calls it (in the opener's event loop) when produces were
+acknowledged through it: every client writes through the gate, so the log's archiver
+need not poll the broker to learn that there is something to archive.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +59,11 @@ class BrokerGate:
     """The relay listening on `port`, forwarding to `origin` (`host:port`)."""
 
     def __init__(self, port: int, origin: str, *, log_dir: Path, stop_grace: float = 5.0,
-                 client_options: Mapping[str, Any] | None = None) -> None:
+                 client_options: Mapping[str, Any] | None = None,
+                 on_produce: Callable[[], None] | None = None) -> None:
         self.port = port
+        self.on_produce = on_produce
+        self._bell: int | None = None  # the reading end of the relay's produce pipe
         self.client_options = dict(client_options or {})
         self.origin = origin
         self.log_dir = log_dir
@@ -78,8 +87,23 @@ class BrokerGate:
         """Start the relay and wait until a metadata request through it is answered."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"gate-{self.port}-{secrets.token_hex(3)}.log"
-        with self.log_path.open("wb") as log_file:
-            self._process = spawn_broker_process(gate_argv(self.bootstrap, self.origin), log_file)
+        self._silence()
+        notify: int | None = None
+        if self.on_produce is not None:
+            self._bell, notify = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            with self.log_path.open("wb") as log_file:
+                self._process = spawn_broker_process(
+                    gate_argv(self.bootstrap, self.origin, notify_fd=notify), log_file,
+                    pass_fds=(notify,) if notify is not None else ())
+        except BaseException:
+            self._silence()
+            raise
+        finally:
+            if notify is not None:
+                os.close(notify)
+        if self._bell is not None:
+            asyncio.get_running_loop().add_reader(self._bell, self._rung)
         deadline = time.monotonic() + READY_TIMEOUT
         try:
             while not await _port_open(self.port):
@@ -117,8 +141,27 @@ class BrokerGate:
         return EmbeddedBrokerError(f"{reason} (port {self.port}); log {self.log_path}:\n"
                                    f"{_tail(self.log_path)}")
 
+    def _rung(self) -> None:
+        assert self._bell is not None and self.on_produce is not None
+        try:
+            news = os.read(self._bell, 4096)
+        except BlockingIOError:
+            return
+        if not news:  # the relay is gone: its end of the pipe closed
+            self._silence()
+            return
+        self.on_produce()
+
+    def _silence(self) -> None:
+        bell, self._bell = self._bell, None
+        if bell is not None:
+            with contextlib.suppress(RuntimeError):  # no loop (closed from sync code)
+                asyncio.get_running_loop().remove_reader(bell)
+            os.close(bell)
+
     def close(self) -> None:
         """Stop forwarding: clients see the port refuse connections."""
+        self._silence()
         process, self._process = self._process, None
         if process is not None:
             if process.poll() is None:

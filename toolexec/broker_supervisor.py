@@ -214,11 +214,11 @@ class Supervisor:
             archiver = LogArchiver(self.archive, broker.bootstrap,
                                    fetch_wait_ms=self.settings.broker_archive_fetch_wait_ms,
                                    idle_wait_ms=self.settings.broker_archive_idle_wait_ms,
-                                   client_options=self.options)
+                                   woken=gated, client_options=self.options)
             await archiver.start()
-            if gated:
+            if gated:  # every client writes through the gate: it tells the archiver
                 gate = BrokerGate(port, broker.bootstrap, log_dir=self.logs,
-                                  client_options=self.options)
+                                  client_options=self.options, on_produce=archiver.kick)
                 await gate.open()
             public = gate.bootstrap if gate is not None else broker.bootstrap
             self._status("ready", bootstrap=public, broker_pid=broker.pid,
@@ -339,6 +339,7 @@ class Supervisor:
         caught_up = await archiver.drain(DRAIN_SECONDS)
         self._observed_high.update(archiver.observed_high)
         if gate is not None and not caught_up:
+            archiver.follow()
             await gate.open()
             self._write(gate_pid=gate.pid)
             self._compact_not_before = time.monotonic() + COMPACT_RETRY_SECONDS

@@ -151,14 +151,17 @@ def broker_argv(binary: str, listener: str, *, storage_engine: str,
             "--storage-engine", storage_engine, "--cluster-id", cluster_id]
 
 
-def gate_argv(listen: str, origin: str) -> list[str]:
+def gate_argv(listen: str, origin: str, *, notify_fd: int | None = None) -> list[str]:
     """The one place that decides how the broker's gate (`toolexec.kafka_relay`, a
-    Kafka-protocol relay that advertises itself) is launched; `host:port` each."""
-    return module_argv("toolexec.kafka_relay", "--listen", listen, "--origin", origin)
+    Kafka-protocol relay that advertises itself) is launched; `host:port` each, and
+    the pipe it announces acknowledged produces on."""
+    notify = ["--notify-fd", str(notify_fd)] if notify_fd is not None else []
+    return module_argv("toolexec.kafka_relay", "--listen", listen, "--origin", origin, *notify)
 
 
 def spawn_broker_process(argv: list[str], log_file: IO[bytes],
-                extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+                         extra_env: Mapping[str, str] | None = None,
+                         pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
     """Start a process of the embedded broker (Tansu, or the gate in front of it) in its
     own session, output to `log_file`, killed (Linux) when the thread that started it
     goes away."""
@@ -167,7 +170,7 @@ def spawn_broker_process(argv: list[str], log_file: IO[bytes],
     env["NO_COLOR"] = "1"  # plain log files
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                            preexec_fn=_die_with_parent(os.getpid()))
+                            pass_fds=pass_fds, preexec_fn=_die_with_parent(os.getpid()))
 
 
 class EmbeddedBroker:

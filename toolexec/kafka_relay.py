@@ -21,6 +21,10 @@ produce to that partition is acknowledged through it (`toolexec.kafka_fetches`,
 records come with the fetch's wait, as before. Requests behind a held fetch on the
 same connection wait for its answer (a broker answers a connection in order).
 
+With `--notify-fd FD` (a pipe's writing end) the relay also writes a byte there when
+produces were acknowledged through it (at most one per turn of its event loop): the
+embedded broker's supervisor archives the log when told, instead of polling it.
+
 The process runs until it is signalled; stopping it drops every client connection,
 and the port then refuses connections.
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
@@ -227,7 +232,7 @@ class _Connection:
             if produced is None:
                 self.produces[correlation] = None
             elif produced.acks == 0:  # no answer will come: wake as it goes
-                self.relay.wakeups.produced(produced.places)
+                self.relay.produced(produced.places)
             else:
                 self.produces[correlation] = produced.places
             return frame
@@ -321,7 +326,7 @@ class _Connection:
     def _holds_response(self, head: bytes) -> bool:
         correlation = head[4:8]
         if correlation in self.produces:
-            self.relay.wakeups.produced(self.produces.pop(correlation))
+            self.relay.produced(self.produces.pop(correlation))
             return False
         if correlation == self._asked:
             self._asked = None
@@ -355,11 +360,19 @@ class Relay:
     is held here and answered as soon as a produce through this relay lands in one
     of its partitions."""
 
-    def __init__(self, listen: Address, origin: Address) -> None:
+    def __init__(self, listen: Address, origin: Address, *,
+                 bell: ProduceBell | None = None) -> None:
         self.listen = listen
         self.origin = origin
         self.wakeups = Wakeups()
+        self.bell = bell
         self._server: asyncio.Server | None = None
+
+    def produced(self, places: frozenset[Place] | None) -> None:
+        """A produce to `places` (None: unknown) was acknowledged through the relay."""
+        self.wakeups.produced(places)
+        if self.bell is not None:
+            self.bell.ring()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._connection, *self.listen,
@@ -396,13 +409,42 @@ class Relay:
                     await pump
 
 
+class ProduceBell:
+    """Tells whoever reads the other end of a pipe that produces were acknowledged: one
+    byte per turn of the event loop however many landed in it. A full pipe already
+    holds news nobody read, so nothing is lost by skipping; a reader gone for good
+    silences the bell."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd: int | None = fd
+        self._due = False
+
+    def ring(self) -> None:
+        if self.fd is not None and not self._due:
+            self._due = True
+            asyncio.get_running_loop().call_soon(self._write)
+
+    def _write(self) -> None:
+        self._due = False
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, b"!")
+        except BlockingIOError:
+            pass
+        except OSError:  # the reader is gone (its supervisor restarts the gate)
+            os.close(self.fd)
+            self.fd = None
+
+
 def _address(text: str) -> Address:
     host, _, port = text.rpartition(":")
     return host, int(port)
 
 
-async def _main(listen: Address, origin: Address) -> None:
-    relay = Relay(listen, origin)
+async def _main(listen: Address, origin: Address, notify_fd: int | None) -> None:
+    relay = Relay(listen, origin, bell=ProduceBell(notify_fd) if notify_fd is not None else None)
     await relay.start()
     print(f"relaying {listen[0]}:{listen[1]} -> {origin[0]}:{origin[1]}", flush=True)
     await relay.serve_forever()
@@ -413,9 +455,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--listen", type=_address, required=True, help="HOST:PORT")
     parser.add_argument("--origin", type=_address, required=True, help="HOST:PORT")
+    parser.add_argument("--notify-fd", type=int, metavar="FD",
+                        help="a pipe to write a byte to when produces were acknowledged")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_main(args.listen, args.origin))
+        asyncio.run(_main(args.listen, args.origin, args.notify_fd))
     return 0
 
 

@@ -9,10 +9,24 @@ all-partitions form) and archived when they changed.
 
 A record is archived once the fetch that returned it is written (and fsynced, with
 the `always` policy): the loss window of a broker killed with SIGKILL is what it
-acknowledged since the archiver's last fetch — at most about one fetch wait plus a
-write and an fsync while it keeps up. The fetch wait is short while records flow and
-for a few seconds after, long once the log is quiet (consumers.runtime.fetch_pacing): the
-first records after a quiet spell may wait up to the long one.
+acknowledged and the archiver has not fetched yet.
+
+How it learns that there is something to fetch:
+
+- **Told** (`woken=True`: the broker serves through its gate, which every client
+  writes through and which calls `kick()` when produces were acknowledged). The
+  partitions stay paused while nothing is announced, so no fetch waits at the broker.
+  On a kick the log's ends are asked (ListOffsets, after the acknowledgement, so they
+  hold its records) and the partitions behind them fetched until the archive reaches
+  them, then paused again. Kicks closer than `fetch_wait_ms` are taken together (the
+  window while records flow); every `idle_wait_ms` the ends are looked at even
+  without one. The window is the kick's way through the gate and the supervisor plus
+  a ListOffsets, a fetch, a write and an fsync.
+- **Polling** (the broker on its own port): a fetch waits at most `fetch_wait_ms`
+  while records flow and for a few seconds after, `idle_wait_ms` once the log is
+  quiet (consumers.runtime.fetch_pacing): the window is about one fetch wait plus a
+  write and an fsync, and the first records after a quiet spell may wait up to the
+  long one.
 """
 
 from __future__ import annotations
@@ -35,6 +49,13 @@ log = structlog.get_logger(__name__)
 
 MAX_RECORDS_PER_FETCH = 5000
 INTERNAL_PREFIX = "__"
+WOKEN_FETCH_WAIT_MS = 1
+"""The fetch wait of a told archiver: it fetches only partitions known to hold records
+(Tansu answers those at once), and a fetch left in flight when it pauses, waiting out
+this, delays the next kick's."""
+CATCH_UP_SECONDS = 2.0
+"""A told archiver that cannot reach the ends it asked for within this pauses and
+tries again on the next kick or look (a broker gone silent is the supervisor's)."""
 IDLE_SLOWDOWN = 10
 """How much less often group commits are looked at while nothing flows (topics are
 looked for at the same pace always: records of a topic created during a quiet spell
@@ -47,11 +68,15 @@ class LogArchiver:
     def __init__(self, archive: LogArchive, bootstrap: str, *, fetch_wait_ms: int = 5,
                  idle_wait_ms: int | None = None,
                  discover_seconds: float = 1.0, groups_seconds: float = 1.0,
+                 woken: bool = False,
                  client_options: Mapping[str, Any] | None = None) -> None:
         self.archive = archive
         self.bootstrap = bootstrap
         self.fetch_wait_ms = fetch_wait_ms
+        self.woken = woken
         self._pacer = FetchPacer(fetch_wait_ms, idle_wait_ms or fetch_wait_ms)
+        self._kicked = asyncio.Event()
+        self._last_catch_up = 0.0
         self.discover_seconds = discover_seconds
         self.groups_seconds = groups_seconds
         self._options = dict(client_options or {})
@@ -74,15 +99,28 @@ class LogArchiver:
         start following in the background."""
         self._topics = self.archive.topics()
         self._groups = self.archive.groups()
+        wait_ms = WOKEN_FETCH_WAIT_MS if self.woken else self.fetch_wait_ms
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-            auto_offset_reset="none", fetch_max_wait_ms=self.fetch_wait_ms, **self._options)
+            auto_offset_reset="none", fetch_max_wait_ms=wait_ms, **self._options)
         await self._consumer.start()
-        self._pacer.attach(self._consumer)
+        if not self.woken:
+            self._pacer.attach(self._consumer)
         self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self._options)
         await self._admin.start()
         await self._discover()
-        self._task = asyncio.create_task(self._run(), name="log-archiver")
+        self.follow()
+
+    def follow(self) -> None:
+        """Follow the broker in the background (again, after a `drain()` that did not
+        end in a stop)."""
+        if self._task is None:
+            self._pause()
+            self._task = asyncio.create_task(self._run(), name="log-archiver")
+
+    def kick(self) -> None:
+        """Produces were acknowledged: archive them (a told archiver)."""
+        self._kicked.set()
 
     async def stop(self) -> None:
         """Stop following (what was fetched is written) and disconnect."""
@@ -99,7 +137,7 @@ class LogArchiver:
 
     # -- the loop --------------------------------------------------------------------------
     async def _run(self) -> None:
-        next_discovery = next_groups = time.monotonic()
+        next_discovery = next_groups = next_look = time.monotonic()
         while True:
             try:
                 now = time.monotonic()
@@ -110,7 +148,14 @@ class LogArchiver:
                 if now >= next_groups:
                     await self.archive_groups()
                     next_groups = now + self.groups_seconds * slower
-                await self.step()
+                if not self.woken:
+                    await self.step()
+                    continue
+                if now >= next_look or self._kicked.is_set():
+                    await self._when_due()
+                    await self.catch_up()
+                    next_look = time.monotonic() + self._pacer.long_ms / 1000
+                await self._until_kicked(min(next_discovery, next_groups, next_look))
             except asyncio.CancelledError:
                 raise
             except OffsetOutOfRangeError as error:
@@ -121,11 +166,64 @@ class LogArchiver:
                 return
             except KafkaError as error:  # the broker is away: the supervisor decides
                 log.debug("log_archiver.kafka_error", error=repr(error))
+                self._kicked.set()  # what was announced is still to archive
                 await asyncio.sleep(0.1)
             except Exception as error:
                 self.failure = error
                 log.exception("log_archiver.failed")
                 raise
+
+    async def _until_kicked(self, deadline: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(asyncio.get_running_loop().time()
+                                          + max(deadline - time.monotonic(), 0)):
+                await self._kicked.wait()
+
+    async def _when_due(self) -> None:
+        """Kicks closer than `fetch_wait_ms` are taken together."""
+        due = self._last_catch_up + self.fetch_wait_ms / 1000
+        if (wait := due - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+
+    async def catch_up(self) -> int:
+        """Archive every record the broker holds now (its ends are asked first):
+        fetch the partitions behind them until the archive reaches them, then pause
+        them again. Returns the records archived."""
+        assert self._consumer is not None
+        self._kicked.clear()
+        self._last_catch_up = time.monotonic()
+        if not self._assigned:
+            return 0
+        ends = await self._consumer.end_offsets(list(self._assigned))
+        self._observe({(tp.topic, tp.partition): end for tp, end in ends.items()})
+        behind = self._behind(ends)
+        if not behind:
+            return 0
+        count = 0
+        deadline = time.monotonic() + CATCH_UP_SECONDS
+        self._consumer.resume(*behind)
+        try:
+            while behind and time.monotonic() < deadline:
+                count += await self.step()
+                behind = self._behind(ends)
+        finally:
+            self._pause()
+        if behind:
+            log.warning("log_archiver.catch_up_incomplete",
+                        behind={f"{tp.topic}/{tp.partition}": ends[tp] for tp in behind})
+        return count
+
+    def _behind(self, ends: Mapping[TopicPartition, int]) -> list[TopicPartition]:
+        return [tp for tp, end in ends.items()
+                if self.archive.partition(tp.topic, tp.partition).next_offset < end]
+
+    def _pause(self) -> None:
+        if self.woken and self._consumer is not None and self._assigned:
+            self._consumer.pause(*self._assigned)
+
+    def _observe(self, highs: Mapping[tuple[str, int], int]) -> None:
+        for key, high in highs.items():
+            self.observed_high[key] = max(self.observed_high.get(key, 0), high)
 
     async def step(self) -> int:
         """One fetch, written and synced; returns the records archived."""
@@ -133,7 +231,8 @@ class LogArchiver:
         if not self._assigned:
             await asyncio.sleep(self.fetch_wait_ms / 1000)
             return 0
-        fetched = await self._consumer.getmany(timeout_ms=max(self._pacer.wait_ms, 1) * 4,
+        timeout_ms = 100 if self.woken else max(self._pacer.wait_ms, 1) * 4
+        fetched = await self._consumer.getmany(timeout_ms=timeout_ms,
                                                max_records=MAX_RECORDS_PER_FETCH)
         count = 0
         touched = []
@@ -146,11 +245,8 @@ class LogArchiver:
                 count += len(fresh)
         for archive in touched:
             archive.sync()
-        for tp in self._assigned:
-            high = self._consumer.highwater(tp)
-            if high is not None:
-                key = (tp.topic, tp.partition)
-                self.observed_high[key] = max(self.observed_high.get(key, 0), high)
+        self._observe({(tp.topic, tp.partition): high for tp in self._assigned
+                       if (high := self._consumer.highwater(tp)) is not None})
         self.archived_records += count
         if count:
             self.last_archived_at = time.monotonic()
@@ -183,6 +279,8 @@ class LogArchiver:
             for tp in wanted:
                 self._consumer.seek(tp, self.archive.partition(tp.topic, tp.partition).next_offset)
             self._assigned = wanted
+            if self._task is not None:  # following: a new partition waits to be told too
+                self._pause()
 
     async def archive_groups(self) -> None:
         """Archive every consumer group's committed offsets when they changed."""
@@ -220,6 +318,7 @@ class LogArchiver:
         while time.monotonic() < deadline:
             try:
                 await self._discover()
+                self._consumer.resume(*self._assigned)
                 if await self.step():
                     quiet_since = time.monotonic()
                     continue

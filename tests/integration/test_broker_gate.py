@@ -22,6 +22,8 @@ from toolexec.broker_gate import BrokerGate
 from toolexec.embedded_broker import HOST, EmbeddedBroker, free_port
 from toolexec.kafka_fetches import FetchAnswer, read_fetch_answer
 from toolexec.kafka_relay import REQUEST_HEAD, FrameScanner, Relay
+from toolexec.log_archive import LogArchive
+from toolexec.log_archiver import LogArchiver
 
 pytestmark = pytest.mark.integration
 
@@ -322,3 +324,66 @@ async def _exchange(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     await writer.drain()
     size = struct.unpack(">i", await reader.readexactly(4))[0]
     return await reader.readexactly(size)
+
+
+async def test_an_archiver_told_by_the_gate_archives_each_produce_and_never_polls(
+        tmp_path: Path) -> None:
+    """Behind the gate every client writes through it, so the archiver is told of each
+    acknowledged produce instead of polling the broker: each record is archived, and
+    once it is nothing more is fetched while nothing is produced (its only look
+    without being told, at its idle wait, asks for the log's ends, not records)."""
+    async with EmbeddedBroker({TOPIC: 2}, log_dir=tmp_path) as broker:
+        archive = LogArchive(tmp_path / "log", fsync="never")
+        archiver = LogArchiver(archive, broker.bootstrap, woken=True, idle_wait_ms=100)
+        await archiver.start()
+        fetches = _count_fetches(archiver)
+        gate = BrokerGate(free_port(), broker.bootstrap, log_dir=tmp_path,
+                          on_produce=archiver.kick)
+        await gate.open()
+        try:
+            for n in range(4):
+                await _produce(gate.bootstrap, n % 2, b"r%d" % n)
+                assert await archiver.wait_archived({(TOPIC, n % 2): n // 2 + 1}, timeout=WAIT)
+            fetched = fetches()
+            await asyncio.sleep(1.0)  # ten idle looks: a poller would fetch all along
+            idle_fetches = fetches() - fetched
+        finally:
+            gate.close()
+            await archiver.stop()
+    assert [r.value for r in archive.partition(TOPIC, 0).read()] == [b"r0", b"r2"]
+    assert [r.value for r in archive.partition(TOPIC, 1).read()] == [b"r1", b"r3"]
+    assert 4 <= fetched <= 4 * 3  # a fetch or two per produce told (none in between)
+    assert idle_fetches <= 1  # at most the one that was on its way when it paused
+
+
+def _count_fetches(archiver: LogArchiver) -> Callable[[], int]:
+    """Counts the fetch requests `archiver`'s consumer sends (aiokafka's fetcher sends
+    each through `_proc_fetch_request`; the broker's own metadata would send a plain
+    proxy's clients straight to the broker)."""
+    fetcher = archiver._consumer._fetcher  # type: ignore[union-attr]  # noqa: SLF001
+    sent = fetcher._proc_fetch_request  # noqa: SLF001
+    count = 0
+
+    async def counting(*args: object) -> object:
+        nonlocal count
+        count += 1
+        return await sent(*args)
+
+    fetcher._proc_fetch_request = counting  # noqa: SLF001
+    return lambda: count
+
+
+async def test_an_archiver_that_is_not_told_still_archives_at_its_idle_look(
+        tmp_path: Path) -> None:
+    """A produce that reaches the broker without the gate is archived all the same:
+    the told archiver looks at the log's ends every idle wait."""
+    async with EmbeddedBroker({TOPIC: 2}, log_dir=tmp_path) as broker:
+        archive = LogArchive(tmp_path / "log", fsync="never")
+        archiver = LogArchiver(archive, broker.bootstrap, woken=True, idle_wait_ms=50)
+        await archiver.start()
+        try:
+            await _produce(broker.bootstrap, 1, b"untold", b"also")
+            assert await archiver.wait_archived({(TOPIC, 1): 2}, timeout=WAIT)
+        finally:
+            await archiver.stop()
+    assert [r.value for r in archive.partition(TOPIC, 1).read()] == [b"untold", b"also"]

@@ -34,10 +34,15 @@ class Archiver:
         self.last_archived_at = time.monotonic() - 60  # quiet: a compaction is due
         self.observed_high = {("toolexec.requests", 0): 12_000}
         self.drains = 0
+        self.following = True
 
     async def drain(self, timeout: float) -> bool:
         self.drains += 1
+        self.following = False  # a drain takes over from the background loop
         return self.caught_up
+
+    def follow(self) -> None:
+        self.following = True
 
     def lag(self) -> dict[tuple[str, int], int]:
         return {} if self.caught_up else {("toolexec.requests", 0): 900}
@@ -58,6 +63,7 @@ async def test_an_archive_that_cannot_catch_up_postpones_the_compaction(
     assert serving._compaction_due(archiver)  # noqa: SLF001
     assert await serving._compact(gate, archiver) is None  # noqa: SLF001 - keep serving
     assert gate.calls == ["close", "open"]  # writers were let in again
+    assert archiver.following  # and what they write is archived again
     assert not serving._compaction_due(archiver)  # noqa: SLF001 - not again at once
 
 

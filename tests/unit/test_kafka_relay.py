@@ -4,6 +4,9 @@ chunking."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import struct
 
 import pytest
@@ -22,7 +25,13 @@ from toolexec.kafka_addresses import (
     METADATA,
     rewrite_response,
 )
-from toolexec.kafka_relay import REQUEST_HEAD, RESPONSE_HEAD, FrameScanner, ProtocolError
+from toolexec.kafka_relay import (
+    REQUEST_HEAD,
+    RESPONSE_HEAD,
+    FrameScanner,
+    ProduceBell,
+    ProtocolError,
+)
 
 ORIGIN = ("127.0.0.1", 40001)
 PUBLIC = ("127.0.0.1", 9092)
@@ -215,3 +224,45 @@ def test_a_frame_shorter_than_its_header_is_refused() -> None:
     scanner = FrameScanner(RESPONSE_HEAD, lambda head: False, bytes)
     with pytest.raises(ProtocolError):
         scanner.feed(struct.pack(">i", 2) + b"\x00\x00\x00\x00")
+
+
+async def test_the_produce_bell_rings_once_per_loop_turn_whatever_landed_in_it() -> None:
+    reader, writer = os.pipe()
+    try:
+        bell = ProduceBell(writer)
+        for _ in range(5):  # five acknowledgements in one turn of the loop
+            bell.ring()
+        await asyncio.sleep(0)
+        bell.ring()  # and one in the next
+        await asyncio.sleep(0)
+        os.set_blocking(reader, False)
+        assert os.read(reader, 100) == b"!!"
+    finally:
+        os.close(reader)
+        os.close(writer)
+
+
+async def test_a_produce_bell_whose_reader_is_gone_falls_silent() -> None:
+    reader, writer = os.pipe()
+    bell = ProduceBell(writer)
+    os.close(reader)
+    bell.ring()
+    await asyncio.sleep(0)  # EPIPE (SIGPIPE is ignored under Python): no exception
+    assert bell.fd is None
+    bell.ring()
+    await asyncio.sleep(0)
+
+
+async def test_a_full_produce_pipe_drops_the_news_it_already_holds() -> None:
+    reader, writer = os.pipe()
+    try:
+        bell = ProduceBell(writer)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(writer, b"x" * 4096)
+        bell.ring()
+        await asyncio.sleep(0)
+        assert bell.fd == writer  # still ringing once the reader catches up
+    finally:
+        os.close(reader)
+        os.close(writer)
