@@ -17,9 +17,10 @@ connections, one request at a time, and a second replica's consumers, whose
 JoinGroups and long-poll fetches wait at the broker, starved the first one's
 heartbeats past their session timeout.)
 
-Given `on_produce`, the gate calls it (in the opener's event loop) when produces were
-acknowledged through it: every client writes through the gate, so the log's archiver
-need not poll the broker to learn that there is something to archive.
+Given `on_produce`, the gate calls it (in the opener's event loop) with the partitions
+produces were acknowledged to through it (None: some could not be read): every client
+writes through the gate, so the log's archiver need not poll the broker to learn that
+there is something to archive.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from toolexec.embedded_broker import (
     gate_argv,
     spawn_broker_process,
 )
+from toolexec.kafka_fetches import Place
+from toolexec.kafka_relay import read_news
 
 log = structlog.get_logger(__name__)
 
@@ -60,10 +63,12 @@ class BrokerGate:
 
     def __init__(self, port: int, origin: str, *, log_dir: Path, stop_grace: float = 5.0,
                  client_options: Mapping[str, Any] | None = None,
-                 on_produce: Callable[[], None] | None = None) -> None:
+                 on_produce: Callable[[frozenset[Place] | None], None] | None = None
+                 ) -> None:
         self.port = port
         self.on_produce = on_produce
         self._bell: int | None = None  # the reading end of the relay's produce pipe
+        self._partial = b""  # a line the last read of it cut
         self.client_options = dict(client_options or {})
         self.origin = origin
         self.log_dir = log_dir
@@ -144,16 +149,22 @@ class BrokerGate:
     def _rung(self) -> None:
         assert self._bell is not None and self.on_produce is not None
         try:
-            news = os.read(self._bell, 4096)
+            chunk = os.read(self._bell, 65536)
         except BlockingIOError:
             return
-        if not news:  # the relay is gone: its end of the pipe closed
+        if not chunk:  # the relay is gone: its end of the pipe closed
             self._silence()
             return
-        self.on_produce()
+        whole, _, self._partial = (self._partial + chunk).rpartition(b"\n")
+        places, everything = read_news(whole)
+        if everything:
+            self.on_produce(None)
+        elif places:
+            self.on_produce(frozenset(places))
 
     def _silence(self) -> None:
         bell, self._bell = self._bell, None
+        self._partial = b""
         if bell is not None:
             with contextlib.suppress(RuntimeError):  # no loop (closed from sync code)
                 asyncio.get_running_loop().remove_reader(bell)

@@ -21,9 +21,10 @@ produce to that partition is acknowledged through it (`toolexec.kafka_fetches`,
 records come with the fetch's wait, as before. Requests behind a held fetch on the
 same connection wait for its answer (a broker answers a connection in order).
 
-With `--notify-fd FD` (a pipe's writing end) the relay also writes a byte there when
-produces were acknowledged through it (at most one per turn of its event loop): the
-embedded broker's supervisor archives the log when told, instead of polling it.
+With `--notify-fd FD` (a pipe's writing end) the relay also tells there which
+partitions produces were acknowledged to (`ProduceBell`, one write per turn of its
+event loop): the embedded broker's supervisor archives the log when told, instead of
+polling it.
 
 The process runs until it is signalled; stopping it drops every client connection,
 and the port then refuses connections.
@@ -50,6 +51,7 @@ from toolexec.kafka_fetches import (
 )
 
 CHUNK = 256 * 1024
+PIPE_BUF = 4096  # POSIX: a pipe write up to this size is never split
 REQUEST_HEAD = 12  # size, api_key, api_version, correlation_id
 RESPONSE_HEAD = 8  # size, correlation_id
 HOLD_FROM_MS = 10
@@ -372,7 +374,7 @@ class Relay:
         """A produce to `places` (None: unknown) was acknowledged through the relay."""
         self.wakeups.produced(places)
         if self.bell is not None:
-            self.bell.ring()
+            self.bell.ring(places)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._connection, *self.listen,
@@ -410,18 +412,27 @@ class Relay:
 
 
 class ProduceBell:
-    """Tells whoever reads the other end of a pipe that produces were acknowledged: one
-    byte per turn of the event loop however many landed in it. A full pipe already
-    holds news nobody read, so nothing is lost by skipping; a reader gone for good
-    silences the bell."""
+    """Tells whoever reads the other end of a pipe which partitions produces were
+    acknowledged to: one write per turn of the event loop however many landed in
+    it, a line `PARTITION TOPIC` per partition (`*` when some produce's partitions
+    could not be read). When the pipe is full the news is kept and told as `*` by the
+    next write that goes through; a reader gone for good silences the bell."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
         self.fd: int | None = fd
+        self._places: set[Place] = set()
+        self._everything = False
         self._due = False
 
-    def ring(self) -> None:
-        if self.fd is not None and not self._due:
+    def ring(self, places: frozenset[Place] | None) -> None:
+        if self.fd is None:
+            return
+        if places is None:
+            self._everything = True
+        else:
+            self._places |= places
+        if not self._due:
             self._due = True
             asyncio.get_running_loop().call_soon(self._write)
 
@@ -429,13 +440,37 @@ class ProduceBell:
         self._due = False
         if self.fd is None:
             return
+        news = b"*\n" if self._everything else b"".join(
+            b"%d %s\n" % (partition, topic.encode()) for topic, partition in self._places)
+        if len(news) > PIPE_BUF:  # one write, never split: so many partitions are everything
+            news = b"*\n"
         try:
-            os.write(self.fd, b"!")
-        except BlockingIOError:
-            pass
+            os.write(self.fd, news)
+        except BlockingIOError:  # full: whatever it cannot hold goes as everything
+            self._everything = True
+            return
         except OSError:  # the reader is gone (its supervisor restarts the gate)
             os.close(self.fd)
             self.fd = None
+        self._places.clear()
+        self._everything = False
+
+
+def read_news(chunk: bytes) -> tuple[set[Place], bool]:
+    """The partitions a `ProduceBell` told in `chunk` (whole lines), and whether it
+    told everything."""
+    places: set[Place] = set()
+    everything = False
+    for line in chunk.split(b"\n"):
+        if line == b"*":
+            everything = True
+        elif line:
+            partition, _, topic = line.partition(b" ")
+            try:
+                places.add((topic.decode(), int(partition)))
+            except ValueError:
+                everything = True
+    return places, everything
 
 
 def _address(text: str) -> Address:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -49,13 +49,18 @@ log = structlog.get_logger(__name__)
 
 MAX_RECORDS_PER_FETCH = 5000
 INTERNAL_PREFIX = "__"
-WOKEN_FETCH_WAIT_MS = 1
-"""The fetch wait of a told archiver: it fetches only partitions known to hold records
-(Tansu answers those at once), and a fetch left in flight when it pauses, waiting out
-this, delays the next kick's."""
-CATCH_UP_SECONDS = 2.0
-"""A told archiver that cannot reach the ends it asked for within this pauses and
-tries again on the next kick or look (a broker gone silent is the supervisor's)."""
+NEWS_FETCH_WAITS = 3
+"""How many fetch waits a told archiver waits for the records of news: a fetch that
+finds them is answered at once, one that does not (they were fetched already) after
+one wait; then the log's ends decide."""
+BEHIND_FETCH_MS = 100
+"""How long a told archiver waits for the records of a partition known to hold them
+(Tansu answers such a fetch at once; a busy machine may take longer)."""
+CATCH_UP_SECONDS = 1.0
+"""How long one catch-up of a told archiver runs at most: under a stream of news it
+returns then (the topics and groups are looked at, and it goes on); one that cannot
+reach the ends it asked for pauses and tries again on the next news or look (a
+broker gone silent is the supervisor's)."""
 IDLE_SLOWDOWN = 10
 """How much less often group commits are looked at while nothing flows (topics are
 looked for at the same pace always: records of a topic created during a quiet spell
@@ -76,7 +81,10 @@ class LogArchiver:
         self.woken = woken
         self._pacer = FetchPacer(fetch_wait_ms, idle_wait_ms or fetch_wait_ms)
         self._kicked = asyncio.Event()
-        self._last_catch_up = 0.0
+        self._news: set[tuple[str, int]] = set()
+        self._news_everywhere = False
+        self._followed: frozenset[tuple[str, int]] = frozenset()
+        self._unknown_news = False
         self.discover_seconds = discover_seconds
         self.groups_seconds = groups_seconds
         self._options = dict(client_options or {})
@@ -99,10 +107,9 @@ class LogArchiver:
         start following in the background."""
         self._topics = self.archive.topics()
         self._groups = self.archive.groups()
-        wait_ms = WOKEN_FETCH_WAIT_MS if self.woken else self.fetch_wait_ms
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-            auto_offset_reset="none", fetch_max_wait_ms=wait_ms, **self._options)
+            auto_offset_reset="none", fetch_max_wait_ms=self.fetch_wait_ms, **self._options)
         await self._consumer.start()
         if not self.woken:
             self._pacer.attach(self._consumer)
@@ -118,9 +125,26 @@ class LogArchiver:
             self._pause()
             self._task = asyncio.create_task(self._run(), name="log-archiver")
 
-    def kick(self) -> None:
-        """Produces were acknowledged: archive them (a told archiver)."""
+    def kick(self, places: Iterable[tuple[str, int]] | None = None) -> None:
+        """Produces to `places` (None: to partitions unknown) were acknowledged:
+        archive them (a told archiver)."""
+        if places is None:
+            self._news_everywhere = True
+        else:
+            self._news.update(places)
         self._kicked.set()
+
+    def _take_news(self) -> list[TopicPartition]:
+        """The followed partitions news was told for since the last call: all of them
+        after news of partitions unknown, or of one not followed yet (a topic created
+        since the last look, looked for at once)."""
+        news, self._news = self._news, set()
+        everywhere, self._news_everywhere = self._news_everywhere, False
+        self._kicked.clear()
+        if not self._followed.issuperset(news):
+            self._unknown_news = True
+            everywhere = True
+        return list(self._assigned) if everywhere else [TopicPartition(*p) for p in news]
 
     async def stop(self) -> None:
         """Stop following (what was fetched is written) and disconnect."""
@@ -142,7 +166,10 @@ class LogArchiver:
             try:
                 now = time.monotonic()
                 slower = 1 if self._pacer.wait_ms == self._pacer.short_ms else IDLE_SLOWDOWN
-                if now >= next_discovery:  # never slowed: a new topic is archived at once
+                if now >= next_discovery or self._unknown_news:  # never slowed
+                    if self._unknown_news:  # its partitions are followed now: fetch them
+                        self._unknown_news = False
+                        self.kick()
                     await self._discover()
                     next_discovery = now + self.discover_seconds
                 if now >= next_groups:
@@ -152,7 +179,6 @@ class LogArchiver:
                     await self.step()
                     continue
                 if now >= next_look or self._kicked.is_set():
-                    await self._when_due()
                     await self.catch_up()
                     next_look = time.monotonic() + self._pacer.long_ms / 1000
                 await self._until_kicked(min(next_discovery, next_groups, next_look))
@@ -166,7 +192,7 @@ class LogArchiver:
                 return
             except KafkaError as error:  # the broker is away: the supervisor decides
                 log.debug("log_archiver.kafka_error", error=repr(error))
-                self._kicked.set()  # what was announced is still to archive
+                self.kick()  # what was announced is still to archive (wherever it was)
                 await asyncio.sleep(0.1)
             except Exception as error:
                 self.failure = error
@@ -179,39 +205,56 @@ class LogArchiver:
                                           + max(deadline - time.monotonic(), 0)):
                 await self._kicked.wait()
 
-    async def _when_due(self) -> None:
-        """Kicks closer than `fetch_wait_ms` are taken together."""
-        due = self._last_catch_up + self.fetch_wait_ms / 1000
-        if (wait := due - time.monotonic()) > 0:
-            await asyncio.sleep(wait)
-
     async def catch_up(self) -> int:
-        """Archive every record the broker holds now (its ends are asked first):
-        fetch the partitions behind them until the archive reaches them, then pause
-        them again. Returns the records archived."""
+        """Archive what was announced and everything the broker holds.
+
+        While news keeps coming, its partitions are fetched at once (records flow: no
+        time goes to asking for ends in between). Once nothing was announced since,
+        the log's ends are asked, of the partitions fetched (of every partition on a
+        look without news), and fetched up to. A partition is resumed only for its
+        fetches and paused as soon as no news is pending (a fetch left waiting at the
+        broker would delay the next news's by its wait). Under a stream of news it returns after `CATCH_UP_SECONDS` (the
+        loop's other work runs; the news stays pending). Returns the records
+        archived."""
         assert self._consumer is not None
-        self._kicked.clear()
-        self._last_catch_up = time.monotonic()
         if not self._assigned:
-            return 0
-        ends = await self._consumer.end_offsets(list(self._assigned))
-        self._observe({(tp.topic, tp.partition): end for tp, end in ends.items()})
-        behind = self._behind(ends)
-        if not behind:
+            self._kicked.clear()
             return 0
         count = 0
+        touched: set[TopicPartition] = set()
+        ends: dict[TopicPartition, int] | None = None
         deadline = time.monotonic() + CATCH_UP_SECONDS
-        self._consumer.resume(*behind)
         try:
-            while behind and time.monotonic() < deadline:
-                count += await self.step()
-                behind = self._behind(ends)
+            while time.monotonic() < deadline:
+                if self._kicked.is_set():  # news: records are there (or fetched already)
+                    fetch = self._take_news()
+                    touched.update(fetch)
+                    ends = None  # asked before this news: stale
+                    wait_ms = NEWS_FETCH_WAITS * self.fetch_wait_ms
+                elif ends is None:
+                    ends = await self._ends(sorted(touched) or self._assigned)
+                    continue
+                elif fetch := self._behind(ends):
+                    wait_ms = BEHIND_FETCH_MS  # known to hold records: as long as they take
+                else:
+                    return count
+                self._consumer.resume(*fetch)
+                count += await self.step(wait_ms)
+                if not self._kicked.is_set():
+                    self._pause()  # before the client sends another fetch to wait there
+            if ends is not None and not self._kicked.is_set() and (
+                    behind := self._behind(ends)):
+                log.warning("log_archiver.catch_up_incomplete",
+                            behind={f"{tp.topic}/{tp.partition}": ends[tp] for tp in behind})
+            return count
         finally:
             self._pause()
-        if behind:
-            log.warning("log_archiver.catch_up_incomplete",
-                        behind={f"{tp.topic}/{tp.partition}": ends[tp] for tp in behind})
-        return count
+
+    async def _ends(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        assert self._consumer is not None
+        ends = await self._consumer.end_offsets(partitions)
+        self._observe({(tp.topic, tp.partition): end for tp, end in ends.items()})
+        return ends
 
     def _behind(self, ends: Mapping[TopicPartition, int]) -> list[TopicPartition]:
         return [tp for tp, end in ends.items()
@@ -225,13 +268,15 @@ class LogArchiver:
         for key, high in highs.items():
             self.observed_high[key] = max(self.observed_high.get(key, 0), high)
 
-    async def step(self) -> int:
-        """One fetch, written and synced; returns the records archived."""
+    async def step(self, timeout_ms: int | None = None) -> int:
+        """One fetch (waiting at most `timeout_ms` for records), written and synced;
+        returns the records archived."""
         assert self._consumer is not None
         if not self._assigned:
             await asyncio.sleep(self.fetch_wait_ms / 1000)
             return 0
-        timeout_ms = 100 if self.woken else max(self._pacer.wait_ms, 1) * 4
+        if timeout_ms is None:
+            timeout_ms = BEHIND_FETCH_MS if self.woken else max(self._pacer.wait_ms, 1) * 4
         fetched = await self._consumer.getmany(timeout_ms=timeout_ms,
                                                max_records=MAX_RECORDS_PER_FETCH)
         count = 0
@@ -279,6 +324,7 @@ class LogArchiver:
             for tp in wanted:
                 self._consumer.seek(tp, self.archive.partition(tp.topic, tp.partition).next_offset)
             self._assigned = wanted
+            self._followed = frozenset((tp.topic, tp.partition) for tp in wanted)
             if self._task is not None:  # following: a new partition waits to be told too
                 self._pause()
 

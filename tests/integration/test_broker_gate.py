@@ -387,3 +387,29 @@ async def test_an_archiver_that_is_not_told_still_archives_at_its_idle_look(
         finally:
             await archiver.stop()
     assert [r.value for r in archive.partition(TOPIC, 1).read()] == [b"untold", b"also"]
+
+
+async def test_news_of_a_topic_created_since_the_last_look_is_archived_at_once(
+        tmp_path: Path) -> None:
+    """A topic a client creates by writing to it (Tansu creates it on first use) is
+    looked for when the gate tells of it, not at the next periodic look."""
+    async with EmbeddedBroker({TOPIC: 2}, log_dir=tmp_path) as broker:
+        archive = LogArchive(tmp_path / "log", fsync="never")
+        archiver = LogArchiver(archive, broker.bootstrap, woken=True, idle_wait_ms=5000,
+                               discover_seconds=3600)
+        await archiver.start()
+        gate = BrokerGate(free_port(), broker.bootstrap, log_dir=tmp_path,
+                          on_produce=archiver.kick)
+        await gate.open()
+        try:
+            producer = AIOKafkaProducer(bootstrap_servers=gate.bootstrap)
+            await producer.start()
+            try:
+                await producer.send_and_wait("created.later", b"new", partition=1)
+            finally:
+                await producer.stop()
+            assert await archiver.wait_archived({("created.later", 1): 1}, timeout=WAIT)
+        finally:
+            gate.close()
+            await archiver.stop()
+    assert [r.value for r in archive.partition("created.later", 1).read()] == [b"new"]

@@ -31,6 +31,7 @@ from toolexec.kafka_relay import (
     FrameScanner,
     ProduceBell,
     ProtocolError,
+    read_news,
 )
 
 ORIGIN = ("127.0.0.1", 40001)
@@ -226,43 +227,78 @@ def test_a_frame_shorter_than_its_header_is_refused() -> None:
         scanner.feed(struct.pack(">i", 2) + b"\x00\x00\x00\x00")
 
 
-async def test_the_produce_bell_rings_once_per_loop_turn_whatever_landed_in_it() -> None:
+async def test_the_produce_bell_tells_each_turn_of_the_loop_which_partitions() -> None:
     reader, writer = os.pipe()
     try:
         bell = ProduceBell(writer)
-        for _ in range(5):  # five acknowledgements in one turn of the loop
-            bell.ring()
+        for partition in (0, 1, 0, 2, 1):  # five acknowledgements in one turn of the loop
+            bell.ring(frozenset({("orders", partition)}))
         await asyncio.sleep(0)
-        bell.ring()  # and one in the next
+        first = _read_all(reader)
+        bell.ring(frozenset({("audit", 3)}))  # and one in the next
         await asyncio.sleep(0)
-        os.set_blocking(reader, False)
-        assert os.read(reader, 100) == b"!!"
+        second = _read_all(reader)
     finally:
         os.close(reader)
         os.close(writer)
+    assert first.count(b"\n") == 3  # one write: a line per partition
+    assert read_news(first) == ({("orders", 0), ("orders", 1), ("orders", 2)}, False)
+    assert read_news(second) == ({("audit", 3)}, False)
+
+
+async def test_a_produce_whose_partitions_were_not_read_is_news_of_everything() -> None:
+    reader, writer = os.pipe()
+    try:
+        bell = ProduceBell(writer)
+        bell.ring(frozenset({("orders", 0)}))
+        bell.ring(None)
+        await asyncio.sleep(0)
+        assert read_news(_read_all(reader)) == (set(), True)
+    finally:
+        os.close(reader)
+        os.close(writer)
+
+
+def test_news_lines_that_do_not_parse_are_news_of_everything() -> None:
+    assert read_news(b"0 orders\nx y\n") == ({("orders", 0)}, True)
+    assert read_news(b"") == (set(), False)
 
 
 async def test_a_produce_bell_whose_reader_is_gone_falls_silent() -> None:
     reader, writer = os.pipe()
     bell = ProduceBell(writer)
     os.close(reader)
-    bell.ring()
+    bell.ring(frozenset({("orders", 0)}))
     await asyncio.sleep(0)  # EPIPE (SIGPIPE is ignored under Python): no exception
     assert bell.fd is None
-    bell.ring()
+    bell.ring(frozenset({("orders", 0)}))
     await asyncio.sleep(0)
 
 
-async def test_a_full_produce_pipe_drops_the_news_it_already_holds() -> None:
+async def test_news_a_full_pipe_cannot_take_is_told_as_everything_once_it_can() -> None:
     reader, writer = os.pipe()
     try:
         bell = ProduceBell(writer)
         with contextlib.suppress(BlockingIOError):
             while True:
                 os.write(writer, b"x" * 4096)
-        bell.ring()
+        bell.ring(frozenset({("orders", 0)}))
+        await asyncio.sleep(0)  # the pipe is full: kept
+        os.set_blocking(reader, False)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(reader, 65536):
+                pass
+        bell.ring(frozenset({("orders", 1)}))
         await asyncio.sleep(0)
-        assert bell.fd == writer  # still ringing once the reader catches up
+        assert read_news(_read_all(reader)) == (set(), True)
     finally:
         os.close(reader)
         os.close(writer)
+
+
+def _read_all(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return b""
