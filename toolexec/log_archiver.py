@@ -14,14 +14,17 @@ acknowledged and the archiver has not fetched yet.
 How it learns that there is something to fetch:
 
 - **Told** (`woken=True`: the broker serves through its gate, which every client
-  writes through and which calls `kick()` when produces were acknowledged). The
-  partitions stay paused while nothing is announced, so no fetch waits at the broker.
-  On a kick the log's ends are asked (ListOffsets, after the acknowledgement, so they
-  hold its records) and the partitions behind them fetched until the archive reaches
-  them, then paused again. Kicks closer than `fetch_wait_ms` are taken together (the
-  window while records flow); every `idle_wait_ms` the ends are looked at even
-  without one. The window is the kick's way through the gate and the supervisor plus
-  a ListOffsets, a fetch, a write and an fsync.
+  writes through and which calls `kick()` with the partitions produces were
+  acknowledged to). The partitions stay paused while nothing is announced, so no
+  fetch waits at the broker. News is fetched at once, its partitions alone (Tansu's
+  work per fetch grows with the partitions it names), and while news keeps coming
+  the partitions stay resumed so that the client fetches ahead, as a poller does.
+  Once nothing was announced since the last fetch, the ends of the partitions
+  fetched are asked (ListOffsets, sent after every acknowledgement announced, so
+  they hold its records) and fetched up to; then they are paused again, before the
+  client can send a fetch that would wait at the broker. Every `idle_wait_ms` the
+  ends of every partition are looked at without news. The window is the news's
+  way through the gate and the supervisor plus a fetch, a write and an fsync.
 - **Polling** (the broker on its own port): a fetch waits at most `fetch_wait_ms`
   while records flow and for a few seconds after, `idle_wait_ms` once the log is
   quiet (consumers.runtime.fetch_pacing): the window is about one fetch wait plus a
@@ -213,12 +216,12 @@ class LogArchiver:
         the log's ends are asked, of the partitions fetched (of every partition on a
         look without news), and fetched up to. A partition is resumed only for its
         fetches and paused as soon as no news is pending (a fetch left waiting at the
-        broker would delay the next news's by its wait). Under a stream of news it returns after `CATCH_UP_SECONDS` (the
-        loop's other work runs; the news stays pending). Returns the records
-        archived."""
+        broker would hold the next news's back by its wait). Under a stream of news
+        it returns after `CATCH_UP_SECONDS`, the news still pending, so that the
+        loop's other work runs. Returns the records archived."""
         assert self._consumer is not None
         if not self._assigned:
-            self._kicked.clear()
+            self._take_news()  # of a topic not followed yet: looked for next
             return 0
         count = 0
         touched: set[TopicPartition] = set()
