@@ -428,8 +428,8 @@ class ProduceBell:
     def ring(self, places: frozenset[Place] | None) -> None:
         if self.fd is None:
             return
-        if places is None:
-            self._everything = True
+        if places is None or any(_unsayable(topic) for topic, _ in places):
+            self._everything = True  # a name no broker takes cannot add lines of its own
         else:
             self._places |= places
         if not self._due:
@@ -454,6 +454,10 @@ class ProduceBell:
             self.fd = None
         self._places.clear()
         self._everything = False
+
+
+def _unsayable(topic: str) -> bool:
+    return " " in topic or "\n" in topic
 
 
 def read_news(chunk: bytes) -> tuple[set[Place], bool]:
@@ -491,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", type=_address, required=True, help="HOST:PORT")
     parser.add_argument("--origin", type=_address, required=True, help="HOST:PORT")
     parser.add_argument("--notify-fd", type=int, metavar="FD",
-                        help="a pipe to write a byte to when produces were acknowledged")
+                        help="a pipe to tell which partitions produces were acknowledged to")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_main(args.listen, args.origin, args.notify_fd))

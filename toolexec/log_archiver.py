@@ -64,6 +64,10 @@ CATCH_UP_SECONDS = 1.0
 returns then (the topics and groups are looked at, and it goes on); one that cannot
 reach the ends it asked for pauses and tries again on the next news or look (a
 broker gone silent is the supervisor's)."""
+UNKNOWN_NEWS_LOOK_SECONDS = 0.1
+"""News of a partition not followed (a topic created since the last look) looks for
+topics at once, but not more often than this (a client writing to topics the broker
+refuses would otherwise have it ask for every topic at every turn)."""
 IDLE_SLOWDOWN = 10
 """How much less often group commits are looked at while nothing flows (topics are
 looked for at the same pace always: records of a topic created during a quiet spell
@@ -165,16 +169,18 @@ class LogArchiver:
     # -- the loop --------------------------------------------------------------------------
     async def _run(self) -> None:
         next_discovery = next_groups = next_look = time.monotonic()
+        last_discovery = 0.0
         while True:
             try:
                 now = time.monotonic()
                 slower = 1 if self._pacer.wait_ms == self._pacer.short_ms else IDLE_SLOWDOWN
-                if now >= next_discovery or self._unknown_news:  # never slowed
-                    if self._unknown_news:  # its partitions are followed now: fetch them
+                told = self._unknown_news and now >= last_discovery + UNKNOWN_NEWS_LOOK_SECONDS
+                if now >= next_discovery or told:  # never slowed
+                    if told:  # its partitions are followed next: fetch them then
                         self._unknown_news = False
                         self.kick()
                     await self._discover()
-                    next_discovery = now + self.discover_seconds
+                    last_discovery, next_discovery = now, now + self.discover_seconds
                 if now >= next_groups:
                     await self.archive_groups()
                     next_groups = now + self.groups_seconds * slower
@@ -184,7 +190,9 @@ class LogArchiver:
                 if now >= next_look or self._kicked.is_set():
                     await self.catch_up()
                     next_look = time.monotonic() + self._pacer.long_ms / 1000
-                await self._until_kicked(min(next_discovery, next_groups, next_look))
+                look_for_topics = (last_discovery + UNKNOWN_NEWS_LOOK_SECONDS
+                                   if self._unknown_news else next_discovery)
+                await self._until_kicked(min(look_for_topics, next_groups, next_look))
             except asyncio.CancelledError:
                 raise
             except OffsetOutOfRangeError as error:

@@ -302,3 +302,15 @@ def _read_all(fd: int) -> bytes:
         return os.read(fd, 65536)
     except BlockingIOError:
         return b""
+
+
+async def test_a_topic_name_no_broker_takes_cannot_add_news_of_its_own() -> None:
+    reader, writer = os.pipe()
+    try:
+        bell = ProduceBell(writer)
+        bell.ring(frozenset({("x\n7 toolexec.requests", 0)}))  # a hostile produce request
+        await asyncio.sleep(0)
+        assert read_news(_read_all(reader)) == (set(), True)
+    finally:
+        os.close(reader)
+        os.close(writer)
