@@ -90,7 +90,6 @@ class LogArchiver:
         self._kicked = asyncio.Event()
         self._news: set[tuple[str, int]] = set()
         self._news_everywhere = False
-        self._followed: frozenset[tuple[str, int]] = frozenset()
         self._unknown_news = False
         self.discover_seconds = discover_seconds
         self.groups_seconds = groups_seconds
@@ -148,7 +147,7 @@ class LogArchiver:
         news, self._news = self._news, set()
         everywhere, self._news_everywhere = self._news_everywhere, False
         self._kicked.clear()
-        if not self._followed.issuperset(news):
+        if not set(self._assigned).issuperset(news):  # TopicPartition == (topic, partition)
             self._unknown_news = True
             everywhere = True
         return list(self._assigned) if everywhere else [TopicPartition(*p) for p in news]
@@ -335,7 +334,6 @@ class LogArchiver:
             for tp in wanted:
                 self._consumer.seek(tp, self.archive.partition(tp.topic, tp.partition).next_offset)
             self._assigned = wanted
-            self._followed = frozenset((tp.topic, tp.partition) for tp in wanted)
             if self._task is not None:  # following: a new partition waits to be told too
                 self._pause()
 
@@ -370,12 +368,12 @@ class LogArchiver:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self._consumer.resume(*self._assigned)  # a partition assigned anew is not paused
         deadline = time.monotonic() + timeout
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
             try:
                 await self._discover()
-                self._consumer.resume(*self._assigned)
                 if await self.step():
                     quiet_since = time.monotonic()
                     continue
