@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.primitives.file_store import ContentStore
+from consumers.primitives.host_groups import host_groups
 from consumers.primitives.sandbox_cache import ToolTrees
 from domain.errors import ExecutionError
 from domain.model import SubprocessPlan, ToolFile
@@ -42,11 +43,30 @@ class RunDirectory:
     lookup: Path
     start: Path
     _close: Callable[[], None]
+    host_root: Path | None = None
+    """The work root of a host folder (`on_host`); None inside a sandbox."""
 
     def close(self) -> None:
         """Give the directory back (idempotent)."""
         close, self._close = self._close, _nothing
         close()
+
+    def keep_group(self, group: int) -> None:
+        """Write down the process group `group` (just spawned) running here until the
+        directory is given back, by which time the group has been killed
+        (`host_groups`: an executor that dies meanwhile leaves it to the next one)."""
+        if self.host_root is None:
+            return
+        entry = host_groups(self.host_root).record(group, self.path)
+        if entry is not None:
+            close = self._close
+
+            def close_and_forget() -> None:
+                close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry)
+
+            self._close = close_and_forget
 
 
 def _nothing() -> None:
@@ -63,7 +83,8 @@ def on_host(store: ContentStore, files: Sequence[ToolFile], work_root: Path,
     except BaseException:
         remove_tree(workdir)
         raise
-    return RunDirectory(workdir, cwd, workdir, cwd, cwd, lambda: remove_tree(workdir))
+    return RunDirectory(workdir, cwd, workdir, cwd, cwd, lambda: remove_tree(workdir),
+                        host_root=work_root)
 
 
 def in_sandbox(store: ContentStore, files: Sequence[ToolFile], work_root: Path,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from consumers.primitives.file_store import ContentStore
+from consumers.primitives.host_groups import host_groups
 from consumers.primitives.http_primitive import HttpPrimitive
 from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.model import HttpPlan, McpPlan, PrimitiveOutcome, SubprocessPlan
@@ -31,6 +32,7 @@ class Primitives:
                  policy: SandboxPolicy | None = None) -> None:
         self._store = store
         self._work_root = work_root
+        host_groups(work_root)  # first use: kills what an executor that died here left
         self._sandbox = sandbox
         self._policy = policy or SandboxPolicy()
         self._http = HttpPrimitive(allowed_networks=self._policy.egress_allowed_networks)

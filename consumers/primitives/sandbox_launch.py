@@ -60,6 +60,11 @@ class Launch:
     program_found: bool = False
     """The program, a bare name, was found on PATH as an executable file while the
     request was made (no second lookup before it is sent)."""
+    host_group: bool = False
+    """The run's processes live on the host, in a group of their own (Landlock,
+    rlimits, none): its leader dies with the executor and the group is written down
+    (`host_groups`) until it is killed; bubblewrap's and the launcher's PID namespace
+    die with the executor by themselves."""
     _pool: UidPool | None = None
 
     def spawned(self) -> None:
@@ -90,7 +95,8 @@ def prepare_launch(sandbox: str, plan: SubprocessPlan, run_dir: RunDirectory, pa
     (the report protocol's files, consumers.primitives.report_file); elsewhere they
     are in the run directory already. Raises ExecutionError E3405 when the sandbox
     cannot be set up as the policy requires."""
-    launch = Launch(max_processes=plan.limits.max_processes)
+    launch = Launch(max_processes=plan.limits.max_processes,
+                    host_group=sandbox not in ("namespaces", "bwrap"))
     if sandbox not in ("namespaces", "bwrap", "landlock"):
         return launch
     root = os.geteuid() == 0

@@ -16,8 +16,10 @@ own uid, disk quota, paths, egress relay — is decided by sandbox_launch.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
+import signal
 
 from consumers.primitives import bubblewrap, landlock, namespace_launcher
 from consumers.primitives.sandbox_launch import Launch
@@ -108,6 +110,18 @@ def _capped(kind: int, soft: int, hard: int, root: bool) -> RLimit:
         if current_hard != resource.RLIM_INFINITY:
             hard = min(hard, current_hard)
     return kind, min(soft, hard), hard
+
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with(parent: int) -> None:
+    """Runs in the child between fork and exec: SIGKILL it when the thread that forked
+    it ends (the executor, `parent`, dying); if `parent` is gone already, now."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def apply_rlimits(rlimits: tuple[RLimit, ...]) -> None:

@@ -12,6 +12,9 @@ tool, so pid, group and limits are the tool's), otherwise by a `preexec_fn`. A
 process on these machines against ~0.1 ms for the prlimit exec); without preexec_fn
 Popen uses vfork. The Landlock sandbox pays that fork on purpose: its child sets its
 rlimits and enters its ruleset there (`Launch.entry`), which is cheaper than a wrapper.
+A tool on the host (Landlock, rlimits, none) also dies with the executor: its
+parent-death signal is set there, or by util-linux `setpriv` exec'ing it, and its
+group is written down until it is killed (`host_groups`).
 
 The hot path avoids helper threads: the process is spawned with `subprocess.Popen`
 (as asyncio itself does), its pipes are read by event-loop readers that keep at most
@@ -38,7 +41,7 @@ from typing import Any
 
 from consumers.primitives.run_directory import RunDirectory
 from consumers.primitives.sandbox_launch import Launch
-from consumers.primitives.sandboxes import PRLIMIT_OPTIONS, RLimit, apply_rlimits
+from consumers.primitives.sandboxes import PRLIMIT_OPTIONS, RLimit, apply_rlimits, die_with
 from domain.errors import ExecutionError
 from domain.model import ResourceLimits
 
@@ -59,26 +62,53 @@ def _prlimit_binary() -> str | None:
 def _command(argv: tuple[str, ...], env: dict[str, str], cwd: Path,
              rlimits: tuple[RLimit, ...],
              launch: Launch) -> tuple[list[str], Callable[[], None] | None]:
-    """The argv to exec and the preexec_fn (None when prlimit applies the limits)."""
+    """The argv to exec and the preexec_fn (None when prlimit applies the limits). A
+    tool on the host (`Launch.host_group`) dies with this process: the preexec_fn,
+    or `setpriv` in front of the tool, sets its parent-death signal."""
     wrapper = launch.prefix
     if wrapper or launch.entry is not None:
         require_executable(argv[0], env["PATH"], cwd)  # bwrap would only say "exit 1"
     if launch.entry is not None:  # the child restricts itself: set its limits there too
-        return [*argv], functools.partial(_enter, rlimits, launch.entry)
+        return [*argv], functools.partial(_enter, rlimits, launch.entry, os.getpid())
+    guard = _death_guard() if launch.host_group else []
     if not rlimits:
-        return [*wrapper, *argv], None
+        if guard:
+            require_executable(argv[0], env["PATH"], cwd)  # setpriv would only say "exit 127"
+        return [*guard, *wrapper, *argv], None
     prlimit = _prlimit_binary()
     if prlimit is None:
+        if launch.host_group:
+            return [*wrapper, *argv], functools.partial(_host_child, rlimits, os.getpid())
         return [*wrapper, *argv], functools.partial(apply_rlimits, rlimits)
     require_executable(argv[0], env["PATH"], cwd)  # prlimit would only say "exit 127"
     options = [f"--{PRLIMIT_OPTIONS[kind]}={soft}:{hard}" for kind, soft, hard in rlimits]
-    return [prlimit, *options, "--", *wrapper, *argv], None
+    return [prlimit, *options, "--", *guard, *wrapper, *argv], None
 
 
-def _enter(rlimits: tuple[RLimit, ...], entry: Callable[[], None]) -> None:
-    """Runs in the child between fork and exec: its limits, then its sandbox."""
+def _death_guard() -> list[str]:
+    """`setpriv` setting the parent-death signal of the process it execs (nothing
+    where util-linux's setpriv is missing: the sweep of `host_groups` is left)."""
+    setpriv = _setpriv_binary()
+    return [] if setpriv is None else [setpriv, "--pdeathsig", "KILL", "--"]
+
+
+@functools.cache
+def _setpriv_binary() -> str | None:
+    return shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin")
+
+
+def _enter(rlimits: tuple[RLimit, ...], entry: Callable[[], None], parent: int) -> None:
+    """Runs in the child between fork and exec: dies with `parent`, then its limits,
+    then its sandbox."""
+    die_with(parent)
     apply_rlimits(rlimits)
     entry()
+
+
+def _host_child(rlimits: tuple[RLimit, ...], parent: int) -> None:
+    """Runs in the child between fork and exec: dies with `parent`, then its limits."""
+    die_with(parent)
+    apply_rlimits(rlimits)
 
 
 def require_executable(program: str, path: str, cwd: Path) -> None:
@@ -103,6 +133,8 @@ def spawn(argv: tuple[str, ...], env: dict[str, str], run_dir: RunDirectory,
             start_new_session=True, bufsize=0, pass_fds=launch.pass_fds,
         )
         launch.spawned()
+        if launch.host_group:
+            run_dir.keep_group(popen.pid)
         return popen
     except FileNotFoundError as error:
         what = "working directory" if error.filename == str(cwd) else "executable"

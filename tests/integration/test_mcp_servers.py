@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from consumers.primitives import bubblewrap, landlock, landlock_exec
 from consumers.primitives.file_store import ContentStore
+from consumers.primitives.host_groups import FOLDER
 from consumers.primitives.mcp_servers import McpServers
 from domain.integrity import seal
 from domain.model import McpPlan, ResolvedChain
@@ -57,7 +58,9 @@ async def servers(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     pool = McpServers(store, tmp_path / "work", sandbox=request.param)
     yield pool
     await pool.aclose()
-    assert list((tmp_path / "work").iterdir()) == []  # the server's run directory is gone
+    # the server's run directory is gone, and its process group's entry (host_groups)
+    assert [p.name for p in (tmp_path / "work").iterdir() if p.name != FOLDER] == []
+    assert not any((tmp_path / "work" / FOLDER).glob("*"))
 
 
 async def test_server_answers_in_its_sandbox_and_is_reused(servers: McpServers) -> None:
@@ -87,7 +90,7 @@ async def test_concurrent_first_calls_start_one_server(servers: McpServers,
     outcomes = await asyncio.gather(*(servers.run(plan, {"text": "x " * n},
                                                   secrets=lambda _: None) for n in range(1, 6)))
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    assert len(list((tmp_path / "work").iterdir())) == 1  # one run directory: one server
+    assert len(list((tmp_path / "work").glob("run-*"))) == 1  # one run directory: one server
     assert sorted(json.loads(o.stdout)["words"] for o in outcomes) == [1, 2, 3, 4, 5]
 
 

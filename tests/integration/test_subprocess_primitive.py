@@ -16,6 +16,7 @@ import pytest
 
 from consumers.primitives import bubblewrap
 from consumers.primitives.file_store import ContentStore
+from consumers.primitives.host_groups import FOLDER
 from consumers.primitives.subprocess_primitive import run_subprocess
 from domain.errors import ExecutionError, IntegrityMismatch
 from domain.model import PrimitiveOutcome, ResourceLimits, SubprocessPlan, ToolFile
@@ -94,7 +95,8 @@ async def test_tool_runs_in_its_own_directory_which_is_removed_afterwards(
     result = result_of(await run(python_plan(ECHO_TOOL)))
     assert Path(result["cwd"]).parent == work_root
     assert result["env"]["HOME"] == result["env"]["TMPDIR"] == result["cwd"]
-    assert list(work_root.iterdir()) == []
+    assert [p.name for p in work_root.iterdir() if p.name != FOLDER] == []
+    assert not any((work_root / FOLDER).glob("*"))  # nor its process group's entry
 
 
 async def test_child_sees_only_the_plan_environment(
