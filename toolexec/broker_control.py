@@ -35,6 +35,8 @@ STATE_FILE = "broker.json"
 SUPERVISOR_MODULE = "toolexec.broker_supervisor"
 EXIT_ANOTHER_SUPERVISOR = 3
 """Exit code of a supervisor that found another one running for its state directory."""
+EXIT_STATE_GONE = 4
+"""Exit code of a supervisor whose state directory was deleted or replaced under it."""
 STOP_TIMEOUT = 60.0
 WATCH_SECONDS = 0.5
 

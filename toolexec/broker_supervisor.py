@@ -10,7 +10,11 @@ One per state directory (an exclusive lock on `broker/supervisor.lock`). It
 3. archives everything the broker is then given, continuously (`LogArchiver`);
 4. restarts Tansu with its log when it dies, behind a closed gate on the same port
    (`BrokerGate`), so reconnecting clients find it only once the restore is done;
-5. on SIGTERM closes the gate, archives what is left, stops Tansu and exits.
+5. on SIGTERM closes the gate, archives what is left, stops Tansu and exits;
+6. stops Tansu and exits (code 4), writing nothing, once its state directory is
+   deleted or replaced under it (the lock file it holds is no longer the one at its
+   path): what it would archive has nowhere to go, and another supervisor may serve
+   that directory already, with a log of its own.
 
 After a broker died (or a supervisor was killed) the log resumes
 `broker_crash_offset_gap` offsets past the highest offset it may have handed out, so
@@ -41,6 +45,7 @@ import structlog
 
 from toolexec.broker_control import (
     EXIT_ANOTHER_SUPERVISOR,
+    EXIT_STATE_GONE,
     archive_dir,
     broker_dir,
     read_state,
@@ -66,6 +71,7 @@ GROUP_PIN_SECONDS = 24 * 3600.0
 """A consumer group whose commits changed this recently keeps the records it has not
 consumed in the broker through retention."""
 COMPACT = "compact"
+STATE_GONE = "state directory gone"
 COMPACT_RETRY_SECONDS = 30.0
 """After a compaction the archive could not catch up with (the gate reopened, nothing
 lost), how long before it is tried again."""
@@ -102,7 +108,8 @@ class Supervisor:
     def _write(self, **changes: Any) -> None:
         self._state.update(changes)
         self._state["updated_at"] = _now()
-        write_state(self.state_dir, self._state)
+        if self._lock_still_ours():  # else writing would make the directory again
+            write_state(self.state_dir, self._state)
 
     def _status(self, status: str, **changes: Any) -> None:
         if status != self._state.get("status"):
@@ -112,8 +119,12 @@ class Supervisor:
         self._write(status=status, **changes)
 
     # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def _lock_path(self) -> Path:
+        return broker_dir(self.state_dir) / "supervisor.lock"
+
     def lock(self) -> bool:
-        path = broker_dir(self.state_dir) / "supervisor.lock"
+        path = self._lock_path
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -144,7 +155,7 @@ class Supervisor:
             return self._refuse(f"the archive is damaged: {error}")
         # A compaction is exact only behind a gate (closed while the rest is archived):
         # with compactions on, even a cold start serves through one.
-        gated = self.gated or self.settings.broker_compact_after_records > 0
+        gated = self.gated or self.settings.broker_gated_from_start
         if gated and port is None:
             port = free_port()
         failures = 0
@@ -157,6 +168,10 @@ class Supervisor:
                 return self._refuse(str(error))
             if outcome == "stopped":
                 return 0
+            if outcome == STATE_GONE or not self._lock_still_ours():
+                log.error("broker_supervisor.state_directory_gone",
+                          state_dir=str(self.state_dir), outcome=outcome[:200])
+                return EXIT_STATE_GONE
             if outcome == COMPACT:
                 # Planned: behind the gate from now on; a gap only when a client may have
                 # written after the last record archived (no gate to close before).
@@ -298,6 +313,8 @@ class Supervisor:
                 gate.close()
                 await gate.open()
                 self._write(gate_pid=gate.pid)
+            if not self._lock_still_ours():
+                return STATE_GONE  # `_incarnation` stops the broker
             if time.monotonic() >= next_progress:
                 self._progress(archiver)
                 next_progress = time.monotonic() + PROGRESS_SECONDS
@@ -307,6 +324,17 @@ class Supervisor:
                         return outcome
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.1)
+
+    def _lock_still_ours(self) -> bool:
+        """False once the lock file at its path is not the one this supervisor holds
+        (the state directory was deleted, or replaced by another)."""
+        if self._lock_fd is None:
+            return True
+        try:
+            held, named = os.fstat(self._lock_fd), os.stat(self._lock_path)
+        except FileNotFoundError:
+            return False
+        return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
     def _compaction_due(self, archiver: LogArchiver) -> bool:
         """Has the broker taken enough since it started to be restarted from the archive

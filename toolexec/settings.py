@@ -394,11 +394,18 @@ class Settings(BaseSettings):
         return self.kafka_bootstrap is None
 
     @property
+    def broker_gated_from_start(self) -> bool:
+        """True when the embedded broker serves through its gate from its cold start on:
+        with compactions on, since a compaction is exact only behind a gate (the
+        supervisor decides so; clients read the same rule here)."""
+        return self.broker_compact_after_records > 0
+
+    @property
     def gate_wakes_fetches(self) -> bool:
         """True when clients reach the embedded broker through its gate from its cold
-        start on (compactions on), which answers a waiting fetch as soon as a produce
-        lands through it: a consumer following new records need not poll."""
-        return self.embedded and self.broker_compact_after_records > 0
+        start on, which answers a waiting fetch as soon as a produce lands through it:
+        a consumer following new records need not poll."""
+        return self.embedded and self.broker_gated_from_start
 
     @property
     def auth_required(self) -> bool:

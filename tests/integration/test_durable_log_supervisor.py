@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from tests.cli_process import toolexec
 from tests.integration.test_durable_log_restore import read_log
 from tests.waiting import START_WAIT, WAIT
 from toolexec.broker_control import (
+    EXIT_STATE_GONE,
     BrokerState,
     BrokerUnavailable,
     ensure_broker,
@@ -158,6 +160,24 @@ async def test_one_supervisor_per_state_directory(settings: Settings) -> None:
     assert second.returncode == 3
     assert f"pid {broker.supervisor_pid}" in second.stderr
     assert state(settings).supervisor_pid == broker.supervisor_pid
+
+
+async def test_a_supervisor_whose_state_directory_is_deleted_stops_and_writes_nothing(
+        settings: Settings) -> None:
+    """What it would archive has nowhere to go: it stops its broker and exits rather
+    than serve a log no one can restore, and does not make the directory again."""
+    broker = await ensure_broker(settings)
+    await write_records(broker.bootstrap)
+    tansu = state(settings).data["broker_pid"]
+    assert broker.process is not None
+
+    shutil.rmtree(settings.state_dir)
+    await until(lambda: _gone(broker.process), "the supervisor stopped")
+
+    assert broker.process.returncode == EXIT_STATE_GONE
+    assert not settings.state_dir.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(tansu, 0)
 
 
 async def test_a_damaged_archive_is_refused_not_served(settings: Settings) -> None:
