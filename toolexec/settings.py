@@ -454,9 +454,28 @@ def fetch_waits(settings: Settings) -> tuple[int, int]:
     that reads a partition to its end keeps `consumer_kwargs`' wait."""
     busy = consumer_kwargs(settings)["fetch_max_wait_ms"]
     idle = max(settings.fetch_idle_wait_ms or IDLE_FETCH_WAIT_MS, busy)
-    if settings.gate_wakes_fetches and settings.fetch_max_wait_ms is None:
+    if settings.fetch_max_wait_ms is None and gate_wakes(settings):
         busy = min(WOKEN_BUSY_WAIT_MS, idle)  # in place of the profile's 1 ms poll
     return busy, idle
+
+
+def gate_wakes(settings: Settings) -> bool:
+    """Whether the broker `settings`' clients reach answers a waiting fetch as soon as
+    a produce lands: the embedded broker behind its gate. A running supervisor's state
+    file says how it serves (it may have been started with other settings: a client
+    that waited for a wake-up straight to Tansu would wait out every fetch); before
+    one runs, the rule it will follow (`gate_wakes_fetches`). A broker started straight
+    to Tansu serves behind the gate after its first restart: its clients keep polling,
+    which costs only the polls."""
+    if not settings.embedded:
+        return False
+    from toolexec.broker_control import read_state, supervisor_running  # builds on this
+
+    state = read_state(settings.state_dir)
+    mode = state.data.get("mode") if state is not None and supervisor_running(state) else None
+    if mode in ("gated", "direct"):
+        return mode == "gated"
+    return settings.gate_wakes_fetches
 
 
 def consumer_kwargs(settings: Settings) -> dict[str, Any]:
