@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,73 +122,66 @@ def _dead_pid() -> int:
     return probe.pid
 
 
-def test_a_group_of_a_live_executor_is_left_alone(tmp_path: Path) -> None:
-    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process leading a group of its own, standing for a tool's."""
+    process = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
-        entry = GroupEntry(boot_id(), os.getpid(), start_time(os.getpid()) or 0, sleeper.pid,
-                           start_time(sleeper.pid) or 0, "run-live")
-        (tmp_path / FOLDER).mkdir()
-        (tmp_path / FOLDER / entry.name).touch()
-        assert HostGroups(tmp_path).sweep() == 0
-        assert sleeper.poll() is None
-        assert (tmp_path / FOLDER / entry.name).exists()
+        yield process
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
-def test_a_pid_given_out_again_is_not_killed(tmp_path: Path) -> None:
+def _recorded(root: Path, entry: GroupEntry, *, run_dir: bool = False) -> Path:
+    (root / FOLDER).mkdir()
+    (root / FOLDER / entry.name).touch()
+    if run_dir:
+        (root / entry.run_dir).mkdir()
+    return root / FOLDER / entry.name
+
+
+def test_a_group_of_a_live_executor_is_left_alone(tmp_path: Path,
+                                                  sleeper: subprocess.Popen[bytes]) -> None:
+    entry = _recorded(tmp_path, GroupEntry(boot_id(), os.getpid(), start_time(os.getpid()) or 0,
+                                           sleeper.pid, start_time(sleeper.pid) or 0, "run-live"))
+    assert HostGroups(tmp_path).sweep() == 0
+    assert sleeper.poll() is None
+    assert entry.exists()
+
+
+def test_a_pid_given_out_again_is_not_killed(tmp_path: Path,
+                                             sleeper: subprocess.Popen[bytes]) -> None:
     """The recorded leader's pid now belongs to another process (another start time):
     the entry goes, the process stays."""
-    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    try:
-        reused = GroupEntry(boot_id(), _dead_pid(), 1, sleeper.pid,
-                            (start_time(sleeper.pid) or 0) - 1,
-                            "run-old")
-        (tmp_path / FOLDER).mkdir()
-        (tmp_path / FOLDER / reused.name).touch()
-        (tmp_path / "run-old").mkdir()
-        assert HostGroups(tmp_path).sweep() == 0
-        assert sleeper.poll() is None
-        assert os.listdir(tmp_path / FOLDER) == []
-        assert not (tmp_path / "run-old").exists()
-    finally:
-        sleeper.kill()
-        sleeper.wait()
+    _recorded(tmp_path, GroupEntry(boot_id(), _dead_pid(), 1, sleeper.pid,
+                                   (start_time(sleeper.pid) or 0) - 1, "run-old"), run_dir=True)
+    assert HostGroups(tmp_path).sweep() == 0
+    assert sleeper.poll() is None
+    assert os.listdir(tmp_path / FOLDER) == []
+    assert not (tmp_path / "run-old").exists()
 
 
-def test_a_group_of_a_dead_executor_is_killed(tmp_path: Path) -> None:
-    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    try:
-        entry = GroupEntry(boot_id(), _dead_pid(), 1, sleeper.pid, start_time(sleeper.pid) or 0,
-                           "run-orphaned")
-        (tmp_path / FOLDER).mkdir()
-        (tmp_path / FOLDER / entry.name).touch()
-        assert HostGroups(tmp_path).sweep() == 1
-        assert sleeper.wait() == -signal.SIGKILL
-    finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-            sleeper.wait()
+def test_a_group_of_a_dead_executor_is_killed(tmp_path: Path,
+                                              sleeper: subprocess.Popen[bytes]) -> None:
+    _recorded(tmp_path, GroupEntry(boot_id(), _dead_pid(), 1, sleeper.pid,
+                                   start_time(sleeper.pid) or 0, "run-orphaned"), run_dir=True)
+    assert HostGroups(tmp_path).sweep() == 1
+    assert sleeper.wait() == -signal.SIGKILL
+    assert not (tmp_path / "run-orphaned").exists()
 
 
-def test_an_entry_of_an_earlier_boot_kills_nothing(tmp_path: Path) -> None:
+def test_an_entry_of_an_earlier_boot_kills_nothing(tmp_path: Path,
+                                                   sleeper: subprocess.Popen[bytes]) -> None:
     """After a reboot no process of that entry is left: whatever has its numbers now
     is another's. Its run directory goes."""
-    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    try:
-        earlier = GroupEntry("0" * 32, _dead_pid(), 1, sleeper.pid,
-                             start_time(sleeper.pid) or 0, "run-before")
-        (tmp_path / FOLDER).mkdir()
-        (tmp_path / FOLDER / earlier.name).touch()
-        (tmp_path / "run-before").mkdir()
-        assert HostGroups(tmp_path).sweep() == 0
-        assert sleeper.poll() is None
-        assert os.listdir(tmp_path / FOLDER) == []
-        assert not (tmp_path / "run-before").exists()
-    finally:
-        sleeper.kill()
-        sleeper.wait()
+    _recorded(tmp_path, GroupEntry("0" * 32, _dead_pid(), 1, sleeper.pid,
+                                   start_time(sleeper.pid) or 0, "run-before"), run_dir=True)
+    assert HostGroups(tmp_path).sweep() == 0
+    assert sleeper.poll() is None
+    assert os.listdir(tmp_path / FOLDER) == []
+    assert not (tmp_path / "run-before").exists()
 
 
 @pytest.mark.parametrize("name", ["b-1-2-3-4-run-../../etc", "b-1-2-3-4-notarun",
