@@ -11,9 +11,9 @@ So each such group is written down while it runs, outside every run directory, a
 empty file under ``<work root>/.groups`` whose name says everything (created in one
 step, never half written): the boot it was made in, the executor's pid and start
 time, the group's id (its leader's pid) and its leader's start time, and the run
-directory's name. The run
-directory's removal also removes the file. An executor starting on the same work root
-(`sweep`) kills the groups whose executor is gone and removes their run directories.
+directory's name. The run directory's removal also removes the file. An executor
+starting on the same work root (`sweep`) kills the groups whose executor is gone and
+removes their run directories.
 
 Why killing such a group cannot hit an unrelated process: the kernel does not give a
 pid out again while any process still has it as its group id, so if the recorded
