@@ -171,13 +171,19 @@ async def test_a_supervisor_whose_state_directory_is_deleted_stops_and_writes_no
     tansu = state(settings).data["broker_pid"]
     assert broker.process is not None
 
-    shutil.rmtree(settings.state_dir)
-    await until(lambda: _gone(broker.process), "the supervisor stopped")
+    # moved away in one step, as a deletion looks to the supervisor (an `rmtree` here
+    # would race with the supervisor's own writes into the directory it deletes)
+    gone = settings.state_dir.with_name("deleted")
+    settings.state_dir.rename(gone)
+    try:
+        await until(lambda: _gone(broker.process), "the supervisor stopped")
 
-    assert broker.process.returncode == EXIT_STATE_GONE
-    assert not settings.state_dir.exists()
-    with pytest.raises(ProcessLookupError):
-        os.kill(tansu, 0)
+        assert broker.process.returncode == EXIT_STATE_GONE
+        assert not settings.state_dir.exists()
+        with pytest.raises(ProcessLookupError):
+            os.kill(tansu, 0)
+    finally:
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 async def test_a_damaged_archive_is_refused_not_served(settings: Settings) -> None:
