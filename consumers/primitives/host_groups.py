@@ -35,6 +35,8 @@ from pathlib import Path
 
 import structlog
 
+from consumers.primitives.run_directory import remove_tree
+
 log = structlog.get_logger(__name__)
 
 FOLDER = ".groups"
@@ -156,8 +158,6 @@ def _kill_group(entry: GroupEntry) -> bool:
 
 
 def _remove_run_dir(path: Path) -> None:
-    from consumers.primitives.run_directory import remove_tree  # it imports this module
-
     if path.is_dir() and not path.is_symlink():
         remove_tree(path)
 

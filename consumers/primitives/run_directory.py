@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from consumers.primitives.file_store import ContentStore
-from consumers.primitives.host_groups import host_groups
 from consumers.primitives.sandbox_cache import ToolTrees
 from domain.errors import ExecutionError
 from domain.model import SubprocessPlan, ToolFile
@@ -51,22 +50,17 @@ class RunDirectory:
         close, self._close = self._close, _nothing
         close()
 
-    def keep_group(self, group: int) -> None:
-        """Write down the process group `group` (just spawned) running here until the
-        directory is given back, by which time the group has been killed
-        (`host_groups`: an executor that dies meanwhile leaves it to the next one)."""
-        if self.host_root is None:
-            return
-        entry = host_groups(self.host_root).record(group, self.path)
-        if entry is not None:
-            close = self._close
+    def forget_with(self, path: Path) -> None:
+        """Unlink `path` too once the directory is given back (a host group's entry,
+        `host_groups`: by then the group has been killed)."""
+        close = self._close
 
-            def close_and_forget() -> None:
-                close()
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry)
+        def close_and_forget() -> None:
+            close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
-            self._close = close_and_forget
+        self._close = close_and_forget
 
 
 def _nothing() -> None:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from consumers.primitives.host_groups import host_groups
 from consumers.primitives.run_directory import RunDirectory
 from consumers.primitives.sandbox_launch import Launch
 from consumers.primitives.sandboxes import PRLIMIT_OPTIONS, RLimit, apply_rlimits, die_with
@@ -100,8 +101,7 @@ def _setpriv_binary() -> str | None:
 def _enter(rlimits: tuple[RLimit, ...], entry: Callable[[], None], parent: int) -> None:
     """Runs in the child between fork and exec: dies with `parent`, then its limits,
     then its sandbox."""
-    die_with(parent)
-    apply_rlimits(rlimits)
+    _host_child(rlimits, parent)
     entry()
 
 
@@ -133,8 +133,10 @@ def spawn(argv: tuple[str, ...], env: dict[str, str], run_dir: RunDirectory,
             start_new_session=True, bufsize=0, pass_fds=launch.pass_fds,
         )
         launch.spawned()
-        if launch.host_group:
-            run_dir.keep_group(popen.pid)
+        if launch.host_group and run_dir.host_root is not None:
+            entry = host_groups(run_dir.host_root).record(popen.pid, run_dir.path)
+            if entry is not None:
+                run_dir.forget_with(entry)
         return popen
     except FileNotFoundError as error:
         what = "working directory" if error.filename == str(cwd) else "executable"
