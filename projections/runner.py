@@ -62,6 +62,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contracts.fact_signature import FactVerifier
 from contracts.kafka_binding import UndecodableRecord, decode
+from contracts.kafka_clients import close_quietly
 from projections.log_identity import (
     IdentityCheck,
     LogIdentity,
@@ -258,7 +259,7 @@ class ProjectionRunner:
     async def close(self) -> None:
         await self._stop_checking()
         if self._consumer is not None:
-            await self._consumer.stop()
+            await close_quietly(self._consumer.stop())
             self._consumer = None
         await self._identity.close()
 

@@ -28,6 +28,7 @@ from domain.errors import ToolexecError
 from toolexec.child_python import module_argv
 from toolexec.embedded_broker import _tail
 from toolexec.settings import Settings
+from toolexec.state_files import DirectoryIdentity
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +42,8 @@ STOP_TIMEOUT = 60.0
 WATCH_SECONDS = 0.5
 
 Status = str  # starting | restoring | ready | restarting | stopping | stopped | failed
+STATE_GONE = "state_gone"
+"""`BrokerWatch`'s status once the state directory was deleted or replaced under it."""
 
 
 class BrokerUnavailable(ToolexecError):
@@ -295,13 +298,17 @@ def stop_broker(settings: Settings, timeout: float = STOP_TIMEOUT) -> BrokerStat
 
 class BrokerWatch:
     """Keeps the embedded broker of a running `up` alive: logs each change of its
-    status once, and starts a new supervisor on the same port when it is gone."""
+    status once, and starts a new supervisor on the same port when it is gone, unless
+    the state directory is gone too (`STATE_GONE`, final: the log, the read models and
+    the keys were in it, so a new broker would serve an empty log nothing keeps)."""
 
     def __init__(self, settings: Settings, broker: SupervisedBroker,
-                 on_change: Callable[[str], None] | None = None) -> None:
+                 on_change: Callable[[str], None] | None = None,
+                 state: DirectoryIdentity | None = None) -> None:
         self.settings = settings
         self.broker = broker
         self.on_change = on_change
+        self.state = state or DirectoryIdentity(Path(settings.state_dir).resolve())
         self.status: str = "ready"
         self._task: asyncio.Task[None] | None = None
 
@@ -313,6 +320,7 @@ class BrokerWatch:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self.state.close()
 
     def _changed(self, status: str, **details: Any) -> None:
         if status == self.status:
@@ -329,6 +337,9 @@ class BrokerWatch:
             await asyncio.sleep(WATCH_SECONDS)
             if self.broker.process is not None:
                 self.broker.process.poll()  # reap it if it exited (no zombie)
+            if not self.state.still_there():
+                self._changed(STATE_GONE, state_dir=str(self.state.path))
+                return
             state = read_state(self.settings.state_dir)
             if supervisor_running(state):
                 assert state is not None

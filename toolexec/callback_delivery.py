@@ -50,6 +50,7 @@ from contracts.errors import ErrorInfo
 from contracts.events import TERMINAL_TYPES, CallbackDelivered, CallbackFailed
 from contracts.fact_signature import FactVerifier, Verdict
 from contracts.kafka_binding import UndecodableRecord, decode, header_type
+from contracts.kafka_clients import close_quietly
 from domain.callbacks import (
     EVENT_ID_HEADER,
     SIGNATURE_HEADER,
@@ -267,7 +268,7 @@ class CallbackDeliverer:
             self._task = None
         for consumer in (self._facts, self._records):
             if consumer is not None:
-                await consumer.stop()
+                await close_quietly(consumer.stop())
         self._facts = self._records = None
         if self._http is not None:
             await self._http.aclose()

@@ -35,6 +35,7 @@ from contracts.envelope import Envelope, new_envelope
 from contracts.events import TERMINAL_TYPES, InvokeCancelRequested, InvokeRequested
 from contracts.fact_signature import FactVerifier, Verdict
 from contracts.kafka_binding import UndecodableRecord, decode, header_type, send_event
+from contracts.kafka_clients import close_quietly
 from contracts.token_seal import TokenSealer, is_sealed
 from domain.errors import ToolexecError
 
@@ -161,14 +162,7 @@ class InvocationClient:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
         if self._consumer is not None:
-            try:
-                await self._consumer.stop()
-            except asyncio.CancelledError:
-                # With the broker away, aiokafka awaits tasks it has just cancelled
-                # and lets their CancelledError out; only a cancellation of ours counts.
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
+            await close_quietly(self._consumer.stop())
         if self._producer is not None:
             await self._producer.stop()
 

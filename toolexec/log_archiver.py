@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -46,6 +46,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from consumers.runtime.fetch_pacing import FetchPacer
+from contracts.kafka_clients import close_quietly
 from toolexec.log_archive import ArchivedRecord, LogArchive
 
 log = structlog.get_logger(__name__)
@@ -398,19 +399,6 @@ class LogArchiver:
         except TimeoutError:
             return False
         return True
-
-
-async def close_quietly(closing: Coroutine[Any, Any, Any]) -> None:
-    """Await a Kafka client's stop/close whose broker may be gone: its errors (and the
-    CancelledError aiokafka's fetcher raises when stopped mid-retry) are not ours."""
-    task = asyncio.current_task()
-    try:
-        await closing
-    except asyncio.CancelledError:
-        if task is not None and task.cancelling():
-            raise  # we are being cancelled ourselves
-    except Exception as error:  # noqa: BLE001 - shutting down a client of a dead broker
-        log.debug("kafka_client.close_failed", error=repr(error))
 
 
 def _archived(record: ConsumerRecord) -> ArchivedRecord:

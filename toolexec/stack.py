@@ -46,6 +46,7 @@ from contracts.envelope import Envelope
 from contracts.events import EVENT_MODELS
 from contracts.fact_signature import FactSigner, FactVerifier, Verdict
 from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type, send_event
+from contracts.kafka_clients import close_quietly
 from domain.capability import VerifiedTokens
 from domain.policy import DecisionCache
 from projections.circuit_view import CircuitView
@@ -53,7 +54,7 @@ from projections.definitions import DefinitionLogView
 from projections.policy_view import PolicyView
 from projections.registry_view import RegistryLogView
 from toolexec import keys
-from toolexec.broker_control import BrokerWatch, SupervisedBroker, ensure_broker
+from toolexec.broker_control import STATE_GONE, BrokerWatch, SupervisedBroker, ensure_broker
 from toolexec.broker_yield import BrokerYield, YieldingRunner, next_loop_turn
 from toolexec.deferred_commits import DeferredCommits
 from toolexec.embedded_broker import ensure_topics
@@ -145,6 +146,9 @@ class Stack:
     (`toolexec up`); otherwise a broker started for this stack alone is stopped."""
     embedded: SupervisedBroker | None = field(default=None, init=False)
     _broker_watch: BrokerWatch | None = field(default=None, init=False)
+    state_gone: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    """Set once the state directory of an embedded broker's stack was deleted or
+    replaced while it ran (its broker is then not restarted: `BrokerWatch`)."""
     broker: KafkaBroker | None = field(default=None, init=False)
     pipeline: Pipeline | None = field(default=None, init=False)
     verifier: FactVerifier = field(init=False)
@@ -267,7 +271,7 @@ class Stack:
             await self._abac.aclose()
             self._abac = None
         if self._offsets is not None:
-            await self._offsets.stop()
+            await close_quietly(self._offsets.stop())
             self._offsets = None
         if self._producer is not None:
             await self._producer.stop()
@@ -287,6 +291,8 @@ class Stack:
         back, aiokafka's repeated errors of the outage may be reported again."""
         if status == "ready":
             reset_repeated_errors()
+        elif status == STATE_GONE:
+            self.state_gone.set()
 
     def _decision_store(self) -> DecisionStore:
         """Decisions shared by every replica through Redis when it is configured,

@@ -45,6 +45,32 @@ def ensure_state_dir(state: Path) -> Path:
     return state
 
 
+class DirectoryIdentity:
+    """The directory a path named when it was taken: a process keeps working on a state
+    directory only while its path names that same directory, not once it was deleted,
+    moved away or replaced by another (a backup put back). An open descriptor keeps the
+    directory's inode from being given to a directory made again under the same path."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def still_there(self) -> bool:
+        if self._fd is None:
+            raise ValueError("closed")
+        try:
+            named = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        held = os.fstat(self._fd)
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
 def _chmod(path: Path, mode: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         try:

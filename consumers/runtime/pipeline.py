@@ -48,6 +48,7 @@ from contracts.envelope import Envelope
 from contracts.errors import ErrorInfo
 from contracts.fact_signature import FactSigner, FactVerifier
 from contracts.kafka_binding import UndecodableRecord, decode, encode, header_type
+from contracts.kafka_clients import close_quietly
 
 log = structlog.get_logger(__name__)
 
@@ -143,11 +144,11 @@ class Pipeline:
             log.warning("pipeline.stop_with_work_in_flight", active=self.runs.active)
         await self._commit()
         if self._consumer is not None:
-            await self._consumer.stop()
+            await close_quietly(self._consumer.stop())
             self._consumer = None
         await self._end_recoveries()  # any that a rebalance started meanwhile
         if self._reader_consumer is not None:
-            await self._reader_consumer.stop()
+            await close_quietly(self._reader_consumer.stop())
             self._reader_consumer = None
 
     async def _end_recoveries(self) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.cli_process import REPO, clean_env, finish, start_up, stop, tail, toolexec
 from tests.waiting import START_WAIT, WAIT, until
-from toolexec.broker_control import stop_broker
+from toolexec.broker_control import process_alive, stop_broker
 from toolexec.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -108,3 +108,26 @@ def test_publish_with_no_up_and_no_broker_says_what_to_start(project: Path) -> N
     message = " ".join(published.stderr.split())
     assert "E3001" in message and "is not running any more" in message
     assert "toolexec up" in message
+
+
+def test_up_stops_when_its_state_directory_is_taken_away(project: Path) -> None:
+    """Its log, read models and keys went with the directory: `up` stops and says so,
+    rather than serve a new, empty log from a directory made again."""
+    up = start_up(project, env=ENV)
+    supervisor = runtime(project)["broker_supervisor_pid"]
+    assert isinstance(supervisor, int)
+    moved = project / "moved"
+    (project / ".toolexec").rename(moved)  # as a deletion, in one step
+    try:
+        _, stderr = finish(up)
+        until(lambda: not process_alive(supervisor, cmdline_has="broker_supervisor"),
+              "the broker's supervisor stops too", timeout=WAIT)
+    finally:
+        stop(up)
+        stop_broker(Settings(state_dir=moved))
+
+    assert up.returncode == 1, stderr[-4000:]
+    message = " ".join(stderr.split())
+    assert "E3801" in message and "was deleted or moved while toolexec up ran" in message
+    assert "no new broker was started" in message
+    assert not (project / ".toolexec").exists()  # nothing made the directory again

@@ -91,6 +91,7 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    from toolexec.broker_control import BrokerUnavailable
     from toolexec.runtime_file import remove_runtime, write_runtime
     from toolexec.system import running_system  # FastAPI, uvicorn, Kafka only for `up`
 
@@ -112,10 +113,19 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
                   "consumers running.", highlight=False)
         err.print(f"toolexec up: gateway [bold]{gateway_url}[/] (status page {gateway_url}/, "
                   f"API {gateway_url}/docs). Ctrl-C stops.", highlight=False)
+        gone = asyncio.create_task(stack.state_gone.wait())
+        gone.add_done_callback(lambda _: stop.set())
         try:
             await stop.wait()
         finally:
+            gone.cancel()
             remove_runtime(settings)
+    if stack.state_gone.is_set():
+        raise BrokerUnavailable(
+            f"the state directory {settings.state_dir.resolve()} was deleted or moved while "
+            "toolexec up ran (its log, read models and keys with it): stopped, and no new "
+            "broker was started. Put the directory back from a backup, or start afresh "
+            "with toolexec up (an empty log)")
     if broker is not None:
         err.print("toolexec up: stopped; the embedded broker keeps running with its log "
                   "(`toolexec broker stop` stops it)")

@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts import topics
+from contracts.kafka_clients import close_quietly
 from projections.runner import stored_offsets
 from toolexec import keys
 from toolexec.asyncapi import asyncapi_document
@@ -67,7 +68,7 @@ class KafkaProbe:
             await reader.stop()
         self._readers.clear()
         if self._consumer is not None:
-            await self._consumer.stop()
+            await close_quietly(self._consumer.stop())
 
     async def _committed(self, group: str,
                          places: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
