@@ -453,10 +453,22 @@ class LogArchive:
         """The archive of one partition (created empty on first use)."""
         key = (topic, partition)
         if key not in self._partitions:
+            directory = self.root / "topics" / topic / str(partition)
+            if not self.read_only:
+                self._make_below_root(directory)
             self._partitions[key] = PartitionArchive(
-                self.root / "topics" / topic / str(partition), fsync=self.fsync,
-                segment_bytes=self.segment_bytes, read_only=self.read_only)
+                directory, fsync=self.fsync, segment_bytes=self.segment_bytes,
+                read_only=self.read_only)
         return self._partitions[key]
+
+    def _make_below_root(self, directory: Path) -> None:
+        """Make `directory` and its parents up to the root, never the root itself: an
+        archive whose root was deleted (with its state directory) is not made again
+        piecemeal (FileNotFoundError instead)."""
+        path = self.root
+        for part in directory.relative_to(self.root).parts:
+            path = path / part
+            path.mkdir(exist_ok=True)
 
     def partitions(self) -> list[tuple[str, int]]:
         """Every (topic, partition) with a directory in the archive or a topic entry."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,14 @@ def test_the_last_record_is_known_behind_a_trailing_skip(tmp_path: Path) -> None
 
     reopened = PartitionArchive(tmp_path, fsync="never", segment_bytes=100)
     assert (reopened.first_offset, reopened.last_offset, reopened.next_offset) == (0, 2, 10_000)
+
+
+def test_an_archive_whose_root_was_deleted_is_not_made_again(tmp_path: Path) -> None:
+    root = tmp_path / "state" / "log"
+    archive = LogArchive(root, fsync="never")
+    archive.partition("a", 0).append([record(0)])
+    shutil.rmtree(tmp_path / "state")  # the state directory deleted under the broker
+
+    with pytest.raises(FileNotFoundError):
+        archive.partition("b", 0)  # a partition seen for the first time
+    assert not (tmp_path / "state").exists()
