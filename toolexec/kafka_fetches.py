@@ -12,6 +12,11 @@ offsets, and its wait rewritten (classic versions 0-11: the ones aiokafka,
 kafka-python and Tansu speak); whether a Fetch response (0-11) carries any record or
 error, and its high watermarks; the partitions and acks of a Produce request (0-11,
 flexible from 9). Anything else is not read.
+
+So that every client fetches in a version read here, the relay caps the Fetch version
+an ApiVersions response (18) offers at 11 (`cap_fetch_version`): librdkafka, which
+would take Tansu's flexible versions (12+), then fetches in 11 like the others, and
+its waiting fetches are held and woken too.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from toolexec.kafka_wire import Malformed, Reader, request_body
 
 PRODUCE = 0
 FETCH = 1
+API_VERSIONS = 18
+API_VERSIONS_FLEXIBLE_FROM = 3
 LAST_CLASSIC_FETCH = 11
 LAST_PRODUCE = 11
 PRODUCE_FLEXIBLE_FROM = 9
@@ -171,3 +178,26 @@ def read_produce(frame: bytes, version: int) -> Produced | None:
     except Malformed:
         return None
     return Produced(frozenset(places), acks)
+
+
+def cap_fetch_version(frame: bytes, version: int) -> bytes:
+    """ApiVersions response `frame` (size included; its header is v0 in every version)
+    with Fetch's max version lowered to `LAST_CLASSIC_FETCH`; unchanged when it offers
+    no more than that, or cannot be read."""
+    r = Reader(frame, compact=version >= API_VERSIONS_FLEXIBLE_FROM, pos=4 + 4)
+    try:
+        if r.int16() != 0:  # an error (an unsupported version is answered in v0)
+            return frame
+        for _ in range(r.array_length()):
+            api_key, lowest = r.int16(), r.int16()
+            highest_at = r.pos
+            highest = r.int16()
+            r.tagged_fields()
+            if api_key == FETCH:
+                if lowest > LAST_CLASSIC_FETCH or highest <= LAST_CLASSIC_FETCH:
+                    return frame
+                return b"".join((frame[:highest_at], struct.pack(">h", LAST_CLASSIC_FETCH),
+                                 frame[highest_at + 2:]))
+    except Malformed:
+        return frame
+    return frame

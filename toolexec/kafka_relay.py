@@ -41,10 +41,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from toolexec.kafka_addresses import REWRITTEN_KEYS, Address, rewrite_response
 from toolexec.kafka_fetches import (
+    API_VERSIONS,
     FETCH,
     PRODUCE,
     FetchWait,
     Place,
+    cap_fetch_version,
     read_fetch,
     read_fetch_answer,
     read_produce,
@@ -220,7 +222,7 @@ class _Connection:
 
     def _holds_request(self, head: bytes) -> bool:
         api_key = int.from_bytes(head[4:6], "big")
-        if api_key in REWRITTEN_KEYS:
+        if api_key in REWRITTEN_KEYS or api_key == API_VERSIONS:
             self.rewritten[head[8:12]] = (api_key, int.from_bytes(head[6:8], "big"))
             return False
         return api_key in (FETCH, PRODUCE)
@@ -340,6 +342,8 @@ class _Connection:
         if self._answer_due:
             return frame
         api_key, version = self.rewritten.pop(frame[4:8])
+        if api_key == API_VERSIONS:
+            return cap_fetch_version(frame, version)
         return rewrite_response(frame, api_key, version, origin=self.relay.origin,
                                 public=self.relay.listen)
 

@@ -31,6 +31,8 @@ TOPIC = "gated"
 WAITING_FETCHES = 6  # more than tansu proxy 0.6's four broker connections
 FETCH_WAIT_MS = 20_000  # never reached: the fetches are cut off by closing the gate
 LONGER_THAN_THE_TEST_MS = int(WAIT * 1000) * 10
+LIBRDKAFKA_LONGEST_WAIT_MS = 299_000  # its bound: Tansu would answer at half of it,
+# past the test's wait, and librdkafka's requests time out 1 s after it
 
 
 @pytest.fixture
@@ -184,6 +186,30 @@ async def test_a_consumer_waiting_long_gets_each_record_as_it_is_produced(
             assert [record.value for record in batch[place]] == [value]
     finally:
         await consumer.stop()
+
+
+def test_librdkafka_waiting_long_gets_each_record_as_it_is_produced(
+        gate: BrokerGate) -> None:
+    """librdkafka would fetch in Tansu's flexible versions, which the gate does not
+    read; offered Fetch up to v11 only, its waiting fetches are held and woken too."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    consumer = confluent_kafka.Consumer({
+        "bootstrap.servers": gate.bootstrap, "group.id": f"gate-{uuid.uuid4().hex[:6]}",
+        "enable.auto.commit": False, "fetch.wait.max.ms": LIBRDKAFKA_LONGEST_WAIT_MS,
+        "socket.timeout.ms": LIBRDKAFKA_LONGEST_WAIT_MS + 1_000})
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(TOPIC, 1, 0)])
+        for value in (b"one", b"two", b"three"):
+            asyncio.run(_produce(gate.bootstrap, 1, value))
+            deadline = time.monotonic() + WAIT
+            message = None
+            while message is None and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+            assert message is not None, f"{value!r} did not arrive while the fetch waited"
+            assert message.error() is None, message.error()
+            assert message.value() == value
+    finally:
+        consumer.close()
 
 
 async def test_a_produce_to_a_partition_fetched_before_ends_a_wait_elsewhere(

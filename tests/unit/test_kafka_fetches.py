@@ -12,7 +12,9 @@ from aiokafka.protocol import produce as kproduce
 
 from toolexec.kafka_fetches import (
     FETCH,
+    LAST_CLASSIC_FETCH,
     PRODUCE,
+    cap_fetch_version,
     read_fetch,
     read_fetch_answer,
     read_produce,
@@ -239,3 +241,37 @@ def test_a_wait_ends_with_its_time() -> None:
         await asyncio.wait_for(wakeups.wait(wakeups.mark([A]), 0.01), 60)
 
     asyncio.run(scenario())
+
+
+def _api_versions_answer(version: int, ranges: dict[int, tuple[int, int]],
+                         error: int = 0) -> bytes:
+    """An ApiVersions response (header v0 in every version) offering `ranges`."""
+    flexible = version >= 3
+    body = struct.pack(">ih", CORRELATION, error)
+    body += uvarint(len(ranges) + 1) if flexible else struct.pack(">i", len(ranges))
+    for key, (lowest, highest) in ranges.items():
+        body += struct.pack(">hhh", key, lowest, highest) + (b"\x00" if flexible else b"")
+    if version >= 1:
+        body += struct.pack(">i", 0)  # throttle_time_ms
+    if flexible:
+        body += b"\x00"
+    return struct.pack(">i", len(body)) + body
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+def test_api_versions_offer_fetch_only_in_the_versions_read_here(version: int) -> None:
+    offered = {PRODUCE: (0, 11), FETCH: (0, 16), 18: (0, 4)}
+    capped = cap_fetch_version(_api_versions_answer(version, offered), version)
+    assert capped == _api_versions_answer(version, {**offered, FETCH: (0, LAST_CLASSIC_FETCH)})
+
+
+@pytest.mark.parametrize(("version", "answer"), [
+    (3, _api_versions_answer(3, {PRODUCE: (0, 11), FETCH: (0, 11)})),  # nothing above 11
+    (3, _api_versions_answer(3, {PRODUCE: (0, 11)})),  # no Fetch
+    (3, _api_versions_answer(3, {FETCH: (12, 16)})),  # only flexible versions: theirs
+    (0, _api_versions_answer(0, {FETCH: (0, 16)}, error=35)),  # UNSUPPORTED_VERSION
+    (3, _api_versions_answer(3, {FETCH: (0, 16)})[:-9]),  # cut short
+])
+def test_api_versions_that_need_no_cap_or_cannot_be_read_are_unchanged(
+        version: int, answer: bytes) -> None:
+    assert cap_fetch_version(answer, version) == answer
