@@ -296,6 +296,15 @@ def stop_broker(settings: Settings, timeout: float = STOP_TIMEOUT) -> BrokerStat
     return read_state(settings.state_dir)
 
 
+def state_gone_error(state_dir: Path) -> BrokerUnavailable:
+    """E3801 for a command whose state directory was deleted, moved or replaced while it
+    ran (`BrokerWatch`'s `STATE_GONE`)."""
+    return BrokerUnavailable(
+        f"the state directory {Path(state_dir).resolve()} was deleted or moved while "
+        "toolexec ran (its log, read models and keys with it): stopped, and no new broker "
+        "was started. Put the directory back from a backup, or start afresh (an empty log)")
+
+
 class BrokerWatch:
     """Keeps the embedded broker of a running `up` alive: logs each change of its
     status once, and starts a new supervisor on the same port when it is gone, unless

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -54,7 +54,13 @@ from projections.definitions import DefinitionLogView
 from projections.policy_view import PolicyView
 from projections.registry_view import RegistryLogView
 from toolexec import keys
-from toolexec.broker_control import STATE_GONE, BrokerWatch, SupervisedBroker, ensure_broker
+from toolexec.broker_control import (
+    STATE_GONE,
+    BrokerWatch,
+    SupervisedBroker,
+    ensure_broker,
+    state_gone_error,
+)
 from toolexec.broker_yield import BrokerYield, YieldingRunner, next_loop_turn
 from toolexec.deferred_commits import DeferredCommits
 from toolexec.embedded_broker import ensure_topics
@@ -67,7 +73,7 @@ from toolexec.settings import (
     fetch_waits,
     kafka_client_options,
 )
-from toolexec.state_files import ensure_state_dir
+from toolexec.state_files import DirectoryIdentity, ensure_state_dir
 
 log = structlog.get_logger(__name__)
 
@@ -122,6 +128,7 @@ class Stoppable(Protocol):
 
 
 ReadModelsFactory = Callable[[Settings, str], Awaitable[Stoppable]]
+T = TypeVar("T")
 
 
 def utc_now() -> datetime:
@@ -196,9 +203,10 @@ class Stack:
         state = Path(self.settings.state_dir).resolve()  # bwrap binds absolute paths
         ensure_state_dir(state)
         if not self.settings.kafka_bootstrap:
+            identity = DirectoryIdentity(state)  # the directory the broker starts in
             self.embedded = await ensure_broker(self.settings)
             self._broker_watch = BrokerWatch(self.settings, self.embedded,
-                                             on_change=self._broker_changed)
+                                             on_change=self._broker_changed, state=identity)
             self._broker_watch.start()
         client_options = kafka_client_options(self.settings)
         await ensure_topics(self.bootstrap, TOPIC_PARTITIONS, client_options=client_options)
@@ -285,6 +293,22 @@ class Stack:
                     and not up_running(self.settings):
                 await self.embedded.stop()  # archives what is left first
             self.embedded = None
+
+    async def unless_state_gone(self, work: Awaitable[T]) -> T:
+        """`work`'s result; E3801 (`state_gone_error`), `work` cancelled, once the
+        state directory is gone while it runs."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(self.state_gone.wait())
+        try:
+            done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task not in done:
+            raise state_gone_error(self.settings.state_dir)
+        return task.result()
 
     def _broker_changed(self, status: str) -> None:
         """The embedded broker changed state (logged once by the watch): after it is

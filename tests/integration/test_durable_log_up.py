@@ -128,6 +128,36 @@ def test_up_stops_when_its_state_directory_is_taken_away(project: Path) -> None:
 
     assert up.returncode == 1, stderr[-4000:]
     message = " ".join(stderr.split())
-    assert "E3801" in message and "was deleted or moved while toolexec up ran" in message
+    assert "E3801" in message and "was deleted or moved while toolexec ran" in message
     assert "no new broker was started" in message
     assert not (project / ".toolexec").exists()  # nothing made the directory again
+
+
+def test_run_without_up_stops_when_its_state_directory_is_taken_away(project: Path) -> None:
+    """`toolexec run` on a stack of its own says so at once, rather than wait out its
+    timeout for a terminal event no broker will carry, and its tool does not run on."""
+    pidfile = project / "sleeper.pids"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "toolexec.cli", "run", "sleeper", "--tools", str(TOOLS),
+         "--params", json.dumps({"pidfile": str(pidfile)}), "--timeout", "3600"],
+        cwd=project, env=clean_env(ENV), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    moved = project / "moved"
+    try:
+        until(lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2,
+              "the tool runs", timeout=START_WAIT)
+        tool_pids = [int(pid) for pid in pidfile.read_text().split()]
+        (project / ".toolexec").rename(moved)
+        _, stderr = run.communicate(timeout=WAIT)
+        until(lambda: not any(process_alive(pid) for pid in tool_pids),
+              "the tool and its child are killed", timeout=WAIT)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        stop_broker(Settings(state_dir=moved))
+
+    assert run.returncode == 1, stderr[-4000:]
+    message = " ".join(stderr.split())
+    assert "E3801" in message and "was deleted or moved while toolexec ran" in message
+    assert not (project / ".toolexec").exists()

@@ -91,7 +91,7 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    from toolexec.broker_control import BrokerUnavailable
+    from toolexec.broker_control import state_gone_error
     from toolexec.runtime_file import remove_runtime, write_runtime
     from toolexec.system import running_system  # FastAPI, uvicorn, Kafka only for `up`
 
@@ -121,11 +121,7 @@ async def _up(settings: Settings, tools: list[Path]) -> None:
             gone.cancel()
             remove_runtime(settings)
     if stack.state_gone.is_set():
-        raise BrokerUnavailable(
-            f"the state directory {settings.state_dir.resolve()} was deleted or moved while "
-            "toolexec up ran (its log, read models and keys with it): stopped, and no new "
-            "broker was started. Put the directory back from a backup, or start afresh "
-            "with toolexec up (an empty log)")
+        raise state_gone_error(settings.state_dir)
     if broker is not None:
         err.print("toolexec up: stopped; the embedded broker keeps running with its log "
                   "(`toolexec broker stop` stops it)")

@@ -154,10 +154,10 @@ async def invoke_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, 
                                     verifier=stack.verifier, fetch_waits=fetch_waits(settings),
                                     client_options=kafka_client_options(settings),
                                     seal_to=keys.token_seal_public_key(settings)) as client:
-            return await client.invoke(tool.tool_id, parameters,
-                                       version_range=tool.version_range, lockfile=lockfile,
-                                       token=token, timeout=timeout, progress=progress,
-                                       callback_url=callback_url)
+            return await stack.unless_state_gone(client.invoke(
+                tool.tool_id, parameters, version_range=tool.version_range,
+                lockfile=lockfile, token=token, timeout=timeout, progress=progress,
+                callback_url=callback_url))
 
 
 async def submit_tool(settings: Settings, tool: ToolSpec, parameters: dict[str, Any], *,
