@@ -10,7 +10,10 @@ Import the fixtures into a test module: ``from tests.projection_db import *``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -31,8 +34,21 @@ TEST_DATABASE_ENV = "TOOLEXEC_TEST_DATABASE_URL"
 __all__ = ["postgres_server_url", "database_url", "engine", "snapshot"]
 
 
+@contextlib.contextmanager
+def pgserver_data_dir() -> Iterator[Path]:
+    """A fresh data directory for pgserver, outside pytest's temporary directories:
+    run as root, pgserver opens the folders above its data to its own user, and another
+    pytest session starting on the machine makes pytest's root private again (0700),
+    which cut a server starting meanwhile off from its data."""
+    folder = Path(tempfile.mkdtemp(prefix="toolexec-test-pg-"))
+    try:
+        yield folder / "data"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def postgres_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_server_url() -> Iterator[str]:
     """URL of a PostgreSQL server's maintenance database (psycopg driver)."""
     external = os.environ.get(TEST_DATABASE_ENV, "").strip()
     if external:
@@ -42,11 +58,12 @@ def postgres_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         pytest.skip("PostgreSQL tests need PyPI pgserver or TOOLEXEC_TEST_DATABASE_URL")
     # pgserver is installed with the test extra: a server that will not start is a
     # failure of every PostgreSQL test, never a silent skip
-    server = start_pgserver(tmp_path_factory.mktemp("pg"))
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
+    with pgserver_data_dir() as data:
+        server = start_pgserver(data)
+        try:
+            yield server.get_uri()
+        finally:
+            server.cleanup()
 
 
 def _fresh_postgres(server_url: str) -> str:
