@@ -1,7 +1,8 @@
 """Stopping aiokafka clients whose broker may be gone.
 
 Here because the consumers, the projections and the composition root all stop Kafka
-clients and all import `contracts` (none imports another).
+clients, and `contracts` is what all three import (the consumers and the projections
+import neither each other nor the composition root).
 """
 
 from __future__ import annotations

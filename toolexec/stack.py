@@ -204,7 +204,11 @@ class Stack:
         ensure_state_dir(state)
         if not self.settings.kafka_bootstrap:
             identity = DirectoryIdentity(state)  # the directory the broker starts in
-            self.embedded = await ensure_broker(self.settings)
+            try:
+                self.embedded = await ensure_broker(self.settings)
+            except BaseException:
+                identity.close()
+                raise
             self._broker_watch = BrokerWatch(self.settings, self.embedded,
                                              on_change=self._broker_changed, state=identity)
             self._broker_watch.start()
